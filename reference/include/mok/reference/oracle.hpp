@@ -1,0 +1,30 @@
+// The oracle: exact value and rigorous error radius of every checked element, stage by stage.
+#pragma once
+
+#include "mok/reference/sample.hpp"
+#include "mok/reference/tensor.hpp"
+#include "mok/spec/config.hpp"
+
+namespace mok::ref {
+
+struct OracleOptions {
+  int num_threads = 0;             // 0 = all cores
+  const Sample* sample = nullptr;  // null = every element; else unsampled elements get NaN
+};
+
+// For every checked tensor N (outputs/output and grads/*), computes
+//   bounds/N_exact: the exact value of N's last stage, rounded once to fp32, where every
+//     product is exact and every sum is exact (ExactSum), taking as operands the inputs and
+//     the reference's rounded intermediates (y, shared_act, dx_slot, d_gate, ...);
+//   bounds/N_bound: a rigorous radius such that any implementation of profile bf16-v1 with
+//     the Hopper MMA model (kHopperBf16Mma), fed the same operands, lands within
+//     |value - exact| <= bound. It covers each MMA step's truncation of terms at 2^(E-25)
+//     and of the result to fp32, each fp32 fma/add rounding, the final bf16 rounding and
+//     the fp32 storage of the exact value.
+// The bounds are stage-local: they judge the arithmetic of the last stage of each element,
+// given its rounded operands (see reference/README.md). `reference` must hold those
+// intermediates (emulate(..., intermediates=true) or a golden's /intermediates).
+TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
+                        const TensorMap& reference, const OracleOptions& options = {});
+
+}  // namespace mok::ref

@@ -1,0 +1,62 @@
+// Golden schema v1: every dataset's path, dtype and symbolic shape, and what its axes mean.
+#pragma once
+
+#include "mok/reference/tensor.hpp"
+#include "mok/spec/config.hpp"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mok::ref {
+
+inline constexpr const char* kGoldenFormat = "mok-golden";
+inline constexpr int kGoldenVersion = 1;
+inline constexpr const char* kProfileBf16V1 = "bf16-v1";
+
+// Symbolic dimensions; an axis's symbol also says how to name an index in reports.
+enum class Dim : uint8_t {
+  kTokens,        // G (global token id)
+  kSlots,         // K (slot)
+  kExperts,       // E (expert id)
+  kRanks,         // R (rank)
+  kHidden,        // H (hidden column)
+  kInter,         // I (routed intermediate column)
+  kSharedInter,   // Is (shared intermediate column)
+};
+
+const char* dim_symbol(Dim d);   // "G", "K", ...
+const char* dim_axis_name(Dim d);  // "token", "slot", "expert", "rank", "h", "i", "is"
+int64_t dim_size(Dim d, const spec::LayerConfig& cfg);
+
+enum class Role : uint8_t { kInput, kOutput, kGrad, kIntermediate, kBoundExact, kBoundRadius };
+
+struct TensorSpec {
+  const char* path;          // e.g. "inputs/x"
+  DType dtype;
+  std::vector<Dim> dims;
+  Role role;
+  bool needs_shared;         // present only when Is > 0
+  const char* what;          // one line for docs and messages
+};
+
+// Every dataset of schema v1 (bounds included), in a fixed order.
+const std::vector<TensorSpec>& golden_schema();
+// The spec for a path, or nullptr.
+const TensorSpec* find_spec(const std::string& path);
+// Shape of a spec under a config.
+std::vector<int64_t> spec_shape(const TensorSpec& spec, const spec::LayerConfig& cfg);
+// True when this spec applies to the config (shared tensors need Is > 0).
+bool spec_applies(const TensorSpec& spec, const spec::LayerConfig& cfg);
+
+// The checked tensors (outputs and grads) and the two bound datasets of each:
+// bounds/<name>_exact (the oracle's value, f32) and bounds/<name>_bound (absolute radius, f32).
+std::string bound_exact_path(const std::string& checked_path);
+std::string bound_radius_path(const std::string& checked_path);
+
+// Formats a flat index of a tensor as named coordinates, adding the expert id of a (token, slot)
+// pair when topk_experts is given: "token=5 slot=2 expert=17 h=40".
+std::string locate(const TensorSpec& spec, const spec::LayerConfig& cfg, int64_t flat_idx,
+                   const Tensor* topk_experts = nullptr);
+
+}  // namespace mok::ref

@@ -1,0 +1,66 @@
+// Tensor: a dense row-major host array with a dtype and shape; TensorMap: tensors by schema path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+namespace mok::ref {
+
+// bf16 is held as its uint16 bit pattern; f64 is used only by the oracle and bounds.
+enum class DType : uint8_t { kBf16, kF32, kF64, kI32 };
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+template <class T> constexpr bool dtype_matches(DType d);
+template <> constexpr bool dtype_matches<uint16_t>(DType d) { return d == DType::kBf16; }
+template <> constexpr bool dtype_matches<float>(DType d) { return d == DType::kF32; }
+template <> constexpr bool dtype_matches<double>(DType d) { return d == DType::kF64; }
+template <> constexpr bool dtype_matches<int32_t>(DType d) { return d == DType::kI32; }
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, std::vector<int64_t> shape);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t numel() const { return numel_; }
+  size_t size_bytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  std::string shape_string() const;
+
+  // Typed access; throws mok::Error when T does not match the dtype.
+  template <class T> T* data() { check<T>(); return reinterpret_cast<T*>(storage_.data()); }
+  template <class T> const T* data() const { check<T>(); return reinterpret_cast<const T*>(storage_.data()); }
+  void* raw() { return storage_.data(); }
+  const void* raw() const { return storage_.data(); }
+
+  // Element i as a double (bf16 decoded); used by comparisons and reports.
+  double value_at(int64_t i) const;
+  // The element's bits widened to uint64 (for bitwise equality and ULP distances).
+  uint64_t bits_at(int64_t i) const;
+
+ private:
+  template <class T> void check() const {
+    if (!dtype_matches<T>(dtype_)) throw_dtype_mismatch(typeid(T).name());
+  }
+  [[noreturn]] void throw_dtype_mismatch(const char* requested) const;
+
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+  std::vector<uint64_t> storage_;  // 8-byte aligned backing store
+};
+
+// Keys are schema paths such as "inputs/x", "grads/d_w_routed_gate", "bounds/output".
+using TensorMap = std::map<std::string, Tensor>;
+
+// Throws mok::Error naming the key when absent.
+const Tensor& at(const TensorMap& map, const std::string& key);
+Tensor& at(TensorMap& map, const std::string& key);
+
+}  // namespace mok::ref

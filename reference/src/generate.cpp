@@ -1,0 +1,232 @@
+// Presets, routing generators and random inputs for golden cases (deterministic per seed).
+#include "mok/reference/generate.hpp"
+
+#include "mok/reference/error.hpp"
+#include "mok/spec/bf16.hpp"
+#include "mok/spec/math.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace mok::ref {
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+double parse_number(const std::string& text, const std::string& whole) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v))
+    throw Error("routing '" + whole + "': '" + text + "' is not a number; examples: uniform, zipf:1.2, hot:4, hot:4:8");
+  return v;
+}
+
+void fill_bell_bf16(Tensor& t, Rng& rng, float scale) {
+  uint16_t* v = t.data<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = spec::bf16_from_f32_rne(rng.bell() * scale);
+}
+
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  uint64_t x = seed;
+  for (auto& s : s_) s = splitmix64(x);
+}
+
+uint64_t Rng::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+uint64_t Rng::below(uint64_t n) {
+  const uint64_t limit = ~uint64_t{0} - (~uint64_t{0} % n);
+  uint64_t v;
+  do v = next(); while (v >= limit);
+  return v % n;
+}
+
+float Rng::bell() {
+  // Sum of four uniforms: mean 2, variance 1/3; centred and scaled to variance 1.
+  const double s = uniform() + uniform() + uniform() + uniform();
+  return static_cast<float>((s - 2.0) * 1.7320508075688772);
+}
+
+const std::vector<Preset>& presets() {
+  //                                  H     I     Is   E    K   R   T
+  static const std::vector<Preset> list = {
+      {"tiny", {64, 32, 32, 8, 2, 2, 8}, "smallest case with every feature: 2 ranks, shared expert"},
+      {"small", {128, 64, 64, 16, 4, 4, 32}, "a few hundred routed rows over 4 ranks"},
+      {"dsv3-mini", {512, 128, 128, 64, 8, 8, 64},
+       "DeepSeek-V3 ratios scaled down: 64 experts, top-8, one shared expert, 8 ranks"},
+      {"qwen3-mini", {256, 96, 0, 32, 8, 4, 64}, "Qwen3-MoE ratios scaled down: no shared expert, top-8"},
+  };
+  return list;
+}
+
+spec::LayerConfig preset_config(const std::string& name) {
+  std::string names;
+  for (const Preset& p : presets()) {
+    if (name == p.name) return p.cfg;
+    names += std::string(names.empty() ? "" : ", ") + p.name;
+  }
+  throw Error("unknown preset '" + name + "'; choose one of: " + names);
+}
+
+std::string RoutingSpec::describe() const {
+  std::ostringstream out;
+  out.precision(17);
+  switch (kind) {
+    case Kind::kUniform: out << "uniform"; break;
+    case Kind::kZipf: out << "zipf:" << zipf_s; break;
+    case Kind::kHot: out << "hot:" << hot_count << ":" << hot_factor; break;
+  }
+  if (rank_skew > 0) out << ",rank-skew:" << rank_skew;
+  if (empty_prob > 0) out << ",empty:" << empty_prob;
+  return out.str();
+}
+
+RoutingSpec parse_routing(const std::string& text) {
+  RoutingSpec r;
+  const auto colon = text.find(':');
+  const std::string head = text.substr(0, colon);
+  const std::string rest = colon == std::string::npos ? "" : text.substr(colon + 1);
+  if (head == "uniform" && rest.empty()) {
+    r.kind = RoutingSpec::Kind::kUniform;
+  } else if (head == "zipf" && !rest.empty()) {
+    r.kind = RoutingSpec::Kind::kZipf;
+    r.zipf_s = parse_number(rest, text);
+    if (r.zipf_s <= 0 || r.zipf_s > 8) throw Error("routing '" + text + "': the Zipf exponent S must be in (0, 8]");
+  } else if (head == "hot" && !rest.empty()) {
+    r.kind = RoutingSpec::Kind::kHot;
+    const auto c2 = rest.find(':');
+    r.hot_count = static_cast<int64_t>(parse_number(rest.substr(0, c2), text));
+    if (c2 != std::string::npos) r.hot_factor = parse_number(rest.substr(c2 + 1), text);
+    if (r.hot_count < 1 || r.hot_factor < 1)
+      throw Error("routing '" + text + "': hot:N[:F] needs N >= 1 hot experts and a factor F >= 1");
+  } else {
+    throw Error("unknown routing '" + text + "'; use uniform, zipf:S (e.g. zipf:1.2), hot:N or hot:N:F");
+  }
+  return r;
+}
+
+TensorMap generate_inputs(const spec::LayerConfig& cfg, const RoutingSpec& routing, uint64_t seed) {
+  const spec::Status status = cfg.validate();
+  if (!status.ok) throw Error(status.message);
+  if (routing.kind == RoutingSpec::Kind::kHot && routing.hot_count > cfg.num_experts)
+    throw Error("routing hot:N: N is larger than the number of experts E");
+  if (routing.rank_skew < 0 || routing.rank_skew > 1 || routing.empty_prob < 0 || routing.empty_prob > 1)
+    throw Error("routing: rank skew and empty-slot probability must be in [0, 1]");
+  const int64_t G = cfg.num_tokens(), H = cfg.hidden, I = cfg.intermediate,
+                Is = cfg.shared_intermediate, E = cfg.num_experts, K = cfg.top_k;
+  Rng rng(seed);
+  TensorMap m;
+
+  // Expert popularity: a seeded permutation decides which experts are hot.
+  std::vector<double> weight(E, 1.0);
+  std::vector<int64_t> perm(E);
+  for (int64_t e = 0; e < E; ++e) perm[e] = e;
+  for (int64_t e = E - 1; e > 0; --e) std::swap(perm[e], perm[rng.below(e + 1)]);
+  for (int64_t r = 0; r < E; ++r) {
+    const int64_t e = perm[r];
+    if (routing.kind == RoutingSpec::Kind::kZipf) weight[e] = 1.0 / std::pow(static_cast<double>(r + 1), routing.zipf_s);
+    if (routing.kind == RoutingSpec::Kind::kHot) weight[e] = r < routing.hot_count ? routing.hot_factor : 1.0;
+  }
+
+  Tensor topk(DType::kI32, {G, K});
+  Tensor rw(DType::kF32, {G, K});
+  int32_t* tk = topk.data<int32_t>();
+  float* w = rw.data<float>();
+  const int64_t e_local = cfg.experts_per_rank();
+  std::vector<double> avail(E);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t home = cfg.token_rank(g) % cfg.num_ranks;
+    for (int64_t e = 0; e < E; ++e) avail[e] = weight[e];
+    for (int64_t k = 0; k < K; ++k) {
+      const bool local = routing.rank_skew > 0 && rng.uniform() < routing.rank_skew;
+      // Sample without replacement, proportional to the remaining weights of the pool.
+      const int64_t lo = local ? home * e_local : 0, hi = local ? lo + e_local : E;
+      double total = 0;
+      for (int64_t e = lo; e < hi; ++e) total += avail[e];
+      int64_t pick = -1;
+      if (total > 0) {
+        double u = rng.uniform() * total;
+        for (int64_t e = lo; e < hi; ++e) {
+          if (avail[e] <= 0) continue;
+          pick = e;
+          if (u < avail[e]) break;
+          u -= avail[e];
+        }
+      }
+      if (pick < 0) {  // the local pool is used up: fall back to the whole pool
+        double all = 0;
+        for (int64_t e = 0; e < E; ++e) all += avail[e];
+        double u = rng.uniform() * all;
+        for (int64_t e = 0; e < E; ++e) {
+          if (avail[e] <= 0) continue;
+          pick = e;
+          if (u < avail[e]) break;
+          u -= avail[e];
+        }
+      }
+      avail[pick] = 0;
+      tk[g * K + k] = static_cast<int32_t>(pick);
+    }
+    for (int64_t k = 0; k < K; ++k)
+      if (routing.empty_prob > 0 && rng.uniform() < routing.empty_prob) tk[g * K + k] = -1;
+    // Router weights: softmax of random logits over the non-empty slots (fp32, spec exp).
+    float logits[64], total = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      logits[k] = spec::exp_f32(rng.bell());
+      if (tk[g * K + k] >= 0) total = spec::fadd(total, logits[k]);
+    }
+    for (int64_t k = 0; k < K; ++k) w[g * K + k] = tk[g * K + k] >= 0 ? spec::fdiv(logits[k], total) : 0.0f;
+  }
+
+  Tensor x(DType::kBf16, {G, H});
+  fill_bell_bf16(x, rng, 1.0f);
+  const float scale_h = static_cast<float>(1.0 / std::sqrt(static_cast<double>(H)));
+  const float scale_i = static_cast<float>(1.0 / std::sqrt(static_cast<double>(I)));
+  Tensor wrg(DType::kBf16, {E, I, H}), wru(DType::kBf16, {E, I, H}), wrd(DType::kBf16, {E, H, I});
+  fill_bell_bf16(wrg, rng, scale_h);
+  fill_bell_bf16(wru, rng, scale_h);
+  fill_bell_bf16(wrd, rng, scale_i);
+  m["inputs/x"] = std::move(x);
+  m["inputs/topk_experts"] = std::move(topk);
+  m["inputs/router_weights"] = std::move(rw);
+  m["inputs/w_routed_gate"] = std::move(wrg);
+  m["inputs/w_routed_up"] = std::move(wru);
+  m["inputs/w_routed_down"] = std::move(wrd);
+  if (Is > 0) {
+    const float scale_s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Is)));
+    Tensor sg(DType::kBf16, {Is, H}), su(DType::kBf16, {Is, H}), sd(DType::kBf16, {H, Is});
+    fill_bell_bf16(sg, rng, scale_h);
+    fill_bell_bf16(su, rng, scale_h);
+    fill_bell_bf16(sd, rng, scale_s);
+    m["inputs/w_shared_gate"] = std::move(sg);
+    m["inputs/w_shared_up"] = std::move(su);
+    m["inputs/w_shared_down"] = std::move(sd);
+  }
+  Tensor d_out(DType::kBf16, {G, H});
+  fill_bell_bf16(d_out, rng, 1.0f);
+  m["inputs/d_output"] = std::move(d_out);
+  return m;
+}
+
+}  // namespace mok::ref

@@ -1,0 +1,817 @@
+// Golden file I/O over the HDF5 C API: byte-reproducible atomic writer and fully validating reader.
+#include "mok/reference/golden.hpp"
+
+#include "mok/reference/error.hpp"
+#include "mok/spec/bf16.hpp"
+#include "mok/spec/routing_plan.hpp"
+
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <system_error>
+
+namespace mok::ref {
+namespace {
+
+// Datasets above this size are chunked and compressed; smaller ones stay contiguous.
+constexpr size_t kCompressAboveBytes = size_t{64} << 10;
+// Upper bound on one chunk; chunk dims divide the shape so there are no partial edge chunks.
+constexpr size_t kChunkTargetBytes = size_t{256} << 10;
+constexpr unsigned kDeflateLevel = 4;
+// Reads above this many bytes must be backed by stored data (deflate compresses at most ~1032x):
+// a corrupt or hostile file cannot make the reader allocate memory it does not hold.
+constexpr uint64_t kLargeReadBytes = uint64_t{1} << 30;
+constexpr uint64_t kMaxCompressionRatio = 1100;
+// Longest string attribute the reader accepts.
+constexpr size_t kMaxStringBytes = size_t{1} << 20;
+
+constexpr const char* kFixHint = "; regenerate the file with mok-golden or fix the writer";
+constexpr std::array<const char*, 5> kDataGroups = {"inputs", "outputs", "grads", "intermediates",
+                                                   "bounds"};
+
+// ---------------------------------------------------------------------------------------------
+// HDF5 plumbing: owned ids, silenced error printing, the library's own reason for a failure.
+
+class Hid {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Hid() = default;
+  Hid(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  Hid(Hid&& other) noexcept : id_(other.id_), closer_(other.closer_) { other.id_ = -1; }
+  Hid& operator=(Hid&& other) noexcept {
+    if (this != &other) {
+      close();
+      id_ = other.id_;
+      closer_ = other.closer_;
+      other.id_ = -1;
+    }
+    return *this;
+  }
+  ~Hid() { close(); }
+  hid_t get() const { return id_; }
+  // Closes now and reports the status (the file's close flushes, so its status matters).
+  herr_t close() {
+    const hid_t id = id_;
+    id_ = -1;
+    return id >= 0 ? closer_(id) : 0;
+  }
+
+ private:
+  hid_t id_ = -1;
+  Closer closer_ = nullptr;
+};
+
+// Turns off HDF5's automatic printing of its error stack while mok talks to the library;
+// the previous handler comes back afterwards.
+class SilenceHdf5 {
+ public:
+  SilenceHdf5() {
+    saved_ok_ = H5Eget_auto2(H5E_DEFAULT, &func_, &data_) >= 0;
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~SilenceHdf5() {
+    if (saved_ok_) H5Eset_auto2(H5E_DEFAULT, func_, data_);
+  }
+  SilenceHdf5(const SilenceHdf5&) = delete;
+  SilenceHdf5& operator=(const SilenceHdf5&) = delete;
+
+ private:
+  bool saved_ok_ = false;
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// The most specific message on HDF5's error stack (where the failure was first detected).
+std::string hdf5_detail() {
+  std::string detail;
+  const auto walk = [](unsigned n, const H5E_error2_t* err, void* client) -> herr_t {
+    if (n == 0 && err != nullptr && err->desc != nullptr) {
+      *static_cast<std::string*>(client) = err->desc;
+    }
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &detail);
+  return detail.empty() ? "no detail from HDF5" : detail;
+}
+
+std::string format_dims(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(dims[i]);
+  }
+  return s + "]";
+}
+
+std::string format_dims(const std::vector<hsize_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(static_cast<unsigned long long>(dims[i]));
+  }
+  return s + "]";
+}
+
+std::string format_symbols(const TensorSpec& spec) {
+  std::string s = "(";
+  for (size_t i = 0; i < spec.dims.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += dim_symbol(spec.dims[i]);
+  }
+  return s + ")";
+}
+
+// The name a dtype carries in the file's `dtype` attribute (numpy spelling).
+const char* file_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16: return "bfloat16";
+    case DType::kF32: return "float32";
+    case DType::kF64: return "float64";
+    case DType::kI32: return "int32";
+  }
+  return "unknown";
+}
+
+hid_t file_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16: return H5T_STD_U16LE;
+    case DType::kF32: return H5T_IEEE_F32LE;
+    case DType::kF64: return H5T_IEEE_F64LE;
+    case DType::kI32: return H5T_STD_I32LE;
+  }
+  return H5T_STD_U16LE;
+}
+
+hid_t memory_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16: return H5T_NATIVE_UINT16;
+    case DType::kF32: return H5T_NATIVE_FLOAT;
+    case DType::kF64: return H5T_NATIVE_DOUBLE;
+    case DType::kI32: return H5T_NATIVE_INT32;
+  }
+  return H5T_NATIVE_UINT16;
+}
+
+// Every failure goes through here: "<file>: <where>: <what>", one mok::Error.
+class Context {
+ public:
+  explicit Context(std::string origin) : origin_(std::move(origin)) {}
+  const std::string& origin() const { return origin_; }
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    throw Error(origin_ + ": " + where + (where.empty() ? "" : ": ") + what);
+  }
+  // "<file>: <subject> <predicate>", e.g. "dataset /inputs/x is missing".
+  [[noreturn]] void fail_subject(const std::string& subject, const std::string& predicate) const {
+    throw Error(origin_ + ": " + subject + " " + predicate);
+  }
+  [[noreturn]] void fail_hdf5(const std::string& where, const char* call) const {
+    fail(where, std::string(call) + " failed (" + hdf5_detail() + ")");
+  }
+  hid_t check(hid_t id, const std::string& where, const char* call) const {
+    if (id < 0) fail_hdf5(where, call);
+    return id;
+  }
+  void check_status(herr_t status, const std::string& where, const char* call) const {
+    if (status < 0) fail_hdf5(where, call);
+  }
+  Hid own(hid_t id, Hid::Closer closer, const std::string& where, const char* call) const {
+    return Hid(check(id, where, call), closer);
+  }
+
+ private:
+  std::string origin_;
+};
+
+std::string dataset_where(const std::string& path) { return "dataset /" + path; }
+
+// ---------------------------------------------------------------------------------------------
+// Writer.
+
+Hid object_create_plist(const Context& ctx, hid_t plist_class, const std::string& where) {
+  Hid plist = ctx.own(H5Pcreate(plist_class), H5Pclose, where, "H5Pcreate");
+  // No timestamps in object headers: equal content must give equal bytes.
+  ctx.check_status(H5Pset_obj_track_times(plist.get(), 0), where, "H5Pset_obj_track_times");
+  return plist;
+}
+
+void write_string_attr(const Context& ctx, hid_t loc, const char* name, const std::string& value,
+                       const std::string& where) {
+  // Fixed-length strings live inside the object header (no global heap), which keeps the
+  // bytes reproducible; h5py reads them as bytes.
+  const std::string attr_where = where + " attribute " + name;
+  Hid type = ctx.own(H5Tcopy(H5T_C_S1), H5Tclose, attr_where, "H5Tcopy");
+  ctx.check_status(H5Tset_size(type.get(), std::max<size_t>(value.size(), 1)), attr_where,
+                   "H5Tset_size");
+  ctx.check_status(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), attr_where, "H5Tset_strpad");
+  ctx.check_status(H5Tset_cset(type.get(), H5T_CSET_UTF8), attr_where, "H5Tset_cset");
+  Hid space = ctx.own(H5Screate(H5S_SCALAR), H5Sclose, attr_where, "H5Screate");
+  Hid attr = ctx.own(H5Acreate2(loc, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                     H5Aclose, attr_where, "H5Acreate2");
+  std::string buffer = value;
+  buffer.resize(std::max<size_t>(value.size(), 1), '\0');
+  ctx.check_status(H5Awrite(attr.get(), type.get(), buffer.data()), attr_where, "H5Awrite");
+}
+
+template <class T>
+void write_scalar_attr(const Context& ctx, hid_t loc, const char* name, T value, hid_t file_type,
+                       hid_t memory_type, const std::string& where) {
+  const std::string attr_where = where + " attribute " + name;
+  Hid space = ctx.own(H5Screate(H5S_SCALAR), H5Sclose, attr_where, "H5Screate");
+  Hid attr = ctx.own(H5Acreate2(loc, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                     H5Aclose, attr_where, "H5Acreate2");
+  ctx.check_status(H5Awrite(attr.get(), memory_type, &value), attr_where, "H5Awrite");
+}
+
+Hid create_group(const Context& ctx, hid_t file, const char* name) {
+  const std::string where = std::string("group /") + name;
+  Hid gcpl = object_create_plist(ctx, H5P_GROUP_CREATE, where);
+  return ctx.own(H5Gcreate2(file, name, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose, where,
+                 "H5Gcreate2");
+}
+
+// The largest divisor of n that is at most limit (at least 1).
+hsize_t largest_divisor_at_most(hsize_t n, hsize_t limit) {
+  if (limit >= n) return n;
+  hsize_t best = 1;
+  for (hsize_t i = 1; i * i <= n; ++i) {
+    if (n % i != 0) continue;
+    if (i <= limit && i > best) best = i;
+    if (n / i <= limit && n / i > best) best = n / i;
+  }
+  return best;
+}
+
+// Chunk dims that divide the shape (no partial edge chunks), filling from the innermost axis.
+std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims, size_t elem_bytes) {
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  hsize_t budget = std::max<hsize_t>(1, kChunkTargetBytes / elem_bytes);
+  for (size_t a = dims.size(); a-- > 0;) {
+    chunk[a] = largest_divisor_at_most(dims[a], budget);
+    budget = std::max<hsize_t>(1, budget / chunk[a]);
+  }
+  return chunk;
+}
+
+void write_dataset(const Context& ctx, hid_t group, const std::string& path, const char* name,
+                   const Tensor& tensor) {
+  const std::string where = dataset_where(path);
+  std::vector<hsize_t> dims(tensor.shape().begin(), tensor.shape().end());
+  Hid space = ctx.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                      H5Sclose, where, "H5Screate_simple");
+  Hid dcpl = object_create_plist(ctx, H5P_DATASET_CREATE, where);
+  const bool compress = tensor.size_bytes() > kCompressAboveBytes && !dims.empty() &&
+                        H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0 &&
+                        H5Zfilter_avail(H5Z_FILTER_SHUFFLE) > 0;
+  if (compress) {
+    const std::vector<hsize_t> chunk = chunk_dims(dims, dtype_size(tensor.dtype()));
+    ctx.check_status(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), where,
+                     "H5Pset_chunk");
+    ctx.check_status(H5Pset_shuffle(dcpl.get()), where, "H5Pset_shuffle");
+    ctx.check_status(H5Pset_deflate(dcpl.get(), kDeflateLevel), where, "H5Pset_deflate");
+    const uint64_t zero = 0;
+    ctx.check_status(H5Pset_fill_value(dcpl.get(), memory_type_of(tensor.dtype()), &zero), where,
+                     "H5Pset_fill_value");
+  }
+  Hid dset = ctx.own(H5Dcreate2(group, name, file_type_of(tensor.dtype()), space.get(),
+                                H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                     H5Dclose, where, "H5Dcreate2");
+  if (tensor.numel() > 0) {
+    ctx.check_status(H5Dwrite(dset.get(), memory_type_of(tensor.dtype()), H5S_ALL, H5S_ALL,
+                              H5P_DEFAULT, tensor.raw()),
+                     where, "H5Dwrite");
+  }
+  write_string_attr(ctx, dset.get(), "dtype", file_dtype_name(tensor.dtype()), where);
+  ctx.check_status(dset.close(), where, "H5Dclose");
+}
+
+void write_file(const Context& ctx, const std::string& file_path, const Golden& golden) {
+  const std::string root = "root group";
+  Hid fcpl = object_create_plist(ctx, H5P_FILE_CREATE, root);
+  Hid fapl = ctx.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, root, "H5Pcreate");
+  // Fixed format versions: the bytes do not change with the library's defaults, and HDF5 1.8+
+  // readers (h5py included) can open the file.
+  ctx.check_status(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), root,
+                   "H5Pset_libver_bounds");
+  Hid file = ctx.own(H5Fcreate(file_path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), H5Fclose,
+                     root, "H5Fcreate");
+
+  const GoldenMeta& meta = golden.meta;
+  write_string_attr(ctx, file.get(), "format", kGoldenFormat, root);
+  write_scalar_attr<int32_t>(ctx, file.get(), "format_version", kGoldenVersion, H5T_STD_I32LE,
+                             H5T_NATIVE_INT32, root);
+  write_string_attr(ctx, file.get(), "generator", meta.generator, root);
+  write_string_attr(ctx, file.get(), "generator_version", meta.generator_version, root);
+  write_scalar_attr<uint64_t>(ctx, file.get(), "seed", meta.seed, H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                              root);
+  write_string_attr(ctx, file.get(), "profile", meta.profile, root);
+  write_string_attr(ctx, file.get(), "mma_model", meta.mma_model, root);
+  write_string_attr(ctx, file.get(), "routing", meta.routing, root);
+
+  {
+    Hid config = create_group(ctx, file.get(), "config");
+    const spec::LayerConfig& cfg = golden.cfg;
+    const std::array<std::pair<const char*, int64_t>, 7> fields = {{{"H", cfg.hidden},
+                                                                    {"I", cfg.intermediate},
+                                                                    {"Is", cfg.shared_intermediate},
+                                                                    {"E", cfg.num_experts},
+                                                                    {"K", cfg.top_k},
+                                                                    {"R", cfg.num_ranks},
+                                                                    {"T", cfg.tokens_per_rank}}};
+    for (const auto& [name, value] : fields) {
+      write_scalar_attr<int64_t>(ctx, config.get(), name, value, H5T_STD_I64LE, H5T_NATIVE_INT64,
+                                 "group /config");
+    }
+    write_string_attr(ctx, config.get(), "profile", meta.profile, "group /config");
+    write_string_attr(ctx, config.get(), "mma_model", meta.mma_model, "group /config");
+    ctx.check_status(config.close(), "group /config", "H5Gclose");
+  }
+
+  // Groups and datasets in schema order, so the same content always lays out the same way.
+  for (const char* group_name : kDataGroups) {
+    const std::string prefix = std::string(group_name) + "/";
+    Hid group;
+    for (const TensorSpec& spec : golden_schema()) {
+      const std::string path = spec.path;
+      if (path.compare(0, prefix.size(), prefix) != 0) continue;
+      const auto it = golden.tensors.find(path);
+      if (it == golden.tensors.end()) continue;
+      if (group.get() < 0) group = create_group(ctx, file.get(), group_name);
+      write_dataset(ctx, group.get(), path, spec.path + prefix.size(), it->second);
+    }
+    if (group.get() >= 0) {
+      ctx.check_status(group.close(), std::string("group /") + group_name, "H5Gclose");
+    }
+  }
+  ctx.check_status(file.close(), root, "H5Fclose");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader.
+
+bool attr_exists(const Context& ctx, hid_t loc, const char* name, const std::string& where) {
+  const htri_t exists = H5Aexists(loc, name);
+  if (exists < 0) ctx.fail_hdf5(where + " attribute " + name, "H5Aexists");
+  return exists > 0;
+}
+
+// Opens a one-element attribute and checks its type class; nullopt when absent.
+std::optional<Hid> open_scalar_attr(const Context& ctx, hid_t loc, const char* name,
+                                    H5T_class_t expected_class, const char* expected_what,
+                                    const std::string& where) {
+  if (!attr_exists(ctx, loc, name, where)) return std::nullopt;
+  const std::string attr_where = where + " attribute " + name;
+  Hid attr = ctx.own(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose, attr_where, "H5Aopen");
+  Hid space = ctx.own(H5Aget_space(attr.get()), H5Sclose, attr_where, "H5Aget_space");
+  const hssize_t points = H5Sget_simple_extent_npoints(space.get());
+  Hid type = ctx.own(H5Aget_type(attr.get()), H5Tclose, attr_where, "H5Aget_type");
+  const H5T_class_t cls = H5Tget_class(type.get());
+  if (points != 1 || cls != expected_class) {
+    ctx.fail(attr_where, std::string("expected a single ") + expected_what + kFixHint);
+  }
+  return attr;
+}
+
+std::optional<std::string> read_string_attr(const Context& ctx, hid_t loc, const char* name,
+                                            const std::string& where) {
+  std::optional<Hid> attr = open_scalar_attr(ctx, loc, name, H5T_STRING, "string", where);
+  if (!attr) return std::nullopt;
+  const std::string attr_where = where + " attribute " + name;
+  Hid type = ctx.own(H5Aget_type(attr->get()), H5Tclose, attr_where, "H5Aget_type");
+  const htri_t variable = H5Tis_variable_str(type.get());
+  ctx.check(variable, attr_where, "H5Tis_variable_str");
+  Hid memory_type = ctx.own(H5Tcopy(H5T_C_S1), H5Tclose, attr_where, "H5Tcopy");
+  // HDF5 converts between ASCII and UTF-8 strings only when the character sets agree.
+  const H5T_cset_t cset = H5Tget_cset(type.get());
+  if (cset < 0) ctx.fail_hdf5(attr_where, "H5Tget_cset");
+  ctx.check_status(H5Tset_cset(memory_type.get(), cset), attr_where, "H5Tset_cset");
+  if (variable > 0) {
+    // Written by h5py and friends: a variable-length string.
+    ctx.check_status(H5Tset_size(memory_type.get(), H5T_VARIABLE), attr_where, "H5Tset_size");
+    char* text = nullptr;
+    ctx.check_status(H5Aread(attr->get(), memory_type.get(), &text), attr_where, "H5Aread");
+    std::string value = text != nullptr ? std::string(text, strnlen(text, kMaxStringBytes)) : "";
+    if (text != nullptr) H5free_memory(text);
+    return value;
+  }
+  const size_t size = H5Tget_size(type.get());
+  if (size == 0 || size > kMaxStringBytes) {
+    ctx.fail(attr_where, "string of " + std::to_string(size) + " bytes is out of range" + kFixHint);
+  }
+  ctx.check_status(H5Tset_size(memory_type.get(), size), attr_where, "H5Tset_size");
+  ctx.check_status(H5Tset_strpad(memory_type.get(), H5T_STR_NULLPAD), attr_where, "H5Tset_strpad");
+  std::string buffer(size, '\0');
+  ctx.check_status(H5Aread(attr->get(), memory_type.get(), buffer.data()), attr_where, "H5Aread");
+  buffer.resize(strnlen(buffer.c_str(), size));
+  return buffer;
+}
+
+template <class T>
+std::optional<T> read_integer_attr(const Context& ctx, hid_t loc, const char* name,
+                                   hid_t memory_type, const std::string& where) {
+  std::optional<Hid> attr = open_scalar_attr(ctx, loc, name, H5T_INTEGER, "integer", where);
+  if (!attr) return std::nullopt;
+  T value{};
+  ctx.check_status(H5Aread(attr->get(), memory_type, &value), where + " attribute " + name,
+                   "H5Aread");
+  return value;
+}
+
+std::vector<std::string> list_links(const Context& ctx, hid_t group, const std::string& where) {
+  H5G_info_t info;
+  ctx.check_status(H5Gget_info(group, &info), where, "H5Gget_info");
+  std::vector<std::string> names;
+  names.reserve(static_cast<size_t>(std::min<hsize_t>(info.nlinks, 4096)));
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t len =
+        H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (len < 0 || static_cast<size_t>(len) > kMaxStringBytes) ctx.fail_hdf5(where, "H5Lget_name_by_idx");
+    std::string name(static_cast<size_t>(len) + 1, '\0');
+    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
+                           H5P_DEFAULT) < 0) {
+      ctx.fail_hdf5(where, "H5Lget_name_by_idx");
+    }
+    name.resize(static_cast<size_t>(len));
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
+// Opens /<name> (following links) and checks that it is the expected kind of object.
+Hid open_object(const Context& ctx, hid_t loc, const std::string& name, H5I_type_t expected,
+                const std::string& where) {
+  Hid object = ctx.own(H5Oopen(loc, name.c_str(), H5P_DEFAULT), H5Oclose, where, "H5Oopen");
+  if (H5Iget_type(object.get()) != expected) {
+    ctx.fail_subject(where, std::string("is not ") + (expected == H5I_GROUP ? "a group" : "a dataset") +
+                        kFixHint);
+  }
+  return object;
+}
+
+std::string describe_stored_type(hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  const std::string bits = std::to_string(size * 8);
+  switch (cls) {
+    case H5T_INTEGER: return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + bits;
+    case H5T_FLOAT: return "float" + bits;
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    case H5T_OPAQUE: return "opaque";
+    case H5T_BITFIELD: return "bitfield" + bits;
+    case H5T_REFERENCE: return "reference";
+    case H5T_VLEN: return "variable-length";
+    case H5T_TIME: return "time";
+    default: return "an unknown type";
+  }
+}
+
+bool stored_type_matches(hid_t type, DType dtype) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  switch (dtype) {
+    case DType::kBf16:
+      return cls == H5T_INTEGER && size == 2 && H5Tget_sign(type) == H5T_SGN_NONE;
+    case DType::kI32:
+      return cls == H5T_INTEGER && size == 4 && H5Tget_sign(type) == H5T_SGN_2;
+    case DType::kF32: return cls == H5T_FLOAT && size == 4;
+    case DType::kF64: return cls == H5T_FLOAT && size == 8;
+  }
+  return false;
+}
+
+std::string expected_type_text(DType dtype) {
+  if (dtype == DType::kBf16) return "bfloat16 (stored as uint16 with attribute dtype=\"bfloat16\")";
+  return file_dtype_name(dtype);
+}
+
+Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, const TensorSpec& spec,
+                    const spec::LayerConfig& cfg) {
+  const std::string where = dataset_where(path);
+  Hid dset = open_object(ctx, file, "/" + path, H5I_DATASET, where);
+
+  Hid space = ctx.own(H5Dget_space(dset.get()), H5Sclose, where, "H5Dget_space");
+  const H5S_class_t space_class = H5Sget_simple_extent_type(space.get());
+  const std::vector<int64_t> expected = spec_shape(spec, cfg);
+  std::vector<hsize_t> found;
+  if (space_class == H5S_SIMPLE) {
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0 || rank > H5S_MAX_RANK) ctx.fail_hdf5(where, "H5Sget_simple_extent_ndims");
+    found.resize(static_cast<size_t>(rank));
+    if (H5Sget_simple_extent_dims(space.get(), found.data(), nullptr) < 0) {
+      ctx.fail_hdf5(where, "H5Sget_simple_extent_dims");
+    }
+  } else if (space_class != H5S_SCALAR) {
+    ctx.fail(where, "expected shape " + format_dims(expected) + " " + format_symbols(spec) +
+                        " but the dataspace is empty (null)" + kFixHint);
+  }
+  bool shape_ok = found.size() == expected.size();
+  for (size_t a = 0; shape_ok && a < found.size(); ++a) {
+    shape_ok = found[a] == static_cast<hsize_t>(expected[a]);
+  }
+  if (!shape_ok) {
+    ctx.fail(where, "expected shape " + format_dims(expected) + " " + format_symbols(spec) +
+                        " but found " + format_dims(found) + kFixHint);
+  }
+
+  Hid type = ctx.own(H5Dget_type(dset.get()), H5Tclose, where, "H5Dget_type");
+  if (!stored_type_matches(type.get(), spec.dtype)) {
+    ctx.fail(where, "expected dtype " + expected_type_text(spec.dtype) + " but found " +
+                        describe_stored_type(type.get()) + kFixHint);
+  }
+  const std::optional<std::string> dtype_attr = read_string_attr(ctx, dset.get(), "dtype", where);
+  if (!dtype_attr) {
+    ctx.fail(where, std::string("attribute dtype is missing (expected \"") +
+                        file_dtype_name(spec.dtype) + "\")" + kFixHint);
+  }
+  if (*dtype_attr != file_dtype_name(spec.dtype)) {
+    ctx.fail(where, std::string("attribute dtype is \"") + *dtype_attr + "\" but the schema says \"" +
+                        file_dtype_name(spec.dtype) + "\"" + kFixHint);
+  }
+
+  // Shapes come from a validated config, but their product can still be absurd; make sure the
+  // file really holds that much data before allocating it.
+  uint64_t numel = 1;
+  for (int64_t d : expected) {
+    if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d) / 8) {
+      ctx.fail(where, "shape " + format_dims(expected) + " is too large to load");
+    }
+    numel *= static_cast<uint64_t>(d);
+  }
+  const uint64_t bytes = numel * dtype_size(spec.dtype);
+  if (bytes > kLargeReadBytes) {
+    const uint64_t stored = H5Dget_storage_size(dset.get());
+    if (stored == 0 || bytes / stored > kMaxCompressionRatio) {
+      ctx.fail(where, "claims " + std::to_string(bytes) + " bytes but stores only " +
+                          std::to_string(stored) + "; the file is corrupt" + kFixHint);
+    }
+  }
+
+  Tensor tensor(spec.dtype, expected);
+  if (tensor.numel() > 0 &&
+      H5Dread(dset.get(), memory_type_of(spec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.raw()) < 0) {
+    ctx.fail(where, "reading the data failed (" + hdf5_detail() +
+                        "); the file is truncated or corrupt" + kFixHint);
+  }
+  return tensor;
+}
+
+int64_t require_config_attr(const Context& ctx, hid_t config, const char* name) {
+  const std::optional<int64_t> v =
+      read_integer_attr<int64_t>(ctx, config, name, H5T_NATIVE_INT64, "group /config");
+  if (!v) {
+    ctx.fail("group /config", std::string("attribute ") + name + " is missing" + kFixHint);
+  }
+  return *v;
+}
+
+// Root profile/mma_model are copies of /config's; when both exist they must agree.
+std::string merged_string(const Context& ctx, const std::optional<std::string>& root_value,
+                          const std::optional<std::string>& config_value, const char* name) {
+  if (!config_value && !root_value) {
+    ctx.fail("group /config", std::string("attribute ") + name + " is missing" + kFixHint);
+  }
+  if (config_value && root_value && *config_value != *root_value) {
+    ctx.fail("group /config", std::string("attribute ") + name + " is \"" + *config_value +
+                                  "\" but the root attribute says \"" + *root_value + "\"" + kFixHint);
+  }
+  return config_value ? *config_value : *root_value;
+}
+
+void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golden& golden) {
+  const std::string root = "root group";
+  const std::optional<std::string> format = read_string_attr(ctx, file, "format", root);
+  if (!format) {
+    ctx.fail("", std::string("not a mok golden file: root attribute format is missing (expected \"") +
+                     kGoldenFormat + "\")");
+  }
+  if (*format != kGoldenFormat) {
+    ctx.fail("", "not a mok golden file: root attribute format is \"" + *format + "\", expected \"" +
+                     kGoldenFormat + "\"");
+  }
+  const std::optional<int64_t> version =
+      read_integer_attr<int64_t>(ctx, file, "format_version", H5T_NATIVE_INT64, root);
+  if (!version) ctx.fail(root, "attribute format_version is missing" + std::string(kFixHint));
+  if (*version != kGoldenVersion) {
+    ctx.fail(root, "format_version " + std::to_string(*version) + " is not supported (this reader reads version " +
+                       std::to_string(kGoldenVersion) + "); use a matching mok build or regenerate the file");
+  }
+
+  GoldenMeta& meta = golden.meta;
+  meta.generator = read_string_attr(ctx, file, "generator", root).value_or("");
+  meta.generator_version = read_string_attr(ctx, file, "generator_version", root).value_or("");
+  meta.seed = read_integer_attr<uint64_t>(ctx, file, "seed", H5T_NATIVE_UINT64, root).value_or(0);
+  meta.routing = read_string_attr(ctx, file, "routing", root).value_or("");
+  const std::optional<std::string> root_profile = read_string_attr(ctx, file, "profile", root);
+  const std::optional<std::string> root_mma = read_string_attr(ctx, file, "mma_model", root);
+
+  // Root members: the config group and the data groups, nothing else.
+  const std::vector<std::string> members = list_links(ctx, file, root);
+  for (const std::string& name : members) {
+    bool known = name == "config";
+    for (const char* group : kDataGroups) known = known || name == group;
+    if (!known) {
+      ctx.fail_subject("object /" + name, "is not part of schema v1 (the root holds /config, /inputs, "
+                                  "/outputs, /grads, /intermediates, /bounds)" + std::string(kFixHint));
+    }
+  }
+  if (std::find(members.begin(), members.end(), "config") == members.end()) {
+    ctx.fail_subject("group /config", "is missing" + std::string(kFixHint));
+  }
+  {
+    Hid config = open_object(ctx, file, "/config", H5I_GROUP, "group /config");
+    spec::LayerConfig& cfg = golden.cfg;
+    cfg.hidden = require_config_attr(ctx, config.get(), "H");
+    cfg.intermediate = require_config_attr(ctx, config.get(), "I");
+    cfg.shared_intermediate = require_config_attr(ctx, config.get(), "Is");
+    cfg.num_experts = require_config_attr(ctx, config.get(), "E");
+    cfg.top_k = require_config_attr(ctx, config.get(), "K");
+    cfg.num_ranks = require_config_attr(ctx, config.get(), "R");
+    cfg.tokens_per_rank = require_config_attr(ctx, config.get(), "T");
+    meta.profile = merged_string(ctx, root_profile,
+                                 read_string_attr(ctx, config.get(), "profile", "group /config"),
+                                 "profile");
+    meta.mma_model = merged_string(ctx, root_mma,
+                                   read_string_attr(ctx, config.get(), "mma_model", "group /config"),
+                                   "mma_model");
+  }
+  const spec::Status cfg_status = golden.cfg.validate();
+  if (!cfg_status.ok) ctx.fail("group /config", cfg_status.message + std::string(kFixHint));
+
+  for (const char* group_name : kDataGroups) {
+    const std::string group_str = group_name;
+    if (group_str == "intermediates" && !options.load_intermediates) continue;
+    if (group_str == "bounds" && !options.load_bounds) continue;
+    if (std::find(members.begin(), members.end(), group_str) == members.end()) continue;
+    const std::string group_where = "group /" + group_str;
+    Hid group = open_object(ctx, file, "/" + group_str, H5I_GROUP, group_where);
+    for (const std::string& name : list_links(ctx, group.get(), group_where)) {
+      const std::string path = group_str + "/" + name;
+      const TensorSpec* spec = find_spec(path);
+      if (spec == nullptr) {
+        ctx.fail_subject(dataset_where(path), "is not part of schema v1" + std::string(kFixHint));
+      }
+      if (!spec_applies(*spec, golden.cfg)) {
+        ctx.fail_subject(dataset_where(path), "is present but config Is = 0 (no shared expert)" +
+                                          std::string(kFixHint));
+      }
+      golden.tensors.emplace(path, read_dataset(ctx, file, path, *spec, golden.cfg));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value checks.
+
+const char* nonfinite_name(float v) {
+  if (std::isnan(v)) return "NaN";
+  return v > 0 ? "+Inf" : "-Inf";
+}
+
+void check_finite_bf16(const Context& ctx, const Golden& golden, const std::string& path) {
+  const auto it = golden.tensors.find(path);
+  if (it == golden.tensors.end()) return;
+  const Tensor& t = it->second;
+  const uint16_t* data = t.data<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (spec::bf16_is_finite(data[i])) continue;
+    char bits[16];
+    std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(data[i]));
+    const auto topk = golden.tensors.find("inputs/topk_experts");
+    ctx.fail(dataset_where(path),
+             "element " + locate(*find_spec(path), golden.cfg, i,
+                                 topk == golden.tensors.end() ? nullptr : &topk->second) +
+                 " is " + nonfinite_name(spec::f32_from_bf16(data[i])) + " (bf16 bits " + bits +
+                 "); inputs must be finite" + kFixHint);
+  }
+}
+
+void check_values(const Context& ctx, const Golden& golden) {
+  for (const char* path : {"inputs/x", "inputs/w_shared_gate", "inputs/w_shared_up",
+                           "inputs/w_shared_down", "inputs/w_routed_gate", "inputs/w_routed_up",
+                           "inputs/w_routed_down", "inputs/d_output"}) {
+    check_finite_bf16(ctx, golden, path);
+  }
+  const Tensor& topk = at(golden.tensors, "inputs/topk_experts");
+  const Tensor& weights = at(golden.tensors, "inputs/router_weights");
+  const float* w = weights.data<float>();
+  for (int64_t i = 0; i < weights.numel(); ++i) {
+    if (std::isfinite(w[i])) continue;
+    ctx.fail(dataset_where("inputs/router_weights"),
+             "element " + locate(*find_spec("inputs/router_weights"), golden.cfg, i, &topk) + " is " +
+                 nonfinite_name(w[i]) + "; router weights must be finite" + kFixHint);
+  }
+  int64_t bad_token = -1;
+  int64_t bad_slot = -1;
+  const spec::Status routing =
+      spec::validate_routing(golden.cfg, topk.data<int32_t>(), &bad_token, &bad_slot);
+  if (!routing.ok) {
+    const int32_t e = topk.data<int32_t>()[bad_token * golden.cfg.top_k + bad_slot];
+    ctx.fail(dataset_where("inputs/topk_experts"),
+             "token " + std::to_string(bad_token) + " slot " + std::to_string(bad_slot) +
+                 " holds expert " + std::to_string(e) + " (E = " + std::to_string(golden.cfg.num_experts) +
+                 "): " + routing.message + kFixHint);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public API.
+
+void validate_golden(const Golden& golden, const std::string& origin, const ReadOptions& options) {
+  const Context ctx(origin);
+  const spec::Status cfg_status = golden.cfg.validate();
+  if (!cfg_status.ok) ctx.fail("config", cfg_status.message + std::string(kFixHint));
+
+  for (const auto& [path, tensor] : golden.tensors) {
+    const TensorSpec* spec = find_spec(path);
+    if (spec == nullptr) ctx.fail_subject(dataset_where(path), "is not part of schema v1" + std::string(kFixHint));
+    if (!spec_applies(*spec, golden.cfg)) {
+      ctx.fail_subject(dataset_where(path), "is present but config Is = 0 (no shared expert)" + std::string(kFixHint));
+    }
+    const std::vector<int64_t> expected = spec_shape(*spec, golden.cfg);
+    if (tensor.shape() != expected) {
+      ctx.fail(dataset_where(path), "expected shape " + format_dims(expected) + " " +
+                                        format_symbols(*spec) + " but found " +
+                                        tensor.shape_string() + kFixHint);
+    }
+    if (tensor.dtype() != spec->dtype) {
+      ctx.fail(dataset_where(path), "expected dtype " + expected_type_text(spec->dtype) +
+                                        " but found " + file_dtype_name(tensor.dtype()) + kFixHint);
+    }
+  }
+
+  for (const TensorSpec& spec : golden_schema()) {
+    if (spec.role != Role::kInput || !spec_applies(spec, golden.cfg)) continue;
+    const std::string path = spec.path;
+    if (path == "inputs/d_output") continue;  // forward-only cases have no d_output
+    if (golden.tensors.count(path) == 0) {
+      ctx.fail_subject(dataset_where(path), "is missing (required input: " + std::string(spec.what) + ", " +
+                                        format_symbols(spec) + " " + file_dtype_name(spec.dtype) +
+                                        ")" + kFixHint);
+    }
+  }
+
+  if (options.check_values) check_values(ctx, golden);
+}
+
+void write_golden(const std::string& path, const Golden& golden) {
+  // Structure only: a writer may record non-finite or badly routed inputs (the reader reports them).
+  ReadOptions structure_only;
+  structure_only.check_values = false;
+  validate_golden(golden, path, structure_only);
+
+  const SilenceHdf5 silence;
+  const Context ctx(path);
+  const std::string tmp_path = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
+  try {
+    write_file(ctx, tmp_path, golden);
+    std::error_code ec;
+    std::filesystem::rename(tmp_path, path, ec);
+    if (ec) ctx.fail("", "cannot move " + tmp_path + " into place: " + ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp_path, ignored);
+    throw;
+  }
+}
+
+Golden read_golden(const std::string& path, const ReadOptions& options) {
+  const SilenceHdf5 silence;
+  const Context ctx(path);
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) ctx.fail("", "cannot open: no such file");
+  if (!std::filesystem::is_regular_file(status)) ctx.fail("", "cannot open: not a regular file");
+
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 <= 0) {
+    ctx.fail("", std::string("not an HDF5 file or truncated (") +
+                     (is_hdf5 == 0 ? "no HDF5 signature found" : hdf5_detail()) + ")");
+  }
+  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file.get() < 0) ctx.fail("", "not an HDF5 file or truncated (" + hdf5_detail() + ")");
+
+  Golden golden;
+  try {
+    read_file(ctx, file.get(), options, golden);
+  } catch (const std::bad_alloc&) {
+    ctx.fail("", "out of memory while loading the datasets");
+  }
+  validate_golden(golden, path, options);
+  return golden;
+}
+
+}  // namespace mok::ref

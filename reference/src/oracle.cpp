@@ -1,0 +1,288 @@
+// The oracle: exact sums (ExactSum) and per-element error radii for every output and gradient.
+#include "mok/reference/oracle.hpp"
+
+#include "mok/reference/error.hpp"
+#include "mok/reference/exact_sum.hpp"
+#include "mok/reference/parallel.hpp"
+#include "mok/reference/schema.hpp"
+#include "mok/spec/bf16.hpp"
+#include "mok/spec/mma_model.hpp"
+#include "mok/spec/orders.hpp"
+#include "mok/spec/routing_plan.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace mok::ref {
+namespace {
+
+using spec::f32_from_bf16;
+
+constexpr double kSlack = 1.0 + 0x1.0p-20;  // covers the double roundings of the bound itself
+
+int bf16_exp(uint16_t b) {
+  const int ef = (b >> 7) & 0xFF;
+  return ef == 0 ? -126 : ef - 127;
+}
+
+// One element: exact sum of its terms, Σ|terms| and the radius accumulated so far.
+class Element {
+ public:
+  // An MMA dot chain (ORDER: dot-chain), continuing from the current value.
+  void mma_chain(const uint16_t* a, int64_t a_stride, const uint16_t* b, int64_t b_stride, int64_t n) {
+    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
+      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
+      int max_exp = std::numeric_limits<int>::min();
+      int count = 0;
+      const double before = abs_sum_ + radius_;  // bounds |running value|
+      for (int64_t i = k0; i < k0 + len; ++i) {
+        const uint16_t ab = a[i * a_stride], bb = b[i * b_stride];
+        const double p = static_cast<double>(f32_from_bf16(ab)) * f32_from_bf16(bb);  // exact
+        if (p == 0.0) continue;
+        sum_.add(p);
+        abs_sum_ += std::fabs(p);
+        max_exp = std::max(max_exp, bf16_exp(ab) + bf16_exp(bb));
+        ++count;
+      }
+      if (before > 0) {  // the accumulator is a term too; its exponent is at most log2(before)
+        max_exp = std::max(max_exp, std::ilogb(before * kSlack));
+        ++count;
+      }
+      if (count == 0) continue;
+      // Term truncation (< one unit of 2^(E-25) per term) plus truncation of the step's
+      // result to fp32 (< one ulp of a value bounded by Σ|terms|).
+      radius_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_sum_ + radius_) * kSlack + 0x1.0p-149;
+    }
+  }
+  // One fp32 fma (or add, when weight is 1) with round-to-nearest: error <= half an ulp.
+  void rounded_term(double weight, double value) {
+    const double p = weight * value;  // exact: fp32 * bf16 fits in 53 bits
+    sum_.add(p);
+    abs_sum_ += std::fabs(p);
+    radius_ += 0x1.0p-24 * (abs_sum_ + radius_) * kSlack + 0x1.0p-150;
+  }
+  // A plain term that adds no rounding of its own (lane sums account for it separately).
+  void exact_term(double p) {
+    sum_.add(p);
+    abs_sum_ += std::fabs(p);
+  }
+  void add_radius(double r) { radius_ += r; }
+  double abs_sum() const { return abs_sum_; }
+  // Rounding of the final fp32 value to bf16 (half an ulp of bf16, subnormals included).
+  void round_to_bf16() {
+    const double v = std::fabs(sum_.to_double()) + radius_;
+    radius_ += 0x1.0p-8 * v * kSlack + 0x1.0p-134;
+  }
+  // exact rounded once to fp32, and the radius including that storage rounding, rounded up.
+  void finish(float* exact_out, float* bound_out) const {
+    const double exact = sum_.to_double();
+    const float e32 = static_cast<float>(exact);
+    const double storage = std::fabs(static_cast<double>(e32) - exact) + 0x1.0p-52 * std::fabs(exact);
+    const double r = (radius_ + storage) * kSlack;
+    float b = static_cast<float>(r);
+    if (static_cast<double>(b) < r) b = std::nextafter(b, std::numeric_limits<float>::infinity());
+    *exact_out = e32;
+    *bound_out = b;
+  }
+
+ private:
+  ExactSum sum_;
+  double abs_sum_ = 0.0;
+  double radius_ = 0.0;
+};
+
+const float kNan = std::numeric_limits<float>::quiet_NaN();
+
+struct Out {
+  float* exact;
+  float* bound;
+};
+
+}  // namespace
+
+TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
+                        const TensorMap& reference, const OracleOptions& options) {
+  const int threads = resolve_threads(options.num_threads);
+  const Sample* sample = options.sample;
+  const int64_t G = cfg.num_tokens(), H = cfg.hidden, I = cfg.intermediate,
+                Is = cfg.shared_intermediate, E = cfg.num_experts, K = cfg.top_k,
+                R = cfg.num_ranks, T = cfg.tokens_per_rank;
+  const bool shared = Is > 0;
+  const bool backward = reference.count("grads/d_x") > 0 || reference.count("intermediates/dy") > 0;
+  auto in16 = [&](const char* p) { return at(inputs, p).data<uint16_t>(); };
+  auto ref16 = [&](const char* p) { return at(reference, p).data<uint16_t>(); };
+  const int32_t* topk = at(inputs, "inputs/topk_experts").data<int32_t>();
+  const float* rw = at(inputs, "inputs/router_weights").data<float>();
+
+  TensorMap out;
+  auto make = [&](const std::string& checked) -> Out {
+    const TensorSpec* s = find_spec(checked);
+    const auto shape = spec_shape(*s, cfg);
+    Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
+    std::fill(ex.data<float>(), ex.data<float>() + ex.numel(), kNan);
+    std::fill(bd.data<float>(), bd.data<float>() + bd.numel(), kNan);
+    const std::string pe = bound_exact_path(checked), pb = bound_radius_path(checked);
+    out[pe] = std::move(ex);
+    out[pb] = std::move(bd);
+    return {out[pe].data<float>(), out[pb].data<float>()};
+  };
+  auto token_ok = [&](int64_t g) { return !sample || sample->token_mask[g]; };
+
+  // Forward output: shared chain over Is (from shared_act), then the slot fmas.
+  {
+    Out o = make("outputs/output");
+    const uint16_t* y = ref16("intermediates/y");
+    const uint16_t* sa = shared ? ref16("intermediates/shared_act") : nullptr;
+    const uint16_t* wsd = shared ? in16("inputs/w_shared_down") : nullptr;
+    parallel_for(G, threads, [&](int64_t b, int64_t e) {
+      for (int64_t g = b; g < e; ++g) {
+        if (!token_ok(g)) continue;
+        for (int64_t h = 0; h < H; ++h) {
+          Element el;
+          if (shared) el.mma_chain(sa + g * Is, 1, wsd + h * Is, 1, Is);
+          for (int64_t k = 0; k < K; ++k)  // ORDER: combine-slots
+            if (topk[g * K + k] >= 0) el.rounded_term(rw[g * K + k], f32_from_bf16(y[(g * K + k) * H + h]));
+          el.round_to_bf16();
+          el.finish(o.exact + g * H + h, o.bound + g * H + h);
+        }
+      }
+    }, 8);
+  }
+  if (!backward) return out;
+
+  // d_x: shared chain over 2*Is (gate half first), then the slot adds.
+  {
+    Out o = make("grads/d_x");
+    const uint16_t* dx_slot = ref16("intermediates/dx_slot");
+    const uint16_t* sdg = shared ? ref16("intermediates/shared_d_gate") : nullptr;
+    const uint16_t* sdu = shared ? ref16("intermediates/shared_d_up") : nullptr;
+    const uint16_t* wsg = shared ? in16("inputs/w_shared_gate") : nullptr;
+    const uint16_t* wsu = shared ? in16("inputs/w_shared_up") : nullptr;
+    parallel_for(G, threads, [&](int64_t b, int64_t e) {
+      for (int64_t g = b; g < e; ++g) {
+        if (!token_ok(g)) continue;
+        for (int64_t h = 0; h < H; ++h) {
+          Element el;
+          if (shared) {
+            el.mma_chain(sdg + g * Is, 1, wsg + h, H, Is);
+            el.mma_chain(sdu + g * Is, 1, wsu + h, H, Is);
+          }
+          for (int64_t k = 0; k < K; ++k)  // ORDER: dx-slots
+            if (topk[g * K + k] >= 0) el.rounded_term(1.0, f32_from_bf16(dx_slot[(g * K + k) * H + h]));
+          el.round_to_bf16();
+          el.finish(o.exact + g * H + h, o.bound + g * H + h);
+        }
+      }
+    }, 8);
+  }
+
+  // d_router_weights: 32 fma lanes then a 31-add butterfly feeding lane 0 (ORDER: router-grad-lanes).
+  {
+    Out o = make("grads/d_router_weights");
+    const uint16_t* y = ref16("intermediates/y");
+    const uint16_t* d_out = in16("inputs/d_output");
+    parallel_for(G, threads, [&](int64_t b, int64_t e) {
+      for (int64_t g = b; g < e; ++g) {
+        if (!token_ok(g)) continue;
+        for (int64_t k = 0; k < K; ++k) {
+          float* ex = o.exact + g * K + k;
+          float* bd = o.bound + g * K + k;
+          if (topk[g * K + k] < 0) {  // an empty slot's gradient is exactly 0
+            *ex = 0.0f;
+            *bd = 0.0f;
+            continue;
+          }
+          Element el;
+          for (int64_t h = 0; h < H; ++h)
+            el.exact_term(static_cast<double>(f32_from_bf16(d_out[g * H + h])) * f32_from_bf16(y[(g * K + k) * H + h]));
+          // Every fma and every butterfly add rounds once, each result bounded by Σ|terms|.
+          const double ops = static_cast<double>(H + spec::kRouterGradLanes - 1);
+          el.add_radius(ops * (0x1.0p-24 * el.abs_sum() * kSlack + 0x1.0p-150));
+          el.finish(ex, bd);
+        }
+      }
+    }, 8);
+  }
+
+  // Weight gradients: chains over canonical row lists (routed) and the rank's tokens (shared).
+  std::vector<int64_t> offsets(E + 1);
+  std::vector<spec::RowRef> rows(cfg.num_slots());
+  std::vector<int32_t> slot_row(cfg.num_slots());
+  spec::build_routing_plan(cfg, topk, {offsets.data(), rows.data(), slot_row.data()});
+  const uint16_t* x = in16("inputs/x");
+  auto col_ok = [&](const std::vector<uint8_t>& mask, int64_t i) { return !sample || mask[i]; };
+  {
+    Out og = make("grads/d_w_routed_gate"), ou = make("grads/d_w_routed_up"), od = make("grads/d_w_routed_down");
+    const uint16_t* act = ref16("intermediates/act");
+    const uint16_t* dy = ref16("intermediates/dy");
+    const uint16_t* dg = ref16("intermediates/d_gate");
+    const uint16_t* du = ref16("intermediates/d_up");
+    parallel_for(E * I, threads, [&](int64_t b, int64_t e_end) {
+      std::vector<uint16_t> xc, dyc, ac, gc, uc;
+      for (int64_t item = b; item < e_end; ++item) {
+        const int64_t e = item / I, i = item % I;
+        if (sample && !col_ok(sample->inter_mask, i)) continue;
+        const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        ac.resize(n); gc.resize(n); uc.resize(n); xc.resize(n); dyc.resize(n);
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t slot = int64_t{rows[r0 + r].token_idx} * K + rows[r0 + r].slot_idx;
+          ac[r] = act[slot * I + i];
+          gc[r] = dg[slot * I + i];
+          uc[r] = du[slot * I + i];
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t r = 0; r < n; ++r) {
+            const int64_t tok = rows[r0 + r].token_idx;
+            const int64_t slot = tok * K + rows[r0 + r].slot_idx;
+            xc[r] = x[tok * H + h];
+            dyc[r] = dy[slot * H + h];
+          }
+          Element eg, eu, ed;  // ORDER: weight-grad chain over canonical rows
+          eg.mma_chain(gc.data(), 1, xc.data(), 1, n);
+          eu.mma_chain(uc.data(), 1, xc.data(), 1, n);
+          ed.mma_chain(dyc.data(), 1, ac.data(), 1, n);
+          eg.finish(og.exact + (e * I + i) * H + h, og.bound + (e * I + i) * H + h);
+          eu.finish(ou.exact + (e * I + i) * H + h, ou.bound + (e * I + i) * H + h);
+          ed.finish(od.exact + (e * H + h) * I + i, od.bound + (e * H + h) * I + i);
+        }
+      }
+    }, 4);
+  }
+  if (shared) {
+    Out og = make("grads/d_w_shared_gate"), ou = make("grads/d_w_shared_up"), od = make("grads/d_w_shared_down");
+    const uint16_t* sa = ref16("intermediates/shared_act");
+    const uint16_t* sdg = ref16("intermediates/shared_d_gate");
+    const uint16_t* sdu = ref16("intermediates/shared_d_up");
+    const uint16_t* d_out = in16("inputs/d_output");
+    parallel_for(R * Is, threads, [&](int64_t b, int64_t e_end) {
+      std::vector<uint16_t> xc(T), dc(T), ac(T), gc(T), uc(T);
+      for (int64_t item = b; item < e_end; ++item) {
+        const int64_t rank = item / Is, j = item % Is, g0 = rank * T;
+        if (sample && !col_ok(sample->shared_mask, j)) continue;
+        for (int64_t t = 0; t < T; ++t) {
+          ac[t] = sa[(g0 + t) * Is + j];
+          gc[t] = sdg[(g0 + t) * Is + j];
+          uc[t] = sdu[(g0 + t) * Is + j];
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t t = 0; t < T; ++t) {
+            xc[t] = x[(g0 + t) * H + h];
+            dc[t] = d_out[(g0 + t) * H + h];
+          }
+          Element eg, eu, ed;  // ORDER: shared weight-grad chain over the rank's tokens
+          eg.mma_chain(gc.data(), 1, xc.data(), 1, T);
+          eu.mma_chain(uc.data(), 1, xc.data(), 1, T);
+          ed.mma_chain(dc.data(), 1, ac.data(), 1, T);
+          const int64_t gi = (rank * Is + j) * H + h, di = (rank * H + h) * Is + j;
+          eg.finish(og.exact + gi, og.bound + gi);
+          eu.finish(ou.exact + gi, ou.bound + gi);
+          ed.finish(od.exact + di, od.bound + di);
+        }
+      }
+    }, 4);
+  }
+  return out;
+}
+
+}  // namespace mok::ref

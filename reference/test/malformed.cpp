@@ -1,0 +1,325 @@
+// Builds random valid test goldens and writes their malformed variants (HDF5 edits, truncation).
+#include "malformed.hpp"
+
+#include "mok/reference/error.hpp"
+#include "mok/spec/bf16.hpp"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string_view>
+
+namespace mok::ref::test {
+namespace {
+
+// Uniform in [-scale, scale), never exactly zero; from raw bits so that it is the same everywhere.
+float random_value(std::mt19937_64& rng, float scale) {
+  const uint64_t bits = rng();
+  const float unit = static_cast<float>(bits >> 40) / static_cast<float>(uint64_t{1} << 24);
+  const float v = (2.0f * unit - 1.0f) * scale;
+  return v == 0.0f ? scale * 0.5f : v;
+}
+
+void fill_random(Tensor& t, std::mt19937_64& rng, float scale) {
+  switch (t.dtype()) {
+    case DType::kBf16: {
+      uint16_t* d = t.data<uint16_t>();
+      for (int64_t i = 0; i < t.numel(); ++i) d[i] = spec::bf16_from_f32_rne(random_value(rng, scale));
+      break;
+    }
+    case DType::kF32: {
+      float* d = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) d[i] = random_value(rng, scale);
+      break;
+    }
+    case DType::kF64: {
+      double* d = t.data<double>();
+      for (int64_t i = 0; i < t.numel(); ++i) d[i] = random_value(rng, scale);
+      break;
+    }
+    case DType::kI32: {
+      int32_t* d = t.data<int32_t>();
+      for (int64_t i = 0; i < t.numel(); ++i) d[i] = static_cast<int32_t>(rng() >> 33);
+      break;
+    }
+  }
+}
+
+// Distinct experts per row, in random order, with some empty (-1) slots.
+void fill_routing(Tensor& t, const spec::LayerConfig& cfg, std::mt19937_64& rng) {
+  int32_t* d = t.data<int32_t>();
+  std::vector<int32_t> experts(static_cast<size_t>(cfg.num_experts));
+  for (int64_t g = 0; g < cfg.num_tokens(); ++g) {
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int64_t k = 0; k < cfg.top_k; ++k) {
+      const size_t pick = k + static_cast<size_t>(rng() % static_cast<uint64_t>(cfg.num_experts - k));
+      std::swap(experts[k], experts[pick]);
+      d[g * cfg.top_k + k] = (rng() % 100 < 15) ? -1 : experts[k];
+    }
+  }
+}
+
+// Minimal checked HDF5 helpers for editing files in tests; failures are internal errors.
+void check(bool ok, const std::string& what) {
+  if (!ok) throw Error("write_malformed_goldens: " + what + " failed", ErrorKind::kInternal);
+}
+
+class File {
+ public:
+  explicit File(const std::string& path) : id_(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)) {
+    check(id_ >= 0, "H5Fopen " + path);
+  }
+  ~File() {
+    if (id_ >= 0) H5Fclose(id_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  hid_t get() const { return id_; }
+
+ private:
+  hid_t id_;
+};
+
+void set_string_attr(hid_t loc, const char* name, const std::string& value) {
+  if (H5Aexists(loc, name) > 0) check(H5Adelete(loc, name) >= 0, std::string("H5Adelete ") + name);
+  const hid_t type = H5Tcopy(H5T_C_S1);
+  check(type >= 0 && H5Tset_size(type, value.size()) >= 0, "string type");
+  const hid_t space = H5Screate(H5S_SCALAR);
+  const hid_t attr = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+  check(attr >= 0 && H5Awrite(attr, type, value.data()) >= 0, std::string("attribute ") + name);
+  H5Aclose(attr);
+  H5Sclose(space);
+  H5Tclose(type);
+}
+
+void set_int_attr(hid_t loc, const char* name, int64_t value) {
+  const hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
+  check(attr >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &value) >= 0, std::string("attribute ") + name);
+  H5Aclose(attr);
+}
+
+// Creates (or replaces) a dataset with the given file type, shape and dtype attribute.
+void put_dataset(hid_t file, const std::string& path, hid_t file_type, hid_t memory_type,
+                 const std::vector<hsize_t>& dims, const void* data, const std::string& dtype_attr) {
+  if (H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0) {
+    check(H5Ldelete(file, path.c_str(), H5P_DEFAULT) >= 0, "H5Ldelete " + path);
+  }
+  const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t dset = H5Dcreate2(file, path.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  check(dset >= 0, "H5Dcreate2 " + path);
+  check(H5Dwrite(dset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0, "H5Dwrite " + path);
+  set_string_attr(dset, "dtype", dtype_attr);
+  H5Dclose(dset);
+  H5Sclose(space);
+}
+
+std::string copy_of(const std::string& good_path, const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name + ".h5";
+  std::filesystem::copy_file(good_path, path, std::filesystem::copy_options::overwrite_existing);
+  return path;
+}
+
+const std::map<std::string, std::string>& expected_texts() {
+  static const std::map<std::string, std::string> texts = {
+      {"missing_dataset", "dataset /inputs/w_routed_up is missing"},
+      {"wrong_shape", "dataset /inputs/w_routed_gate: expected shape"},
+      {"wrong_dtype", "dataset /inputs/x: expected dtype bfloat16"},
+      {"dtype_attribute_mismatch", "dataset /inputs/router_weights: attribute dtype"},
+      {"truncated", "not an HDF5 file or truncated"},
+      {"not_hdf5", "not an HDF5 file or truncated"},
+      {"plain_hdf5", "not a mok golden file"},
+      {"wrong_format", "not a mok golden file"},
+      {"wrong_version", "format_version 2"},
+      {"bad_config", "divisible"},
+      {"missing_config_attr", "attribute K is missing"},
+      {"unknown_dataset", "dataset /inputs/extra_bias is not part of schema v1"},
+      {"unknown_group", "object /extras is not part of schema v1"},
+      {"nan_in_weight", "dataset /inputs/w_routed_down: element"},
+      {"inf_in_x", "dataset /inputs/x: element"},
+      {"nan_router_weight", "dataset /inputs/router_weights: element"},
+      {"expert_out_of_range", "dataset /inputs/topk_experts: token"},
+      {"duplicate_expert", "appears twice"},
+  };
+  return texts;
+}
+
+}  // namespace
+
+Golden make_random_golden(const spec::LayerConfig& cfg, uint64_t seed) {
+  Golden golden;
+  golden.cfg = cfg;
+  golden.meta.generator_version = "test";
+  golden.meta.seed = seed;
+  golden.meta.routing = "uniform";
+  std::mt19937_64 rng(seed);
+  for (const TensorSpec& spec : golden_schema()) {
+    if (!spec_applies(spec, cfg)) continue;
+    Tensor t(spec.dtype, spec_shape(spec, cfg));
+    if (std::string(spec.path) == "inputs/topk_experts") {
+      fill_routing(t, cfg, rng);
+    } else {
+      const bool weight = std::string_view(spec.path).starts_with("inputs/w_");
+      fill_random(t, rng, weight ? 0.125f : 2.0f);
+    }
+    golden.tensors.emplace(spec.path, std::move(t));
+  }
+  return golden;
+}
+
+std::string malformed_expected_text(const std::string& case_name) {
+  const auto it = expected_texts().find(case_name);
+  return it == expected_texts().end() ? std::string() : it->second;
+}
+
+std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const std::string& dir,
+                                                                          const Golden& good) {
+  const spec::LayerConfig& cfg = good.cfg;
+  std::vector<std::pair<std::string, std::string>> cases;
+  const std::string good_path = dir + "/good.h5";
+  write_golden(good_path, good);
+
+  {  // A required input deleted.
+    const std::string path = copy_of(good_path, dir, "missing_dataset");
+    File f(path);
+    check(H5Ldelete(f.get(), "/inputs/w_routed_up", H5P_DEFAULT) >= 0, "H5Ldelete");
+    cases.emplace_back("missing_dataset", path);
+  }
+  {  // Gate weights stored transposed ([E, H, I]); when H == I, twice as wide instead.
+    const std::string path = copy_of(good_path, dir, "wrong_shape");
+    File f(path);
+    const hsize_t E = cfg.num_experts, I = cfg.intermediate, H = cfg.hidden;
+    const std::vector<hsize_t> dims = H != I ? std::vector<hsize_t>{E, H, I} : std::vector<hsize_t>{E, I, 2 * H};
+    std::vector<uint16_t> data(E * I * H * (H != I ? 1 : 2), 0x3f80);
+    put_dataset(f.get(), "/inputs/w_routed_gate", H5T_STD_U16LE, H5T_NATIVE_UINT16, dims, data.data(), "bfloat16");
+    cases.emplace_back("wrong_shape", path);
+  }
+  {  // x stored as float32.
+    const std::string path = copy_of(good_path, dir, "wrong_dtype");
+    File f(path);
+    const Tensor& x = at(good.tensors, "inputs/x");
+    std::vector<float> data(static_cast<size_t>(x.numel()));
+    for (int64_t i = 0; i < x.numel(); ++i) data[i] = static_cast<float>(x.value_at(i));
+    put_dataset(f.get(), "/inputs/x", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                {static_cast<hsize_t>(cfg.num_tokens()), static_cast<hsize_t>(cfg.hidden)}, data.data(),
+                "float32");
+    cases.emplace_back("wrong_dtype", path);
+  }
+  {  // Right storage type, wrong dtype attribute.
+    const std::string path = copy_of(good_path, dir, "dtype_attribute_mismatch");
+    File f(path);
+    const hid_t dset = H5Dopen2(f.get(), "/inputs/router_weights", H5P_DEFAULT);
+    check(dset >= 0, "H5Dopen2");
+    set_string_attr(dset, "dtype", "float64");
+    H5Dclose(dset);
+    cases.emplace_back("dtype_attribute_mismatch", path);
+  }
+  {  // Half the bytes chopped off.
+    const std::string path = copy_of(good_path, dir, "truncated");
+    std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+    cases.emplace_back("truncated", path);
+  }
+  {
+    const std::string path = dir + "/not_hdf5.h5";
+    std::ofstream(path) << "this is a text file, not HDF5\n";
+    cases.emplace_back("not_hdf5", path);
+  }
+  {  // A valid HDF5 file without the mok attributes.
+    const std::string path = dir + "/plain_hdf5.h5";
+    const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    check(file >= 0, "H5Fcreate");
+    const float one = 1.0f;
+    put_dataset(file, "/data", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {1}, &one, "float32");
+    H5Fclose(file);
+    cases.emplace_back("plain_hdf5", path);
+  }
+  {
+    const std::string path = copy_of(good_path, dir, "wrong_format");
+    File f(path);
+    set_string_attr(f.get(), "format", "not-mok");
+    cases.emplace_back("wrong_format", path);
+  }
+  {
+    const std::string path = copy_of(good_path, dir, "wrong_version");
+    File f(path);
+    const hid_t attr = H5Aopen(f.get(), "format_version", H5P_DEFAULT);
+    const int32_t version = 2;
+    check(attr >= 0 && H5Awrite(attr, H5T_NATIVE_INT32, &version) >= 0, "format_version");
+    H5Aclose(attr);
+    cases.emplace_back("wrong_version", path);
+  }
+  {  // E not divisible by R.
+    const std::string path = copy_of(good_path, dir, "bad_config");
+    File f(path);
+    const int64_t ranks = std::max<int64_t>(cfg.num_ranks, 2);
+    const int64_t experts = cfg.num_experts % ranks != 0 ? cfg.num_experts : cfg.num_experts + 1;
+    const hid_t config = H5Gopen2(f.get(), "/config", H5P_DEFAULT);
+    check(config >= 0, "H5Gopen2 /config");
+    set_int_attr(config, "R", ranks);
+    set_int_attr(config, "E", experts);
+    H5Gclose(config);
+    cases.emplace_back("bad_config", path);
+  }
+  {
+    const std::string path = copy_of(good_path, dir, "missing_config_attr");
+    File f(path);
+    check(H5Adelete_by_name(f.get(), "/config", "K", H5P_DEFAULT) >= 0, "H5Adelete_by_name");
+    cases.emplace_back("missing_config_attr", path);
+  }
+  {
+    const std::string path = copy_of(good_path, dir, "unknown_dataset");
+    File f(path);
+    std::vector<float> data(static_cast<size_t>(cfg.hidden), 0.5f);
+    put_dataset(f.get(), "/inputs/extra_bias", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                {static_cast<hsize_t>(cfg.hidden)}, data.data(), "float32");
+    cases.emplace_back("unknown_dataset", path);
+  }
+  {
+    const std::string path = copy_of(good_path, dir, "unknown_group");
+    File f(path);
+    const hid_t group = H5Gcreate2(f.get(), "/extras", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    check(group >= 0, "H5Gcreate2");
+    H5Gclose(group);
+    cases.emplace_back("unknown_group", path);
+  }
+
+  // Value problems: written through write_golden, which checks structure but not values.
+  const auto write_variant = [&](const std::string& name, auto&& edit) {
+    Golden bad = good;
+    edit(bad);
+    const std::string path = dir + "/" + name + ".h5";
+    write_golden(path, bad);
+    cases.emplace_back(name, path);
+  };
+  write_variant("nan_in_weight", [](Golden& g) {
+    Tensor& w = at(g.tensors, "inputs/w_routed_down");
+    w.data<uint16_t>()[w.numel() / 2 + 1] = spec::kBf16QuietNanBits;
+  });
+  write_variant("inf_in_x", [](Golden& g) {
+    Tensor& x = at(g.tensors, "inputs/x");
+    x.data<uint16_t>()[x.numel() - 1] = 0xFF80;  // -Inf
+  });
+  write_variant("nan_router_weight", [](Golden& g) {
+    at(g.tensors, "inputs/router_weights").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  });
+  write_variant("expert_out_of_range", [&cfg](Golden& g) {
+    Tensor& topk = at(g.tensors, "inputs/topk_experts");
+    topk.data<int32_t>()[topk.numel() - 1] = static_cast<int32_t>(cfg.num_experts);
+  });
+  if (cfg.top_k >= 2) {
+    write_variant("duplicate_expert", [](Golden& g) {
+      int32_t* topk = at(g.tensors, "inputs/topk_experts").data<int32_t>();
+      const int32_t e = topk[0] >= 0 ? topk[0] : 0;
+      topk[0] = e;
+      topk[1] = e;
+    });
+  }
+  return cases;
+}
+
+}  // namespace mok::ref::test

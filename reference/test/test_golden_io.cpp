@@ -1,0 +1,389 @@
+// Tests of golden file I/O: bitwise round trips, byte-reproducible writes, atomicity, and malformed files.
+#include "malformed.hpp"
+
+#include "mok/reference/error.hpp"
+#include "mok/reference/golden.hpp"
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <rapidcheck/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <thread>
+
+namespace mok::ref {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh empty folder per call, removed by the caller's ScratchDir.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    static std::atomic<int> counter{0};
+    path_ = fs::path(::testing::TempDir()) /
+            ("mok_golden_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+spec::LayerConfig make_config(int64_t H, int64_t I, int64_t Is, int64_t E, int64_t K, int64_t R,
+                              int64_t T) {
+  spec::LayerConfig cfg;
+  cfg.hidden = H;
+  cfg.intermediate = I;
+  cfg.shared_intermediate = Is;
+  cfg.num_experts = E;
+  cfg.top_k = K;
+  cfg.num_ranks = R;
+  cfg.tokens_per_rank = T;
+  return cfg;
+}
+
+// Large enough that the routed weights (and their grads) are chunked and compressed.
+spec::LayerConfig chunked_config() { return make_config(256, 128, 64, 8, 2, 2, 16); }
+
+// Empty string when equal, else the first difference.
+std::string compare_goldens(const Golden& a, const Golden& b) {
+  if (a.meta.generator != b.meta.generator || a.meta.generator_version != b.meta.generator_version ||
+      a.meta.seed != b.meta.seed || a.meta.profile != b.meta.profile ||
+      a.meta.mma_model != b.meta.mma_model || a.meta.routing != b.meta.routing) {
+    return "meta differs";
+  }
+  const spec::LayerConfig& x = a.cfg;
+  const spec::LayerConfig& y = b.cfg;
+  if (x.hidden != y.hidden || x.intermediate != y.intermediate ||
+      x.shared_intermediate != y.shared_intermediate || x.num_experts != y.num_experts ||
+      x.top_k != y.top_k || x.num_ranks != y.num_ranks || x.tokens_per_rank != y.tokens_per_rank) {
+    return "config differs";
+  }
+  if (a.tensors.size() != b.tensors.size()) {
+    return "tensor count " + std::to_string(a.tensors.size()) + " vs " + std::to_string(b.tensors.size());
+  }
+  for (const auto& [path, t] : a.tensors) {
+    const auto it = b.tensors.find(path);
+    if (it == b.tensors.end()) return path + " missing";
+    const Tensor& u = it->second;
+    if (t.dtype() != u.dtype() || t.shape() != u.shape()) return path + " dtype/shape differ";
+    if (std::memcmp(t.raw(), u.raw(), t.size_bytes()) != 0) {
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (t.bits_at(i) != u.bits_at(i)) {
+          return path + " element " + std::to_string(i) + ": " + std::to_string(t.bits_at(i)) +
+                 " vs " + std::to_string(u.bits_at(i));
+        }
+      }
+    }
+  }
+  return "";
+}
+
+// Overwrites every tensor that the reader does not value-check with arbitrary bit patterns
+// (NaN payloads, infinities, subnormals, -0), which must survive the round trip bit for bit.
+void scramble_unchecked(Golden& golden, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (auto& [path, t] : golden.tensors) {
+    if (path.rfind("inputs/", 0) == 0) continue;
+    auto* bytes = static_cast<unsigned char*>(t.raw());
+    for (size_t i = 0; i < t.size_bytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+  }
+}
+
+// Random small valid configs with fresh random contents, and a random subset of the optional
+// groups; write, read back, compare everything bitwise.
+RC_GTEST_PROP(GoldenIo, RoundTripIsBitwise, ()) {
+  const int64_t R = *rc::gen::element<int64_t>(1, 2, 4);
+  const int64_t E = R * *rc::gen::inRange<int64_t>(1, 4);
+  const spec::LayerConfig cfg =
+      make_config(16 * *rc::gen::inRange<int64_t>(1, 4), 16 * *rc::gen::inRange<int64_t>(1, 3),
+                  16 * *rc::gen::inRange<int64_t>(0, 3), E, *rc::gen::inRange<int64_t>(1, std::min<int64_t>(E, 4) + 1),
+                  R, *rc::gen::inRange<int64_t>(1, 6));
+  RC_ASSERT(cfg.validate().ok);
+  const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
+  Golden golden = test::make_random_golden(cfg, seed);
+  scramble_unchecked(golden, seed ^ 0x5eed);
+  golden.meta.generator = *rc::gen::element<std::string>("mok-golden", "", "h5py script ü");
+  golden.meta.generator_version = *rc::gen::element<std::string>("0.1.0 gen-v1", "x");
+  golden.meta.routing = *rc::gen::element<std::string>("zipf:1.2,rank-skew:0.5", "");
+  for (const char* group : {"outputs/", "grads/", "intermediates/", "bounds/"}) {
+    if (*rc::gen::arbitrary<bool>()) {
+      std::erase_if(golden.tensors, [group](const auto& kv) { return kv.first.rfind(group, 0) == 0; });
+    }
+  }
+
+  ScratchDir dir;
+  const std::string path = dir.file("case.h5");
+  write_golden(path, golden);
+  const Golden back = read_golden(path);
+  const std::string diff = compare_goldens(golden, back);
+  RC_ASSERT(diff == std::string());
+  // Nothing but the file itself is left in the folder (no temporary files).
+  RC_ASSERT(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);
+}
+
+TEST(GoldenIo, ChunkedRoundTripIsBitwise) {
+  Golden golden = test::make_random_golden(chunked_config(), 7);
+  scramble_unchecked(golden, 8);
+  ScratchDir dir;
+  write_golden(dir.file("a.h5"), golden);
+  const std::string diff = compare_goldens(golden, read_golden(dir.file("a.h5")));
+  EXPECT_EQ(diff, "") << "seed 7, config " << chunked_config().hidden;
+  // Compression keeps the file below the raw size of the data.
+  size_t raw_bytes = 0;
+  for (const auto& [path, t] : golden.tensors) raw_bytes += t.size_bytes();
+  EXPECT_LT(fs::file_size(dir.file("a.h5")), raw_bytes + (size_t{64} << 10));
+}
+
+// Equal content gives equal bytes: across a clock-second boundary (no timestamps), after the
+// heap has been dirtied (no uninitialised bytes), and after a read-write cycle.
+TEST(GoldenIo, RewriteIsByteIdentical) {
+  for (const spec::LayerConfig& cfg : {make_config(32, 16, 16, 4, 2, 2, 3), chunked_config()}) {
+    const Golden golden = test::make_random_golden(cfg, 42);
+    ScratchDir dir;
+    write_golden(dir.file("a.h5"), golden);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    H5garbage_collect();
+    {
+      std::vector<std::vector<unsigned char>> junk;
+      for (int i = 0; i < 20000; ++i) junk.emplace_back(static_cast<size_t>(16 + (i * 37) % 4096), 0xA5);
+    }
+    write_golden(dir.file("b.h5"), golden);
+    write_golden(dir.file("c.h5"), read_golden(dir.file("a.h5")));
+    const std::string a = read_bytes(dir.file("a.h5"));
+    ASSERT_FALSE(a.empty());
+    EXPECT_TRUE(a == read_bytes(dir.file("b.h5"))) << "H=" << cfg.hidden << ": rewrite differs";
+    EXPECT_TRUE(a == read_bytes(dir.file("c.h5"))) << "H=" << cfg.hidden << ": read-write differs";
+  }
+}
+
+TEST(GoldenIo, WritesTheDocumentedLayout) {
+  const spec::LayerConfig cfg = make_config(32, 16, 0, 4, 2, 2, 3);
+  Golden golden = test::make_random_golden(cfg, 3);
+  golden.meta.seed = 0xFEEDFACECAFEBEEFull;
+  std::erase_if(golden.tensors, [](const auto& kv) { return kv.first.rfind("grads/", 0) == 0; });
+  ScratchDir dir;
+  write_golden(dir.file("a.h5"), golden);
+
+  const hid_t file = H5Fopen(dir.file("a.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  uint64_t seed = 0;
+  const hid_t seed_attr = H5Aopen(file, "seed", H5P_DEFAULT);
+  ASSERT_GE(H5Aread(seed_attr, H5T_NATIVE_UINT64, &seed), 0);
+  EXPECT_EQ(seed, golden.meta.seed);
+  H5Aclose(seed_attr);
+  int64_t E = 0;
+  const hid_t e_attr = H5Aopen_by_name(file, "/config", "E", H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(H5Aread(e_attr, H5T_NATIVE_INT64, &E), 0);
+  EXPECT_EQ(E, 4);
+  H5Aclose(e_attr);
+  // bf16 is stored as native uint16 with dtype="bfloat16".
+  const hid_t x = H5Dopen2(file, "/inputs/x", H5P_DEFAULT);
+  ASSERT_GE(x, 0);
+  const hid_t type = H5Dget_type(x);
+  EXPECT_TRUE(H5Tequal(type, H5T_STD_U16LE) > 0);
+  H5Tclose(type);
+  char dtype[16] = {};
+  const hid_t dtype_attr = H5Aopen(x, "dtype", H5P_DEFAULT);
+  const hid_t str_type = H5Aget_type(dtype_attr);
+  ASSERT_LT(H5Tget_size(str_type), sizeof dtype);
+  ASSERT_GE(H5Aread(dtype_attr, str_type, dtype), 0);
+  EXPECT_STREQ(dtype, "bfloat16");
+  H5Tclose(str_type);
+  H5Aclose(dtype_attr);
+  H5Dclose(x);
+  // No shared datasets when Is = 0, and no empty groups.
+  EXPECT_EQ(H5Lexists(file, "/inputs/w_shared_gate", H5P_DEFAULT), 0);
+  EXPECT_EQ(H5Lexists(file, "/grads", H5P_DEFAULT), 0);
+  EXPECT_GT(H5Lexists(file, "/bounds", H5P_DEFAULT), 0);
+  H5Fclose(file);
+}
+
+TEST(GoldenIo, LoadOptionsSkipGroups) {
+  const Golden golden = test::make_random_golden(make_config(32, 16, 16, 4, 2, 1, 4), 11);
+  ScratchDir dir;
+  write_golden(dir.file("a.h5"), golden);
+  ReadOptions options;
+  options.load_intermediates = false;
+  options.load_bounds = false;
+  const Golden back = read_golden(dir.file("a.h5"), options);
+  for (const auto& [path, t] : back.tensors) {
+    EXPECT_NE(path.rfind("intermediates/", 0), 0u) << path;
+    EXPECT_NE(path.rfind("bounds/", 0), 0u) << path;
+  }
+  EXPECT_TRUE(back.tensors.count("outputs/output"));
+  EXPECT_TRUE(back.tensors.count("grads/d_x"));
+}
+
+// h5py writes str attributes as variable-length strings; the reader accepts them.
+TEST(GoldenIo, AcceptsVariableLengthStringAttributes) {
+  const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 5);
+  ScratchDir dir;
+  write_golden(dir.file("a.h5"), golden);
+  const hid_t file = H5Fopen(dir.file("a.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  ASSERT_GE(H5Adelete(file, "routing"), 0);
+  const hid_t type = H5Tcopy(H5T_C_S1);
+  H5Tset_size(type, H5T_VARIABLE);
+  const hid_t space = H5Screate(H5S_SCALAR);
+  const hid_t attr = H5Acreate2(file, "routing", type, space, H5P_DEFAULT, H5P_DEFAULT);
+  const char* value = "hot:4";
+  ASSERT_GE(H5Awrite(attr, type, &value), 0);
+  H5Aclose(attr);
+  H5Sclose(space);
+  H5Tclose(type);
+  H5Fclose(file);
+  EXPECT_EQ(read_golden(dir.file("a.h5")).meta.routing, "hot:4");
+}
+
+TEST(GoldenIo, EveryMalformedFileGivesOneClearError) {
+  for (const spec::LayerConfig& cfg : {make_config(32, 16, 16, 4, 2, 2, 3), make_config(16, 16, 0, 2, 1, 1, 2)}) {
+    const Golden good = test::make_random_golden(cfg, 99);
+    ScratchDir dir;
+    const auto cases = test::write_malformed_goldens(dir.path().string(), good);
+    EXPECT_NO_THROW(read_golden(dir.file("good.h5")));
+    EXPECT_EQ(cases.size(), cfg.top_k >= 2 ? 18u : 17u);
+    for (const auto& [name, path] : cases) {
+      const std::string expected = test::malformed_expected_text(name);
+      ASSERT_FALSE(expected.empty()) << name;
+      try {
+        read_golden(path);
+        ADD_FAILURE() << name << ": read_golden accepted " << path;
+      } catch (const mok::Error& e) {
+        const std::string what = e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << name;
+        EXPECT_EQ(what.rfind(path + ": ", 0), 0u) << name << ": message does not start with the file: " << what;
+        EXPECT_NE(what.find(expected), std::string::npos) << name << ": " << what;
+        EXPECT_EQ(what.find('\n'), std::string::npos) << name << ": one line expected: " << what;
+      }
+    }
+  }
+}
+
+TEST(GoldenIo, ValueProblemsNameTheElement) {
+  const spec::LayerConfig cfg = make_config(32, 16, 16, 4, 2, 2, 3);
+  Golden golden = test::make_random_golden(cfg, 1);
+  Tensor& w = at(golden.tensors, "inputs/w_routed_gate");
+  w.data<uint16_t>()[(3 * 16 + 7) * 32 + 20] = 0x7F81;  // a signalling-NaN pattern
+  try {
+    validate_golden(golden, "mem");
+    FAIL() << "NaN accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mem: dataset /inputs/w_routed_gate: element expert=3 i=7 h=20 is NaN"),
+              std::string::npos)
+        << e.what();
+  }
+  ReadOptions lenient;
+  lenient.check_values = false;
+  EXPECT_NO_THROW(validate_golden(golden, "mem", lenient));
+}
+
+TEST(GoldenIo, ShapeMessageFollowsTheContract) {
+  const spec::LayerConfig cfg = make_config(64, 32, 0, 8, 2, 2, 3);
+  const Golden good = test::make_random_golden(cfg, 2);
+  ScratchDir dir;
+  const auto cases = test::write_malformed_goldens(dir.path().string(), good);
+  for (const auto& [name, path] : cases) {
+    if (name != "wrong_shape") continue;
+    try {
+      read_golden(path);
+      FAIL() << "accepted";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                path + ": dataset /inputs/w_routed_gate: expected shape [8, 32, 64] (E, I, H) but found "
+                       "[8, 64, 32]; regenerate the file with mok-golden or fix the writer");
+    }
+  }
+}
+
+TEST(GoldenIo, WriterRejectsStructuralErrorsAndLeavesNoFile) {
+  const spec::LayerConfig cfg = make_config(32, 16, 0, 4, 2, 2, 3);
+  ScratchDir dir;
+  {
+    Golden bad = test::make_random_golden(cfg, 4);
+    at(bad.tensors, "inputs/x") = Tensor(DType::kBf16, {6, 16});
+    EXPECT_THROW(write_golden(dir.file("a.h5"), bad), mok::Error);
+  }
+  {
+    Golden bad = test::make_random_golden(cfg, 4);
+    bad.tensors.emplace("inputs/bias", Tensor(DType::kF32, {32}));
+    EXPECT_THROW(write_golden(dir.file("a.h5"), bad), mok::Error);
+  }
+  {
+    Golden bad = test::make_random_golden(cfg, 4);
+    bad.tensors.emplace("inputs/w_shared_up", Tensor(DType::kBf16, {0, 32}));  // Is = 0
+    EXPECT_THROW(write_golden(dir.file("a.h5"), bad), mok::Error);
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 0);
+}
+
+TEST(GoldenIo, FailedWriteRemovesTheTemporaryFile) {
+  const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 6);
+  ScratchDir dir;
+  // The final rename fails (the target is a folder): the temporary file must go away.
+  fs::create_directory(dir.file("taken.h5"));
+  fs::create_directory(dir.file("taken.h5/child"));
+  EXPECT_THROW(write_golden(dir.file("taken.h5"), golden), mok::Error);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+  // H5Fcreate fails (no such folder).
+  try {
+    write_golden(dir.file("missing/a.h5"), golden);
+    FAIL() << "write into a missing folder succeeded";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing/a.h5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("H5Fcreate"), std::string::npos) << e.what();
+  }
+  // A failed overwrite leaves the previous file intact.
+  write_golden(dir.file("ok.h5"), golden);
+  const std::string before = read_bytes(dir.file("ok.h5"));
+  Golden bad = golden;
+  at(bad.tensors, "inputs/x") = Tensor(DType::kF32, {2, 16});
+  EXPECT_THROW(write_golden(dir.file("ok.h5"), bad), mok::Error);
+  EXPECT_TRUE(before == read_bytes(dir.file("ok.h5")));
+}
+
+TEST(GoldenIo, MissingFileIsBadInput) {
+  try {
+    read_golden("/nonexistent/golden.h5");
+    FAIL() << "accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_EQ(std::string(e.what()), "/nonexistent/golden.h5: cannot open: no such file");
+  }
+}
+
+// Every prefix of a valid file is rejected with a mok::Error (never a crash or a wrong read).
+TEST(GoldenIo, EveryTruncationIsRejected) {
+  const Golden golden = test::make_random_golden(make_config(16, 16, 16, 2, 1, 1, 2), 12);
+  ScratchDir dir;
+  write_golden(dir.file("a.h5"), golden);
+  const std::string bytes = read_bytes(dir.file("a.h5"));
+  const size_t step = std::max<size_t>(1, bytes.size() / 97);
+  for (size_t len = 0; len < bytes.size(); len += step) {
+    std::ofstream(dir.file("cut.h5"), std::ios::binary | std::ios::trunc).write(bytes.data(), len);
+    EXPECT_THROW(read_golden(dir.file("cut.h5")), mok::Error) << "prefix of " << len << " bytes";
+  }
+}
+
+}  // namespace
+}  // namespace mok::ref

@@ -1,0 +1,96 @@
+// The routing plan: canonical order, completeness, and routing validation.
+#include "mok/reference/error.hpp"
+#include "mok/reference/generate.hpp"
+#include "mok/spec/routing_plan.hpp"
+#include "test_support.hpp"
+
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using namespace mok;
+
+RC_GTEST_PROP(RoutingPlan, CanonicalOrderAndCompleteness, ()) {
+  const spec::LayerConfig cfg = test::gen_config();
+  const ref::TensorMap in = ref::generate_inputs(cfg, test::gen_routing(), *rc::gen::arbitrary<uint64_t>());
+  const int32_t* topk = in.at("inputs/topk_experts").data<int32_t>();
+  std::vector<int64_t> off(cfg.num_experts + 1);
+  std::vector<spec::RowRef> rows(cfg.num_slots());
+  std::vector<int32_t> slot_row(cfg.num_slots());
+  spec::build_routing_plan(cfg, topk, {off.data(), rows.data(), slot_row.data()});
+  int64_t non_empty = 0;
+  for (int64_t i = 0; i < cfg.num_slots(); ++i) non_empty += topk[i] >= 0;
+  RC_ASSERT(off[0] == 0 && off[cfg.num_experts] == non_empty);
+  for (int64_t e = 0; e < cfg.num_experts; ++e) {
+    for (int64_t r = off[e]; r < off[e + 1]; ++r) {
+      const spec::RowRef row = rows[r];
+      RC_ASSERT(topk[row.token_idx * cfg.top_k + row.slot_idx] == e);
+      RC_ASSERT(slot_row[row.token_idx * cfg.top_k + row.slot_idx] == r);
+      if (r > off[e]) {  // ascending token, then slot
+        const spec::RowRef prev = rows[r - 1];
+        RC_ASSERT(prev.token_idx < row.token_idx || (prev.token_idx == row.token_idx && prev.slot_idx < row.slot_idx));
+      }
+    }
+  }
+  for (int64_t i = 0; i < cfg.num_slots(); ++i) RC_ASSERT((slot_row[i] < 0) == (topk[i] < 0));
+}
+
+TEST(RoutingValidation, RejectsOutOfRangeAndDuplicates) {
+  spec::LayerConfig cfg{16, 16, 0, 4, 2, 1, 2};
+  int64_t t = -1, k = -1;
+  const int32_t good[] = {0, 3, -1, 2};
+  EXPECT_TRUE(spec::validate_routing(cfg, good).ok);
+  const int32_t out_of_range[] = {0, 4, 1, 2};
+  EXPECT_FALSE(spec::validate_routing(cfg, out_of_range, &t, &k).ok);
+  EXPECT_EQ(t, 0);
+  EXPECT_EQ(k, 1);
+  const int32_t negative[] = {0, 1, -2, 2};
+  EXPECT_FALSE(spec::validate_routing(cfg, negative, &t, &k).ok);
+  EXPECT_EQ(t, 1);
+  const int32_t dup[] = {0, 1, 2, 2};
+  const spec::Status st = spec::validate_routing(cfg, dup, &t, &k);
+  EXPECT_FALSE(st.ok);
+  EXPECT_NE(std::string(st.message).find("twice"), std::string::npos);
+  EXPECT_EQ(t, 1);
+  EXPECT_EQ(k, 1);
+  const int32_t empties[] = {-1, -1, -1, -1};  // empty slots may repeat
+  EXPECT_TRUE(spec::validate_routing(cfg, empties).ok);
+}
+
+TEST(ConfigValidation, NamesTheField) {
+  spec::LayerConfig c{64, 32, 32, 8, 2, 3, 8};
+  spec::Status st = c.validate();
+  EXPECT_FALSE(st.ok);
+  EXPECT_NE(std::string(st.message).find("divisible by config.R"), std::string::npos);
+  c.num_ranks = 2;
+  EXPECT_TRUE(c.validate().ok);
+  c.hidden = 60;
+  EXPECT_NE(std::string(c.validate().message).find("config.H"), std::string::npos);
+  c.hidden = 64;
+  c.top_k = 9;
+  EXPECT_FALSE(c.validate().ok);
+}
+
+TEST(Generate, SameSeedSameBytesAndSkewBiasesTheHomeRank) {
+  const spec::LayerConfig cfg{32, 16, 16, 16, 4, 4, 64};
+  ref::RoutingSpec r = ref::parse_routing("uniform");
+  const auto a = ref::generate_inputs(cfg, r, 9), b = ref::generate_inputs(cfg, r, 9), c = ref::generate_inputs(cfg, r, 10);
+  for (const auto& [p, t] : a) EXPECT_EQ(0, std::memcmp(t.raw(), b.at(p).raw(), t.size_bytes())) << p;
+  EXPECT_NE(0, std::memcmp(a.at("inputs/x").raw(), c.at("inputs/x").raw(), a.at("inputs/x").size_bytes()));
+  r.rank_skew = 0.9;
+  const auto s = ref::generate_inputs(cfg, r, 9);
+  const int32_t* tk = s.at("inputs/topk_experts").data<int32_t>();
+  int64_t home = 0;
+  for (int64_t g = 0; g < cfg.num_tokens(); ++g)
+    for (int64_t k = 0; k < cfg.top_k; ++k) home += cfg.owner_rank(tk[g * cfg.top_k + k]) == cfg.token_rank(g);
+  EXPECT_GT(home, cfg.num_slots() * 3 / 4);  // uniform would give about 1/4
+  EXPECT_THROW(ref::parse_routing("zipf"), mok::Error);
+  EXPECT_THROW(ref::parse_routing("zipf:x"), mok::Error);
+  EXPECT_THROW(ref::parse_routing("gauss:1"), mok::Error);
+}
+
+}  // namespace

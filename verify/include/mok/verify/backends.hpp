@@ -1,0 +1,39 @@
+// The backends mok-verify can check: emulate (CPU, bitwise), oracle (CPU, bounds), cuda (GPU).
+#pragma once
+
+#include "mok/reference/golden.hpp"
+#include "mok/reference/sample.hpp"
+#include "mok/verify/compare.hpp"
+
+#include <functional>
+#include <string>
+
+namespace mok::verify {
+
+enum class Backend { kEmulate, kOracle, kCuda, kAuto };
+
+// Parses "emulate" | "oracle" | "cuda" | "auto"; mok::Error otherwise.
+Backend parse_backend(const std::string& name);
+const char* backend_name(Backend b);
+
+// True when this build has the CUDA kernel and a GPU is visible; `why` says why not.
+bool cuda_available(std::string* why);
+
+struct RunOptions {
+  Backend backend = Backend::kAuto;
+  int num_threads = 0;
+  const ref::Sample* sample = nullptr;
+  bool check_bounds = true;
+  std::function<void(const std::string&)> progress;  // one line per phase (stderr in the CLI)
+};
+
+// Runs a backend on the golden's inputs and compares with the golden:
+//  emulate: emulator tensors must equal the golden bit for bit (and lie within its bounds);
+//  oracle:  recomputes exact values and radii from the inputs and intermediates (emulating
+//           the intermediates when the golden lacks them) and checks that the golden's own
+//           outputs and grads lie within them;
+//  cuda:    the GPU kernel (mok::Error kind kUnsupported when unavailable);
+//  auto:    cuda when available, else emulate.
+Report run_backend(const ref::Golden& golden, const RunOptions& options);
+
+}  // namespace mok::verify

@@ -1,0 +1,127 @@
+// Backend dispatch for mok-verify run: emulator, oracle and (when built) the CUDA kernel.
+#include "mok/verify/backends.hpp"
+
+#include "mok/reference/emulate.hpp"
+#include "mok/reference/error.hpp"
+#include "mok/reference/oracle.hpp"
+
+#include <chrono>
+
+namespace mok::verify {
+namespace {
+
+bool has_group(const ref::TensorMap& m, const std::string& prefix) {
+  for (const auto& [path, t] : m)
+    if (path.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+ref::TensorMap inputs_of(const ref::Golden& g) {
+  ref::TensorMap in;
+  for (const auto& [path, t] : g.tensors)
+    if (path.rfind("inputs/", 0) == 0) in[path] = t;
+  return in;
+}
+
+}  // namespace
+
+Backend parse_backend(const std::string& name) {
+  if (name == "emulate") return Backend::kEmulate;
+  if (name == "oracle") return Backend::kOracle;
+  if (name == "cuda") return Backend::kCuda;
+  if (name == "auto") return Backend::kAuto;
+  throw Error("unknown backend '" + name + "'; choose emulate, oracle, cuda or auto");
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kEmulate: return "emulate";
+    case Backend::kOracle: return "oracle";
+    case Backend::kCuda: return "cuda";
+    case Backend::kAuto: return "auto";
+  }
+  return "?";
+}
+
+bool cuda_available(std::string* why) {
+#if defined(MOK_HAVE_CUDA_KERNEL)
+  if (why) *why = "";
+  return true;
+#else
+  if (why) *why = "this build has no CUDA kernel (configure with a CUDA toolkit and MOK_ENABLE_CUDA=AUTO or ON; the kernel arrives with kernel v1)";
+  return false;
+#endif
+}
+
+Report run_backend(const ref::Golden& golden, const RunOptions& options) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto say = [&](const std::string& s) { if (options.progress) options.progress(s); };
+  Backend backend = options.backend;
+  std::string why;
+  if (backend == Backend::kAuto) backend = cuda_available(&why) ? Backend::kCuda : Backend::kEmulate;
+  if (backend == Backend::kCuda && !cuda_available(&why))
+    throw Error("backend cuda is not supported here: " + why, ErrorKind::kUnsupported);
+
+  const bool backward = has_group(golden.tensors, "grads/");
+  const bool intermediates = has_group(golden.tensors, "intermediates/");
+  const ref::TensorMap inputs = inputs_of(golden);
+  Report report;
+  if (backend == Backend::kEmulate) {
+    say("emulating the layer on the CPU" + std::string(backward ? " (forward and backward)" : " (forward)") +
+        (options.sample ? ", " + options.sample->describe(golden.cfg) : std::string()));
+    ref::EmulateOptions eo;
+    eo.backward = backward;
+    eo.intermediates = intermediates;
+    eo.num_threads = options.num_threads;
+    eo.sample = options.sample;
+    const ref::TensorMap candidate = ref::emulate(golden.cfg, inputs, eo);
+    say("comparing");
+    CompareOptions co;
+    co.criterion = Criterion::kBitwise;
+    co.check_bounds = options.check_bounds;
+    co.sample = options.sample;
+    report = compare(golden, candidate, co);
+  } else if (backend == Backend::kOracle) {
+    ref::TensorMap reference;
+    if (intermediates) {
+      reference = golden.tensors;
+    } else {
+      say("the golden has no intermediates: emulating them for the oracle's operands");
+      ref::EmulateOptions eo;
+      eo.backward = backward;
+      eo.num_threads = options.num_threads;
+      eo.sample = options.sample;
+      reference = ref::emulate(golden.cfg, inputs, eo);
+    }
+    say("oracle: exact sums and radii for every checked element");
+    ref::OracleOptions oo;
+    oo.num_threads = options.num_threads;
+    oo.sample = options.sample;
+    const ref::TensorMap bounds = ref::oracle_bounds(golden.cfg, inputs, reference, oo);
+    // Judge the golden's own checked tensors against freshly computed bounds.
+    ref::Golden judged;
+    judged.meta = golden.meta;
+    judged.cfg = golden.cfg;
+    ref::TensorMap candidate;
+    for (const auto& [path, t] : golden.tensors) {
+      const ref::TensorSpec* s = ref::find_spec(path);
+      if (!s) continue;
+      if (s->role == ref::Role::kOutput || s->role == ref::Role::kGrad) candidate[path] = t;
+      if (s->role == ref::Role::kInput || s->role == ref::Role::kOutput || s->role == ref::Role::kGrad)
+        judged.tensors[path] = t;
+    }
+    for (const auto& [path, t] : bounds) judged.tensors[path] = t;
+    CompareOptions co;
+    co.criterion = Criterion::kWithinBounds;
+    co.sample = options.sample;
+    report = compare(judged, candidate, co);
+  } else {
+    throw Error("backend cuda: the kernel is not part of this build yet", ErrorKind::kUnsupported);
+  }
+  report.backend = backend_name(backend);
+  report.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace mok::verify

@@ -1,0 +1,218 @@
+// Comparison of candidate tensors with a golden, in stage order, and the table/JSON reports.
+#include "mok/verify/compare.hpp"
+
+#include "mok/reference/schema.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace mok::verify {
+namespace {
+
+// Sign-magnitude bits to a monotone integer line (so that neighbours differ by 1).
+int64_t ordered(uint64_t bits, int width) {
+  const uint64_t sign = uint64_t{1} << (width - 1);
+  const uint64_t mag = bits & (sign - 1);
+  return (bits & sign) ? -static_cast<int64_t>(mag) : static_cast<int64_t>(mag);
+}
+
+bool is_nan(ref::DType d, uint64_t bits) {
+  switch (d) {
+    case ref::DType::kBf16: return (bits & 0x7FFF) > 0x7F80;
+    case ref::DType::kF32: return (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    case ref::DType::kF64: return (bits & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull;
+    case ref::DType::kI32: return false;
+  }
+  return false;
+}
+
+const std::vector<std::string>& stage_order() {
+  static const std::vector<std::string> order = {
+      "intermediates/gate", "intermediates/up", "intermediates/act", "intermediates/y",
+      "intermediates/shared_gate", "intermediates/shared_up", "intermediates/shared_act",
+      "intermediates/shared_out", "outputs/output",
+      "intermediates/dy", "grads/d_router_weights", "intermediates/d_act", "intermediates/d_gate",
+      "intermediates/d_up", "intermediates/dx_slot", "intermediates/shared_d_act",
+      "intermediates/shared_d_gate", "intermediates/shared_d_up", "intermediates/dx_shared",
+      "grads/d_x", "grads/d_w_routed_down", "grads/d_w_routed_gate", "grads/d_w_routed_up",
+      "grads/d_w_shared_down", "grads/d_w_shared_gate", "grads/d_w_shared_up"};
+  return order;
+}
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace
+
+int stage_rank(const std::string& path) {
+  const auto& order = stage_order();
+  const auto it = std::find(order.begin(), order.end(), path);
+  return it == order.end() ? static_cast<int>(order.size()) : static_cast<int>(it - order.begin());
+}
+
+uint64_t ulp_distance(ref::DType dtype, uint64_t a, uint64_t b) {
+  if (a == b) return 0;
+  if (is_nan(dtype, a) || is_nan(dtype, b)) return is_nan(dtype, a) && is_nan(dtype, b) ? 0 : UINT64_MAX;
+  const int width = dtype == ref::DType::kBf16 ? 16 : dtype == ref::DType::kF64 ? 64 : 32;
+  if (dtype == ref::DType::kI32) {
+    const int64_t d = static_cast<int64_t>(static_cast<int32_t>(a)) - static_cast<int32_t>(b);
+    return static_cast<uint64_t>(d < 0 ? -d : d);
+  }
+  const int64_t d = ordered(a, width) - ordered(b, width);
+  return static_cast<uint64_t>(d < 0 ? -d : d);
+}
+
+Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const CompareOptions& options) {
+  Report report;
+  report.criterion = options.criterion == Criterion::kBitwise ? "bitwise" : "within-bounds";
+  if (options.sample) report.sample = options.sample->describe(golden.cfg);
+  const ref::Tensor* topk = nullptr;
+  if (auto it = golden.tensors.find("inputs/topk_experts"); it != golden.tensors.end()) topk = &it->second;
+
+  std::vector<std::string> paths;
+  for (const auto& [path, tensor] : candidate) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    if (!s || s->role == ref::Role::kInput || s->role == ref::Role::kBoundExact ||
+        s->role == ref::Role::kBoundRadius)
+      continue;
+    if (golden.tensors.count(path)) paths.push_back(path);
+  }
+  std::stable_sort(paths.begin(), paths.end(),
+                   [](const std::string& a, const std::string& b) { return stage_rank(a) < stage_rank(b); });
+
+  for (const std::string& path : paths) {
+    const ref::Tensor& want = golden.tensors.at(path);
+    const ref::Tensor& got = candidate.at(path);
+    const ref::TensorSpec& s = *ref::find_spec(path);
+    TensorReport tr;
+    tr.path = path;
+    if (want.dtype() != got.dtype() || want.shape() != got.shape()) {
+      tr.passed = false;
+      tr.worst_location = "dtype/shape differ: golden " + std::string(ref::dtype_name(want.dtype())) +
+                          want.shape_string() + ", candidate " + ref::dtype_name(got.dtype()) + got.shape_string();
+      report.tensors.push_back(tr);
+      continue;
+    }
+    const bool checked_tensor = s.role == ref::Role::kOutput || s.role == ref::Role::kGrad;
+    const ref::Tensor* exact = nullptr;
+    const ref::Tensor* bound = nullptr;
+    if (checked_tensor && options.check_bounds) {
+      auto e = golden.tensors.find(ref::bound_exact_path(path));
+      auto b = golden.tensors.find(ref::bound_radius_path(path));
+      if (e != golden.tensors.end() && b != golden.tensors.end()) {
+        exact = &e->second;
+        bound = &b->second;
+        tr.has_bounds = true;
+      }
+    }
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      if (options.sample && !options.sample->covers(path, golden.cfg, i)) continue;
+      ++tr.compared;
+      const uint64_t wb = want.bits_at(i), gb = got.bits_at(i);
+      const uint64_t d = ulp_distance(want.dtype(), wb, gb);
+      if (d == 0 && wb == gb) ++tr.equal;
+      if (d > tr.max_ulp || (tr.worst_idx < 0 && wb != gb)) {
+        tr.max_ulp = std::max(tr.max_ulp, d);
+        tr.worst_idx = i;
+      }
+      if (exact) {
+        const double r = bound->value_at(i);
+        if (std::isnan(r)) continue;  // the oracle did not sample this element
+        ++tr.bound_checked;
+        const double err = std::fabs(got.value_at(i) - exact->value_at(i));
+        const double ratio = err == 0 ? 0.0 : (r > 0 ? err / r : INFINITY);
+        if (!(err <= r)) ++tr.outside_bound;
+        if (ratio > tr.worst_bound_ratio || std::isnan(err)) {
+          tr.worst_bound_ratio = std::isnan(err) ? INFINITY : ratio;
+          tr.worst_bound_location = ref::locate(s, golden.cfg, i, topk);
+        }
+      }
+    }
+    if (tr.worst_idx >= 0) {
+      tr.worst_location = ref::locate(s, golden.cfg, tr.worst_idx, topk);
+      tr.worst_expected = want.value_at(tr.worst_idx);
+      tr.worst_actual = got.value_at(tr.worst_idx);
+    }
+    if (options.criterion == Criterion::kBitwise) tr.passed = tr.equal == tr.compared;
+    if (tr.has_bounds && tr.outside_bound > 0) tr.passed = false;
+    if (options.criterion == Criterion::kWithinBounds && !tr.has_bounds && checked_tensor) tr.passed = false;
+    if (!tr.passed && report.first_bad_stage.empty())
+      report.first_bad_stage = path + (tr.worst_location.empty() ? "" : " at " + tr.worst_location);
+    report.passed = report.passed && tr.passed;
+    report.tensors.push_back(tr);
+  }
+  if (paths.empty()) {
+    report.passed = false;
+    report.first_bad_stage = "nothing to compare: the candidate and the golden share no output, grad or intermediate";
+  }
+  return report;
+}
+
+std::string format_table(const Report& r) {
+  std::ostringstream out;
+  out << "# golden:    " << r.golden_path << "\n# backend:   " << r.backend << "\n# criterion: " << r.criterion
+      << (r.criterion == "bitwise" ? " (every element bit-identical; bounds checked where present)" : " (every element within its oracle radius)")
+      << "\n";
+  if (!r.sample.empty()) out << "# sample:    " << r.sample << "\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-30s %10s %10s %8s %10s %10s  %-6s  %s\n", "tensor", "compared", "equal",
+                "max_ulp", "#outside", "err/bound", "result", "worst element");
+  out << line;
+  for (const TensorReport& t : r.tensors) {
+    const std::string ulp = t.max_ulp == UINT64_MAX ? "nan" : std::to_string(t.max_ulp);
+    const std::string outside = t.has_bounds ? std::to_string(t.outside_bound) : "-";
+    const std::string ratio = t.has_bounds ? fmt(t.worst_bound_ratio) : "-";
+    std::string where = t.worst_location;
+    if (t.worst_idx >= 0) where += " (golden " + fmt(t.worst_expected) + ", got " + fmt(t.worst_actual) + ")";
+    std::snprintf(line, sizeof line, "%-30s %10lld %10lld %8s %10s %10s  %-6s  %s\n", t.path.c_str(),
+                  static_cast<long long>(t.compared), static_cast<long long>(t.equal), ulp.c_str(), outside.c_str(),
+                  ratio.c_str(), t.passed ? "OK" : "FAILED", where.c_str());
+    out << line;
+  }
+  if (!r.first_bad_stage.empty()) out << "# first failing stage: " << r.first_bad_stage << "\n";
+  std::snprintf(line, sizeof line, "# %s: %zu tensors, %.2f s\n", r.passed ? "PASSED" : "FAILED", r.tensors.size(), r.seconds);
+  out << line;
+  return out.str();
+}
+
+std::string format_json(const Report& r) {
+  nlohmann::json j;
+  j["golden"] = r.golden_path;
+  j["backend"] = r.backend;
+  j["criterion"] = r.criterion;
+  j["sample"] = r.sample.empty() ? nlohmann::json() : nlohmann::json(r.sample);
+  j["passed"] = r.passed;
+  j["seconds"] = r.seconds;
+  j["first_failing_stage"] = r.first_bad_stage.empty() ? nlohmann::json() : nlohmann::json(r.first_bad_stage);
+  for (const TensorReport& t : r.tensors) {
+    nlohmann::json tj;
+    tj["tensor"] = t.path;
+    tj["compared"] = t.compared;
+    tj["equal"] = t.equal;
+    tj["max_ulp"] = t.max_ulp == UINT64_MAX ? nlohmann::json("nan") : nlohmann::json(t.max_ulp);
+    tj["worst_element"] = t.worst_location;
+    if (t.worst_idx >= 0) {
+      tj["worst_index"] = t.worst_idx;
+      tj["worst_expected"] = t.worst_expected;
+      tj["worst_actual"] = t.worst_actual;
+    }
+    if (t.has_bounds) {
+      tj["bound_checked"] = t.bound_checked;
+      tj["outside_bound"] = t.outside_bound;
+      tj["worst_error_over_bound"] = std::isinf(t.worst_bound_ratio) ? nlohmann::json("inf") : nlohmann::json(t.worst_bound_ratio);
+      tj["worst_bound_element"] = t.worst_bound_location;
+    }
+    tj["passed"] = t.passed;
+    j["tensors"].push_back(tj);
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace mok::verify

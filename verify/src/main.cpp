@@ -1,0 +1,148 @@
+// mok-verify: checks a backend against an HDF5 golden, or compares two files; exit codes per STYLE.md.
+#include "mok/reference/error.hpp"
+#include "mok/reference/golden.hpp"
+#include "mok/reference/sample.hpp"
+#include "mok/verify/backends.hpp"
+#include "mok/verify/compare.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+namespace {
+
+constexpr int kExitPassed = 0, kExitFailed = 1, kExitBadInput = 2, kExitUnsupported = 3;
+
+// Above this many multiply-adds the default is a sample (two CPU cores take about a minute).
+constexpr double kFullRunMacLimit = 4e9;
+
+double estimated_macs(const mok::spec::LayerConfig& c) {
+  const double slots = static_cast<double>(c.num_slots());
+  const double per_slot = 3.0 * c.hidden * c.intermediate;   // gate, up, down
+  const double shared = 3.0 * c.num_tokens() * c.hidden * c.shared_intermediate;
+  return 3.0 * (slots * per_slot + shared);  // forward + backward (about twice forward)
+}
+
+int finish(const mok::verify::Report& report, bool json) {
+  std::fputs((json ? mok::verify::format_json(report) : mok::verify::format_table(report)).c_str(), stdout);
+  return report.passed ? kExitPassed : kExitFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "mok-verify: check an MoE layer backend against a golden file (HDF5 schema mok-golden v1).\n\n"
+      "  mok-verify run FILE [--backend emulate|oracle|cuda|auto]\n"
+      "      runs the backend on the file's inputs and compares every output, gradient and\n"
+      "      intermediate with the file's: emulate and cuda must match bit for bit; oracle\n"
+      "      recomputes exact values and error radii and checks the file's tensors lie within.\n"
+      "  mok-verify compare GOLDEN CANDIDATE\n"
+      "      compares a candidate file (same schema; e.g. written by another backend) with a golden.\n\n"
+      "Exit codes: 0 passed, 1 a check failed, 2 bad input or usage, 3 not supported here.",
+      "mok-verify"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "mok-verify 0.1.0");
+
+  std::string file, backend = "auto", golden_path, candidate_path, criterion = "bitwise";
+  bool json = false, full = false, no_bounds = false;
+  int threads = 0;
+  int64_t sample_tokens = 0, sample_cols = 0;
+  uint64_t sample_seed = 1;
+
+  auto* run = app.add_subcommand("run", "run a backend on a golden's inputs and check it against the golden");
+  run->add_option("FILE", file, "golden HDF5 file (e.g. fixtures/tiny-uniform.h5)")->required();
+  run->add_option("--backend,-b", backend,
+                  "emulate: CPU emulator, bitwise; oracle: exact values and error radii; cuda: the GPU "
+                  "kernel; auto: cuda when built and a GPU is present, else emulate")
+      ->capture_default_str();
+  run->add_option("--threads,-j", threads, "CPU threads (0 = all cores); results never depend on it")->capture_default_str();
+  run->add_option("--sample-tokens", sample_tokens,
+                  "check only this many tokens (at least one per expert) of the per-token tensors");
+  run->add_option("--sample-cols", sample_cols, "check only this many I and Is columns of every weight gradient");
+  run->add_option("--sample-seed", sample_seed, "seed for choosing the sample")->capture_default_str();
+  run->add_flag("--full", full, "check every element even when the case is large (default: sample above ~4e9 multiply-adds)");
+  run->add_flag("--no-bounds", no_bounds, "skip the per-element error-bound check");
+  run->add_flag("--json", json, "machine-readable report on stdout");
+
+  auto* cmp = app.add_subcommand("compare", "compare a candidate file with a golden file");
+  cmp->add_option("GOLDEN", golden_path, "golden HDF5 file")->required();
+  cmp->add_option("CANDIDATE", candidate_path, "candidate HDF5 file in the same schema")->required();
+  cmp->add_option("--criterion", criterion, "bitwise (default) or bounds (within the golden's oracle radii)")
+      ->check(CLI::IsMember({"bitwise", "bounds"}));
+  cmp->add_flag("--json", json, "machine-readable report on stdout");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitBadInput;
+  }
+
+  auto progress = [&](const std::string& line) { std::fprintf(stderr, "mok-verify: %s\n", line.c_str()); };
+  try {
+    if (*run) {
+      const mok::verify::Backend b = mok::verify::parse_backend(backend);
+      if (b == mok::verify::Backend::kCuda) {
+        std::string why;
+        if (!mok::verify::cuda_available(&why)) {
+          std::fprintf(stderr, "mok-verify: backend cuda is not supported here: %s\n", why.c_str());
+          return kExitUnsupported;
+        }
+      }
+      if (full && (sample_tokens > 0 || sample_cols > 0))
+        throw mok::Error("--full and --sample-tokens/--sample-cols exclude each other");
+      progress("reading " + file);
+      const mok::ref::Golden golden = mok::ref::read_golden(file);
+      std::optional<mok::ref::Sample> sample;
+      const bool big = estimated_macs(golden.cfg) > kFullRunMacLimit;
+      if (sample_tokens > 0 || sample_cols > 0 || (big && !full)) {
+        const int64_t nt = sample_tokens > 0 ? sample_tokens : 64;
+        const int64_t nc = sample_cols > 0 ? sample_cols : 8;
+        if (big && sample_tokens == 0 && sample_cols == 0)
+          progress("large case (about " + std::to_string(static_cast<long long>(estimated_macs(golden.cfg) / 1e9)) +
+                   "e9 multiply-adds): checking a sample; --full checks everything");
+        sample = mok::ref::make_sample(golden.cfg, golden.tensors.at("inputs/topk_experts"), nt, nc, sample_seed);
+      }
+      mok::verify::RunOptions ro;
+      ro.backend = b;
+      ro.num_threads = threads;
+      ro.sample = sample ? &*sample : nullptr;
+      ro.check_bounds = !no_bounds;
+      ro.progress = progress;
+      mok::verify::Report report = mok::verify::run_backend(golden, ro);
+      report.golden_path = file;
+      return finish(report, json);
+    }
+    // compare
+    const auto t0 = std::chrono::steady_clock::now();
+    const mok::ref::Golden golden = mok::ref::read_golden(golden_path);
+    mok::ref::ReadOptions candidate_options;
+    candidate_options.require_inputs = false;
+    const mok::ref::Golden candidate = mok::ref::read_golden(candidate_path, candidate_options);
+    if (candidate.cfg.hidden != golden.cfg.hidden || candidate.cfg.intermediate != golden.cfg.intermediate ||
+        candidate.cfg.shared_intermediate != golden.cfg.shared_intermediate ||
+        candidate.cfg.num_experts != golden.cfg.num_experts || candidate.cfg.top_k != golden.cfg.top_k ||
+        candidate.cfg.num_tokens() != golden.cfg.num_tokens())
+      throw mok::Error(candidate_path + ": its /config (H, I, Is, E, K, R*T) differs from " + golden_path +
+                       "'s; compare files of the same case");
+    mok::verify::CompareOptions co;
+    co.criterion = criterion == "bounds" ? mok::verify::Criterion::kWithinBounds : mok::verify::Criterion::kBitwise;
+    mok::verify::Report report = mok::verify::compare(golden, candidate.tensors, co);
+    report.golden_path = golden_path;
+    report.backend = "file " + candidate_path;
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return finish(report, json);
+  } catch (const mok::Error& e) {
+    std::fprintf(stderr, "mok-verify: %s\n", e.what());
+    return e.kind() == mok::ErrorKind::kUnsupported ? kExitUnsupported : kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mok-verify: error: %s\n", e.what());
+    return kExitBadInput;
+  }
+}

@@ -5,6 +5,7 @@
 #include "mok/spec/bf16.hpp"
 #include "mok/spec/math.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -89,16 +90,22 @@ spec::LayerConfig preset_config(const std::string& name) {
   throw Error("unknown preset '" + name + "'; choose one of: " + names);
 }
 
+// Shortest text that reads back as the same double (e.g. "0.2", not "0.20000000000000001").
+std::string shortest(double v) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+
 std::string RoutingSpec::describe() const {
   std::ostringstream out;
-  out.precision(17);
   switch (kind) {
     case Kind::kUniform: out << "uniform"; break;
-    case Kind::kZipf: out << "zipf:" << zipf_s; break;
-    case Kind::kHot: out << "hot:" << hot_count << ":" << hot_factor; break;
+    case Kind::kZipf: out << "zipf:" << shortest(zipf_s); break;
+    case Kind::kHot: out << "hot:" << hot_count << ":" << shortest(hot_factor); break;
   }
-  if (rank_skew > 0) out << ",rank-skew:" << rank_skew;
-  if (empty_prob > 0) out << ",empty:" << empty_prob;
+  if (rank_skew > 0) out << ",rank-skew:" << shortest(rank_skew);
+  if (empty_prob > 0) out << ",empty:" << shortest(empty_prob);
   return out.str();
 }
 

@@ -446,9 +446,16 @@ std::vector<std::string> list_links(const Context& ctx, hid_t group, const std::
   return names;
 }
 
-// Opens /<name> (following links) and checks that it is the expected kind of object.
+// Opens /<name> and checks that it is a hard link to the expected kind of object (soft and
+// external links could point anywhere, even into other files).
 Hid open_object(const Context& ctx, hid_t loc, const std::string& name, H5I_type_t expected,
                 const std::string& where) {
+  H5L_info_t link;
+  ctx.check_status(H5Lget_info(loc, name.c_str(), &link, H5P_DEFAULT), where, "H5Lget_info");
+  if (link.type != H5L_TYPE_HARD) {
+    ctx.fail_subject(where, "is a soft or external link; golden files hold their objects directly" +
+                                std::string(kFixHint));
+  }
   Hid object = ctx.own(H5Oopen(loc, name.c_str(), H5P_DEFAULT), H5Oclose, where, "H5Oopen");
   if (H5Iget_type(object.get()) != expected) {
     ctx.fail_subject(where, std::string("is not ") + (expected == H5I_GROUP ? "a group" : "a dataset") +

@@ -140,6 +140,7 @@ const std::map<std::string, std::string>& expected_texts() {
       {"missing_config_attr", "attribute K is missing"},
       {"unknown_dataset", "dataset /inputs/extra_bias is not part of schema v1"},
       {"unknown_group", "object /extras is not part of schema v1"},
+      {"soft_link", "dataset /inputs/w_routed_up is a soft or external link"},
       {"nan_in_weight", "dataset /inputs/w_routed_down: element"},
       {"inf_in_x", "dataset /inputs/x: element"},
       {"nan_router_weight", "dataset /inputs/router_weights: element"},
@@ -278,6 +279,15 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
     put_dataset(f.get(), "/inputs/extra_bias", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
                 {static_cast<hsize_t>(cfg.hidden)}, data.data(), "float32");
     cases.emplace_back("unknown_dataset", path);
+  }
+  {  // A dataset replaced by a soft link to another one of the same shape.
+    const std::string path = copy_of(good_path, dir, "soft_link");
+    File f(path);
+    check(H5Ldelete(f.get(), "/inputs/w_routed_up", H5P_DEFAULT) >= 0, "H5Ldelete");
+    check(H5Lcreate_soft("/inputs/w_routed_gate", f.get(), "/inputs/w_routed_up", H5P_DEFAULT,
+                         H5P_DEFAULT) >= 0,
+          "H5Lcreate_soft");
+    cases.emplace_back("soft_link", path);
   }
   {
     const std::string path = copy_of(good_path, dir, "unknown_group");

@@ -1,0 +1,137 @@
+// mok-verify as users run it: exit codes 0/1/2/3, one clear message for every malformed file.
+#include "malformed.hpp"
+#include "mok/reference/emulate.hpp"
+#include "mok/reference/generate.hpp"
+#include "mok/reference/golden.hpp"
+#include "mok/reference/oracle.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace mok;
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+
+CliRun run_cli(const std::string& args) {
+  const fs::path dir = fs::temp_directory_path() / ("mok-cli-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string out = (dir / "out.txt").string(), err = (dir / "err.txt").string();
+  const int status = std::system((std::string(MOK_VERIFY_BIN) + " " + args + " >" + out + " 2>" + err).c_str());
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  };
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+// A real golden made the way mok-golden makes one (emulator + oracle), in a temp folder.
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("mok-cli-goldens-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    const spec::LayerConfig cfg{32, 16, 16, 4, 2, 2, 6};
+    ref::RoutingSpec rs = ref::parse_routing("zipf:1.2");
+    rs.empty_prob = 0.1;
+    golden_.cfg = cfg;
+    golden_.meta.seed = 11;
+    golden_.meta.routing = rs.describe();
+    golden_.meta.generator_version = "test";
+    golden_.tensors = ref::generate_inputs(cfg, rs, 11);
+    const ref::TensorMap result = ref::emulate(cfg, golden_.tensors);
+    for (auto& [p, t] : ref::oracle_bounds(cfg, golden_.tensors, result)) golden_.tensors[p] = t;
+    for (auto& [p, t] : result) golden_.tensors[p] = t;
+    good_ = (dir_ / "good.h5").string();
+    ref::write_golden(good_, golden_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static inline fs::path dir_;
+  static inline ref::Golden golden_;
+  static inline std::string good_;
+};
+
+TEST_F(CliTest, EmulateAndOraclePassOnAGoodGolden) {
+  CliRun r = run_cli("run " + good_ + " --backend emulate");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("# PASSED"), std::string::npos) << r.out;
+  r = run_cli("run " + good_ + " --backend oracle --json");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("\"passed\": true"), std::string::npos) << r.out;
+  r = run_cli("run " + good_ + " --backend emulate --sample-tokens 3 --sample-cols 2");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("# sample:"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, ChangedBitIsFoundAtItsStageAndElement) {
+  ref::Golden bad = golden_;
+  uint16_t* y = bad.tensors.at("intermediates/y").data<uint16_t>();
+  // Flip the last bit of a non-empty slot's expert output.
+  const int32_t* tk = bad.tensors.at("inputs/topk_experts").data<int32_t>();
+  int64_t slot = 0;
+  while (tk[slot] < 0) ++slot;
+  y[slot * 32 + 5] ^= 1;
+  const std::string path = (dir_ / "flipped.h5").string();
+  ref::write_golden(path, bad);
+  const CliRun r = run_cli("run " + path + " --backend emulate");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("first failing stage: intermediates/y at token=" + std::to_string(slot / 2) +
+                       " slot=" + std::to_string(slot % 2) + " expert=" + std::to_string(tk[slot]) + " h=5"),
+            std::string::npos)
+      << r.out;
+  // compare: the golden against itself passes, against the flipped file fails.
+  EXPECT_EQ(run_cli("compare " + good_ + " " + good_).code, 0);
+  EXPECT_EQ(run_cli("compare " + good_ + " " + path).code, 1);
+}
+
+TEST_F(CliTest, OutputOutsideItsBoundFailsTheOracleCheck) {
+  ref::Golden bad = golden_;
+  uint16_t* out = bad.tensors.at("outputs/output").data<uint16_t>();
+  out[7] = static_cast<uint16_t>(out[7] + 4);  // 4 bf16 ulps away
+  const std::string path = (dir_ / "off.h5").string();
+  ref::write_golden(path, bad);
+  const CliRun r = run_cli("run " + path + " --backend oracle");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("outputs/output"), std::string::npos);
+}
+
+TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
+  const fs::path mdir = dir_ / "malformed";
+  fs::create_directories(mdir);
+  const auto cases = ref::test::write_malformed_goldens(mdir.string(), golden_);
+  ASSERT_GE(cases.size(), 10u);
+  for (const auto& [name, path] : cases) {
+    const CliRun r = run_cli("run " + path + " --backend emulate");
+    EXPECT_EQ(r.code, 2) << name << ": " << r.err;
+    EXPECT_NE(r.err.find(ref::test::malformed_expected_text(name)), std::string::npos) << name << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << name << " printed a partial report: " << r.out;
+  }
+}
+
+TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
+  EXPECT_EQ(run_cli("").code, 2);
+  EXPECT_EQ(run_cli("run").code, 2);
+  EXPECT_EQ(run_cli("run " + good_ + " --backend nonsense").code, 2);
+  EXPECT_EQ(run_cli("run /nonexistent/file.h5").code, 2);
+  EXPECT_EQ(run_cli("--help").code, 0);
+#if !defined(MOK_HAVE_CUDA_KERNEL)
+  const CliRun r = run_cli("run " + good_ + " --backend cuda");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find("not supported"), std::string::npos);
+#endif
+}
+
+}  // namespace

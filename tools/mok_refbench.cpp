@@ -1,0 +1,74 @@
+// mok-refbench: throughput of the CPU emulator and oracle (tokens per second, forward and backward).
+#include "mok/reference/emulate.hpp"
+#include "mok/reference/error.hpp"
+#include "mok/reference/generate.hpp"
+#include "mok/reference/oracle.hpp"
+#include "mok/reference/parallel.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+namespace {
+
+template <class F>
+double median_seconds(int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mok-refbench: tokens per second of the CPU emulator and oracle on a preset (median of --reps runs).\n"
+               "Backward time = (forward+backward) - forward. The oracle row times oracle_bounds on the\n"
+               "emulator's intermediates (every output and gradient element).",
+               "mok-refbench"};
+  std::string preset = "dsv3-mini";
+  int threads = 0, reps = 3;
+  uint64_t seed = 1;
+  app.add_option("--preset,-p", preset, "configuration preset")->capture_default_str();
+  app.add_option("--threads,-j", threads, "threads (0 = all cores)")->capture_default_str();
+  app.add_option("--reps,-r", reps, "repetitions (median reported)")->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--seed,-s", seed, "input seed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const mok::spec::LayerConfig cfg = mok::ref::preset_config(preset);
+    const mok::ref::TensorMap in = mok::ref::generate_inputs(cfg, mok::ref::parse_routing("uniform"), seed);
+    const double G = static_cast<double>(cfg.num_tokens());
+    mok::ref::EmulateOptions fwd;
+    fwd.backward = false;
+    fwd.intermediates = false;
+    fwd.num_threads = threads;
+    mok::ref::EmulateOptions both;
+    both.num_threads = threads;
+    mok::ref::TensorMap result;
+    const double t_fwd = median_seconds(reps, [&] { mok::ref::emulate(cfg, in, fwd); });
+    const double t_both = median_seconds(reps, [&] { result = mok::ref::emulate(cfg, in, both); });
+    mok::ref::OracleOptions oo;
+    oo.num_threads = threads;
+    const double t_oracle = median_seconds(reps, [&] { mok::ref::oracle_bounds(cfg, in, result, oo); });
+    std::printf("# mok-refbench preset=%s G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld threads=%d reps=%d\n",
+                preset.c_str(), (long long)cfg.num_tokens(), (long long)cfg.hidden, (long long)cfg.intermediate,
+                (long long)cfg.shared_intermediate, (long long)cfg.num_experts, (long long)cfg.top_k,
+                mok::ref::resolve_threads(threads), reps);
+    std::printf("%-28s %12s %14s\n", "stage", "median_s", "tokens_per_s");
+    std::printf("%-28s %12.3f %14.1f\n", "emulate forward", t_fwd, G / t_fwd);
+    std::printf("%-28s %12.3f %14.1f\n", "emulate backward", t_both - t_fwd, G / (t_both - t_fwd));
+    std::printf("%-28s %12.3f %14.1f\n", "emulate forward+backward", t_both, G / t_both);
+    std::printf("%-28s %12.3f %14.1f\n", "oracle (all bounds)", t_oracle, G / t_oracle);
+    return 0;
+  } catch (const mok::Error& e) {
+    std::fprintf(stderr, "mok-refbench: %s\n", e.what());
+    return 2;
+  }
+}

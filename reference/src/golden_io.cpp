@@ -25,16 +25,20 @@ constexpr size_t kCompressAboveBytes = size_t{64} << 10;
 // Upper bound on one chunk; chunk dims divide the shape so there are no partial edge chunks.
 constexpr size_t kChunkTargetBytes = size_t{256} << 10;
 constexpr unsigned kDeflateLevel = 4;
+// Links and attributes per object kept in compact storage (the schema's largest group has 18).
+constexpr unsigned kMaxCompact = 64;
 // Reads above this many bytes must be backed by stored data (deflate compresses at most ~1032x):
 // a corrupt or hostile file cannot make the reader allocate memory it does not hold.
 constexpr uint64_t kLargeReadBytes = uint64_t{1} << 30;
 constexpr uint64_t kMaxCompressionRatio = 1100;
+// More links than any group of schema v1 can hold means the file is not a golden.
+constexpr size_t kMaxLinks = 1024;
 // Longest string attribute the reader accepts.
 constexpr size_t kMaxStringBytes = size_t{1} << 20;
 
 constexpr const char* kFixHint = "; regenerate the file with mok-golden or fix the writer";
 constexpr std::array<const char*, 5> kDataGroups = {"inputs", "outputs", "grads", "intermediates",
-                                                   "bounds"};
+                                                    "bounds"};
 
 // ---------------------------------------------------------------------------------------------
 // HDF5 plumbing: owned ids, silenced error printing, the library's own reason for a failure.
@@ -165,7 +169,6 @@ hid_t memory_type_of(DType dtype) {
 class Context {
  public:
   explicit Context(std::string origin) : origin_(std::move(origin)) {}
-  const std::string& origin() const { return origin_; }
 
   [[noreturn]] void fail(const std::string& where, const std::string& what) const {
     throw Error(origin_ + ": " + where + (where.empty() ? "" : ": ") + what);
@@ -201,6 +204,15 @@ Hid object_create_plist(const Context& ctx, hid_t plist_class, const std::string
   Hid plist = ctx.own(H5Pcreate(plist_class), H5Pclose, where, "H5Pcreate");
   // No timestamps in object headers: equal content must give equal bytes.
   ctx.check_status(H5Pset_obj_track_times(plist.get(), 0), where, "H5Pset_obj_track_times");
+  // Attributes (and links, below) stay in the object header instead of moving to dense
+  // storage (fractal heap + B-tree): a simpler layout, and HDF5 1.10 mishandles some
+  // corruptions of dense storage (double free) where compact storage gives a clean error.
+  ctx.check_status(H5Pset_attr_phase_change(plist.get(), kMaxCompact, kMaxCompact / 2), where,
+                   "H5Pset_attr_phase_change");
+  if (plist_class == H5P_GROUP_CREATE || plist_class == H5P_FILE_CREATE) {
+    ctx.check_status(H5Pset_link_phase_change(plist.get(), kMaxCompact, kMaxCompact / 2), where,
+                     "H5Pset_link_phase_change");
+  }
   return plist;
 }
 
@@ -282,8 +294,8 @@ void write_dataset(const Context& ctx, hid_t group, const std::string& path, con
     ctx.check_status(H5Pset_fill_value(dcpl.get(), memory_type_of(tensor.dtype()), &zero), where,
                      "H5Pset_fill_value");
   }
-  Hid dset = ctx.own(H5Dcreate2(group, name, file_type_of(tensor.dtype()), space.get(),
-                                H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+  Hid dset = ctx.own(H5Dcreate2(group, name, file_type_of(tensor.dtype()), space.get(), H5P_DEFAULT,
+                                dcpl.get(), H5P_DEFAULT),
                      H5Dclose, where, "H5Dcreate2");
   if (tensor.numel() > 0) {
     ctx.check_status(H5Dwrite(dset.get(), memory_type_of(tensor.dtype()), H5S_ALL, H5S_ALL,
@@ -427,22 +439,24 @@ std::optional<T> read_integer_attr(const Context& ctx, hid_t loc, const char* na
 }
 
 std::vector<std::string> list_links(const Context& ctx, hid_t group, const std::string& where) {
-  H5G_info_t info;
-  ctx.check_status(H5Gget_info(group, &info), where, "H5Gget_info");
+  // Native order walks the link storage directly (no sorted table is built, a path where
+  // HDF5 1.10 can crash on corrupt files); the names are sorted here instead.
   std::vector<std::string> names;
-  names.reserve(static_cast<size_t>(std::min<hsize_t>(info.nlinks, 4096)));
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    const ssize_t len =
-        H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    if (len < 0 || static_cast<size_t>(len) > kMaxStringBytes) ctx.fail_hdf5(where, "H5Lget_name_by_idx");
-    std::string name(static_cast<size_t>(len) + 1, '\0');
-    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
-                           H5P_DEFAULT) < 0) {
-      ctx.fail_hdf5(where, "H5Lget_name_by_idx");
-    }
-    name.resize(static_cast<size_t>(len));
-    names.push_back(std::move(name));
+  const auto collect = [](hid_t, const char* name, const H5L_info_t*, void* client) -> herr_t {
+    auto* out = static_cast<std::vector<std::string>*>(client);
+    if (out->size() >= kMaxLinks) return 1;  // stop: no valid golden has this many
+    out->emplace_back(name);
+    return 0;
+  };
+  hsize_t idx = 0;
+  if (H5Literate(group, H5_INDEX_NAME, H5_ITER_NATIVE, &idx, collect, &names) < 0) {
+    ctx.fail_hdf5(where, "H5Literate");
   }
+  if (names.size() >= kMaxLinks) {
+    ctx.fail_subject(where, "holds more than " + std::to_string(kMaxLinks - 1) +
+                                " objects, more than schema v1 has" + std::string(kFixHint));
+  }
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -458,8 +472,8 @@ Hid open_object(const Context& ctx, hid_t loc, const std::string& name, H5I_type
   }
   Hid object = ctx.own(H5Oopen(loc, name.c_str(), H5P_DEFAULT), H5Oclose, where, "H5Oopen");
   if (H5Iget_type(object.get()) != expected) {
-    ctx.fail_subject(where, std::string("is not ") + (expected == H5I_GROUP ? "a group" : "a dataset") +
-                        kFixHint);
+    ctx.fail_subject(where, std::string("is not ") +
+                                (expected == H5I_GROUP ? "a group" : "a dataset") + kFixHint);
   }
   return object;
 }
@@ -488,10 +502,8 @@ bool stored_type_matches(hid_t type, DType dtype) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
   switch (dtype) {
-    case DType::kBf16:
-      return cls == H5T_INTEGER && size == 2 && H5Tget_sign(type) == H5T_SGN_NONE;
-    case DType::kI32:
-      return cls == H5T_INTEGER && size == 4 && H5Tget_sign(type) == H5T_SGN_2;
+    case DType::kBf16: return cls == H5T_INTEGER && size == 2 && H5Tget_sign(type) == H5T_SGN_NONE;
+    case DType::kI32: return cls == H5T_INTEGER && size == 4 && H5Tget_sign(type) == H5T_SGN_2;
     case DType::kF32: return cls == H5T_FLOAT && size == 4;
     case DType::kF64: return cls == H5T_FLOAT && size == 8;
   }
@@ -543,8 +555,9 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
                         file_dtype_name(spec.dtype) + "\")" + kFixHint);
   }
   if (*dtype_attr != file_dtype_name(spec.dtype)) {
-    ctx.fail(where, std::string("attribute dtype is \"") + *dtype_attr + "\" but the schema says \"" +
-                        file_dtype_name(spec.dtype) + "\"" + kFixHint);
+    ctx.fail(where, std::string("attribute dtype is \"") + *dtype_attr +
+                        "\" but the schema says \"" + file_dtype_name(spec.dtype) + "\"" +
+                        kFixHint);
   }
 
   // Shapes come from a validated config, but their product can still be absurd; make sure the
@@ -566,8 +579,8 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
   }
 
   Tensor tensor(spec.dtype, expected);
-  if (tensor.numel() > 0 &&
-      H5Dread(dset.get(), memory_type_of(spec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.raw()) < 0) {
+  if (tensor.numel() > 0 && H5Dread(dset.get(), memory_type_of(spec.dtype), H5S_ALL, H5S_ALL,
+                                    H5P_DEFAULT, tensor.raw()) < 0) {
     ctx.fail(where, "reading the data failed (" + hdf5_detail() +
                         "); the file is truncated or corrupt" + kFixHint);
   }
@@ -591,7 +604,8 @@ std::string merged_string(const Context& ctx, const std::optional<std::string>& 
   }
   if (config_value && root_value && *config_value != *root_value) {
     ctx.fail("group /config", std::string("attribute ") + name + " is \"" + *config_value +
-                                  "\" but the root attribute says \"" + *root_value + "\"" + kFixHint);
+                                  "\" but the root attribute says \"" + *root_value + "\"" +
+                                  kFixHint);
   }
   return config_value ? *config_value : *root_value;
 }
@@ -600,19 +614,22 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   const std::string root = "root group";
   const std::optional<std::string> format = read_string_attr(ctx, file, "format", root);
   if (!format) {
-    ctx.fail("", std::string("not a mok golden file: root attribute format is missing (expected \"") +
-                     kGoldenFormat + "\")");
+    ctx.fail("",
+             std::string("not a mok golden file: root attribute format is missing (expected \"") +
+                 kGoldenFormat + "\")");
   }
   if (*format != kGoldenFormat) {
-    ctx.fail("", "not a mok golden file: root attribute format is \"" + *format + "\", expected \"" +
-                     kGoldenFormat + "\"");
+    ctx.fail("", "not a mok golden file: root attribute format is \"" + *format +
+                     "\", expected \"" + kGoldenFormat + "\"");
   }
   const std::optional<int64_t> version =
       read_integer_attr<int64_t>(ctx, file, "format_version", H5T_NATIVE_INT64, root);
   if (!version) ctx.fail(root, "attribute format_version is missing" + std::string(kFixHint));
   if (*version != kGoldenVersion) {
-    ctx.fail(root, "format_version " + std::to_string(*version) + " is not supported (this reader reads version " +
-                       std::to_string(kGoldenVersion) + "); use a matching mok build or regenerate the file");
+    ctx.fail(root, "format_version " + std::to_string(*version) +
+                       " is not supported (this reader reads version " +
+                       std::to_string(kGoldenVersion) +
+                       "); use a matching mok build or regenerate the file");
   }
 
   GoldenMeta& meta = golden.meta;
@@ -629,8 +646,10 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
     bool known = name == "config";
     for (const char* group : kDataGroups) known = known || name == group;
     if (!known) {
-      ctx.fail_subject("object /" + name, "is not part of schema v1 (the root holds /config, /inputs, "
-                                  "/outputs, /grads, /intermediates, /bounds)" + std::string(kFixHint));
+      ctx.fail_subject("object /" + name,
+                       "is not part of schema v1 (the root holds /config, /inputs, "
+                       "/outputs, /grads, /intermediates, /bounds)" +
+                           std::string(kFixHint));
     }
   }
   if (std::find(members.begin(), members.end(), "config") == members.end()) {
@@ -646,12 +665,12 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
     cfg.top_k = require_config_attr(ctx, config.get(), "K");
     cfg.num_ranks = require_config_attr(ctx, config.get(), "R");
     cfg.tokens_per_rank = require_config_attr(ctx, config.get(), "T");
-    meta.profile = merged_string(ctx, root_profile,
-                                 read_string_attr(ctx, config.get(), "profile", "group /config"),
-                                 "profile");
-    meta.mma_model = merged_string(ctx, root_mma,
-                                   read_string_attr(ctx, config.get(), "mma_model", "group /config"),
-                                   "mma_model");
+    meta.profile =
+        merged_string(ctx, root_profile,
+                      read_string_attr(ctx, config.get(), "profile", "group /config"), "profile");
+    meta.mma_model = merged_string(
+        ctx, root_mma, read_string_attr(ctx, config.get(), "mma_model", "group /config"),
+        "mma_model");
   }
   const spec::Status cfg_status = golden.cfg.validate();
   if (!cfg_status.ok) ctx.fail("group /config", cfg_status.message + std::string(kFixHint));
@@ -670,8 +689,8 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
         ctx.fail_subject(dataset_where(path), "is not part of schema v1" + std::string(kFixHint));
       }
       if (!spec_applies(*spec, golden.cfg)) {
-        ctx.fail_subject(dataset_where(path), "is present but config Is = 0 (no shared expert)" +
-                                          std::string(kFixHint));
+        ctx.fail_subject(dataset_where(path),
+                         "is present but config Is = 0 (no shared expert)" + std::string(kFixHint));
       }
       golden.tensors.emplace(path, read_dataset(ctx, file, path, *spec, golden.cfg));
     }
@@ -697,17 +716,18 @@ void check_finite_bf16(const Context& ctx, const Golden& golden, const std::stri
     std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(data[i]));
     const auto topk = golden.tensors.find("inputs/topk_experts");
     ctx.fail(dataset_where(path),
-             "element " + locate(*find_spec(path), golden.cfg, i,
-                                 topk == golden.tensors.end() ? nullptr : &topk->second) +
+             "element " +
+                 locate(*find_spec(path), golden.cfg, i,
+                        topk == golden.tensors.end() ? nullptr : &topk->second) +
                  " is " + nonfinite_name(spec::f32_from_bf16(data[i])) + " (bf16 bits " + bits +
                  "); inputs must be finite" + kFixHint);
   }
 }
 
 void check_values(const Context& ctx, const Golden& golden) {
-  for (const char* path : {"inputs/x", "inputs/w_shared_gate", "inputs/w_shared_up",
-                           "inputs/w_shared_down", "inputs/w_routed_gate", "inputs/w_routed_up",
-                           "inputs/w_routed_down", "inputs/d_output"}) {
+  for (const char* path :
+       {"inputs/x", "inputs/w_shared_gate", "inputs/w_shared_up", "inputs/w_shared_down",
+        "inputs/w_routed_gate", "inputs/w_routed_up", "inputs/w_routed_down", "inputs/d_output"}) {
     check_finite_bf16(ctx, golden, path);
   }
   const Tensor& topk = at(golden.tensors, "inputs/topk_experts");
@@ -716,8 +736,8 @@ void check_values(const Context& ctx, const Golden& golden) {
   for (int64_t i = 0; i < weights.numel(); ++i) {
     if (std::isfinite(w[i])) continue;
     ctx.fail(dataset_where("inputs/router_weights"),
-             "element " + locate(*find_spec("inputs/router_weights"), golden.cfg, i, &topk) + " is " +
-                 nonfinite_name(w[i]) + "; router weights must be finite" + kFixHint);
+             "element " + locate(*find_spec("inputs/router_weights"), golden.cfg, i, &topk) +
+                 " is " + nonfinite_name(w[i]) + "; router weights must be finite" + kFixHint);
   }
   int64_t bad_token = -1;
   int64_t bad_slot = -1;
@@ -727,8 +747,8 @@ void check_values(const Context& ctx, const Golden& golden) {
     const int32_t e = topk.data<int32_t>()[bad_token * golden.cfg.top_k + bad_slot];
     ctx.fail(dataset_where("inputs/topk_experts"),
              "token " + std::to_string(bad_token) + " slot " + std::to_string(bad_slot) +
-                 " holds expert " + std::to_string(e) + " (E = " + std::to_string(golden.cfg.num_experts) +
-                 "): " + routing.message + kFixHint);
+                 " holds expert " + std::to_string(e) + " (E = " +
+                 std::to_string(golden.cfg.num_experts) + "): " + routing.message + kFixHint);
   }
 }
 
@@ -744,9 +764,11 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
 
   for (const auto& [path, tensor] : golden.tensors) {
     const TensorSpec* spec = find_spec(path);
-    if (spec == nullptr) ctx.fail_subject(dataset_where(path), "is not part of schema v1" + std::string(kFixHint));
+    if (spec == nullptr)
+      ctx.fail_subject(dataset_where(path), "is not part of schema v1" + std::string(kFixHint));
     if (!spec_applies(*spec, golden.cfg)) {
-      ctx.fail_subject(dataset_where(path), "is present but config Is = 0 (no shared expert)" + std::string(kFixHint));
+      ctx.fail_subject(dataset_where(path),
+                       "is present but config Is = 0 (no shared expert)" + std::string(kFixHint));
     }
     const std::vector<int64_t> expected = spec_shape(*spec, golden.cfg);
     if (tensor.shape() != expected) {
@@ -765,9 +787,10 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
     const std::string path = spec.path;
     if (path == "inputs/d_output") continue;  // forward-only cases have no d_output
     if (golden.tensors.count(path) == 0) {
-      ctx.fail_subject(dataset_where(path), "is missing (required input: " + std::string(spec.what) + ", " +
-                                        format_symbols(spec) + " " + file_dtype_name(spec.dtype) +
-                                        ")" + kFixHint);
+      ctx.fail_subject(dataset_where(path),
+                       "is missing (required input: " + std::string(spec.what) + ", " +
+                           format_symbols(spec) + " " + file_dtype_name(spec.dtype) + ")" +
+                           kFixHint);
     }
   }
 
@@ -775,7 +798,7 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
 }
 
 void write_golden(const std::string& path, const Golden& golden) {
-  // Structure only: a writer may record non-finite or badly routed inputs (the reader reports them).
+  // Structure only: a writer may record non-finite or badly routed inputs (the reader flags them).
   ReadOptions structure_only;
   structure_only.check_values = false;
   validate_golden(golden, path, structure_only);

@@ -50,6 +50,8 @@ class Element {
         ++count;
       }
       if (count == 0) continue;
+      // Zero terms (zero operands, short steps) align at -133 and can raise E that far.
+      max_exp = std::max(max_exp, spec::kMmaZeroExp);
       // Term truncation (< one unit of 2^(E-25) per term) plus truncation of the step's
       // result to fp32 (< one ulp of a value bounded by Σ|terms|).
       radius_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_sum_ + radius_) * kSlack + 0x1.0p-149;

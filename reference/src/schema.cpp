@@ -84,9 +84,9 @@ std::vector<TensorSpec> build_schema(BoundNames& names) {
       {"grads/d_w_routed_gate", kF32, {E, I, H}, kGrad, false, "routed gate weight gradients"},
       {"grads/d_w_routed_up", kF32, {E, I, H}, kGrad, false, "routed up weight gradients"},
       {"grads/d_w_routed_down", kF32, {E, H, I}, kGrad, false, "routed down weight gradients"},
-      {"grads/d_w_shared_gate", kF32, {R, Is, H}, kGrad, true, "shared gate weight gradient per rank"},
-      {"grads/d_w_shared_up", kF32, {R, Is, H}, kGrad, true, "shared up weight gradient per rank"},
-      {"grads/d_w_shared_down", kF32, {R, H, Is}, kGrad, true, "shared down weight gradient per rank"},
+      {"grads/d_w_shared_gate", kF32, {R, Is, H}, kGrad, true, "shared gate weight grad per rank"},
+      {"grads/d_w_shared_up", kF32, {R, Is, H}, kGrad, true, "shared up weight grad per rank"},
+      {"grads/d_w_shared_down", kF32, {R, H, Is}, kGrad, true, "shared down weight grad per rank"},
       // intermediates, per slot; empty slots hold zeros
       {"intermediates/gate", kF32, {G, K, I}, kIntermediate, false, "x . W_gate^T per slot"},
       {"intermediates/up", kF32, {G, K, I}, kIntermediate, false, "x . W_up^T per slot"},
@@ -100,10 +100,10 @@ std::vector<TensorSpec> build_schema(BoundNames& names) {
       {"intermediates/d_act", kF32, {G, K, I}, kIntermediate, false, "dy . W_down per slot"},
       {"intermediates/d_gate", kBf16, {G, K, I}, kIntermediate, false, "gradient at gate per slot"},
       {"intermediates/d_up", kBf16, {G, K, I}, kIntermediate, false, "gradient at up per slot"},
-      {"intermediates/dx_slot", kBf16, {G, K, H}, kIntermediate, false, "d_x contribution per slot"},
+      {"intermediates/dx_slot", kBf16, {G, K, H}, kIntermediate, false, "d_x part per slot"},
       {"intermediates/shared_d_act", kF32, {G, Is}, kIntermediate, true, "shared d_act"},
-      {"intermediates/shared_d_gate", kBf16, {G, Is}, kIntermediate, true, "shared gradient at gate"},
-      {"intermediates/shared_d_up", kBf16, {G, Is}, kIntermediate, true, "shared gradient at up"},
+      {"intermediates/shared_d_gate", kBf16, {G, Is}, kIntermediate, true, "shared grad at gate"},
+      {"intermediates/shared_d_up", kBf16, {G, Is}, kIntermediate, true, "shared grad at up"},
       {"intermediates/dx_shared", kF32, {G, H}, kIntermediate, true, "shared part of d_x"},
   };
   // Two bound datasets per checked tensor; reserve first so the c_str() pointers stay valid.
@@ -178,7 +178,8 @@ std::string locate(const TensorSpec& spec, const spec::LayerConfig& cfg, int64_t
     rest /= shape[a];
   }
   // The expert of a (token, slot) pair, when the routing is at hand and has the right shape.
-  const bool token_slot = shape.size() >= 2 && spec.dims[0] == Dim::kTokens && spec.dims[1] == Dim::kSlots;
+  const bool token_slot =
+      shape.size() >= 2 && spec.dims[0] == Dim::kTokens && spec.dims[1] == Dim::kSlots;
   const bool have_routing = topk_experts != nullptr && topk_experts->dtype() == DType::kI32 &&
                             topk_experts->numel() == cfg.num_tokens() * cfg.top_k;
   std::string out;

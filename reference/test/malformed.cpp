@@ -15,7 +15,10 @@
 #include <random>
 #include <string_view>
 
-namespace mok::ref::test {
+namespace mok::test {
+
+using namespace mok::ref;  // this file only builds and edits ref objects
+
 namespace {
 
 // Uniform in [-scale, scale), never exactly zero; from raw bits so that it is the same everywhere.
@@ -30,7 +33,8 @@ void fill_random(Tensor& t, std::mt19937_64& rng, float scale) {
   switch (t.dtype()) {
     case DType::kBf16: {
       uint16_t* d = t.data<uint16_t>();
-      for (int64_t i = 0; i < t.numel(); ++i) d[i] = spec::bf16_from_f32_rne(random_value(rng, scale));
+      for (int64_t i = 0; i < t.numel(); ++i)
+        d[i] = spec::bf16_from_f32_rne(random_value(rng, scale));
       break;
     }
     case DType::kF32: {
@@ -58,7 +62,8 @@ void fill_routing(Tensor& t, const spec::LayerConfig& cfg, std::mt19937_64& rng)
   for (int64_t g = 0; g < cfg.num_tokens(); ++g) {
     std::iota(experts.begin(), experts.end(), 0);
     for (int64_t k = 0; k < cfg.top_k; ++k) {
-      const size_t pick = k + static_cast<size_t>(rng() % static_cast<uint64_t>(cfg.num_experts - k));
+      const size_t pick =
+          k + static_cast<size_t>(rng() % static_cast<uint64_t>(cfg.num_experts - k));
       std::swap(experts[k], experts[pick]);
       d[g * cfg.top_k + k] = (rng() % 100 < 15) ? -1 : experts[k];
     }
@@ -100,18 +105,21 @@ void set_string_attr(hid_t loc, const char* name, const std::string& value) {
 
 void set_int_attr(hid_t loc, const char* name, int64_t value) {
   const hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
-  check(attr >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &value) >= 0, std::string("attribute ") + name);
+  check(attr >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &value) >= 0,
+        std::string("attribute ") + name);
   H5Aclose(attr);
 }
 
 // Creates (or replaces) a dataset with the given file type, shape and dtype attribute.
 void put_dataset(hid_t file, const std::string& path, hid_t file_type, hid_t memory_type,
-                 const std::vector<hsize_t>& dims, const void* data, const std::string& dtype_attr) {
+                 const std::vector<hsize_t>& dims, const void* data,
+                 const std::string& dtype_attr) {
   if (H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0) {
     check(H5Ldelete(file, path.c_str(), H5P_DEFAULT) >= 0, "H5Ldelete " + path);
   }
   const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
-  const hid_t dset = H5Dcreate2(file, path.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  const hid_t dset =
+      H5Dcreate2(file, path.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   check(dset >= 0, "H5Dcreate2 " + path);
   check(H5Dwrite(dset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0, "H5Dwrite " + path);
   set_string_attr(dset, "dtype", dtype_attr);
@@ -179,7 +187,7 @@ std::string malformed_expected_text(const std::string& case_name) {
 }
 
 std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const std::string& dir,
-                                                                          const Golden& good) {
+                                                                         const Golden& good) {
   const spec::LayerConfig& cfg = good.cfg;
   std::vector<std::pair<std::string, std::string>> cases;
   const std::string good_path = dir + "/good.h5";
@@ -195,9 +203,11 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
     const std::string path = copy_of(good_path, dir, "wrong_shape");
     File f(path);
     const hsize_t E = cfg.num_experts, I = cfg.intermediate, H = cfg.hidden;
-    const std::vector<hsize_t> dims = H != I ? std::vector<hsize_t>{E, H, I} : std::vector<hsize_t>{E, I, 2 * H};
+    const std::vector<hsize_t> dims =
+        H != I ? std::vector<hsize_t>{E, H, I} : std::vector<hsize_t>{E, I, 2 * H};
     std::vector<uint16_t> data(E * I * H * (H != I ? 1 : 2), 0x3f80);
-    put_dataset(f.get(), "/inputs/w_routed_gate", H5T_STD_U16LE, H5T_NATIVE_UINT16, dims, data.data(), "bfloat16");
+    put_dataset(f.get(), "/inputs/w_routed_gate", H5T_STD_U16LE, H5T_NATIVE_UINT16, dims,
+                data.data(), "bfloat16");
     cases.emplace_back("wrong_shape", path);
   }
   {  // x stored as float32.
@@ -207,8 +217,8 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
     std::vector<float> data(static_cast<size_t>(x.numel()));
     for (int64_t i = 0; i < x.numel(); ++i) data[i] = static_cast<float>(x.value_at(i));
     put_dataset(f.get(), "/inputs/x", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
-                {static_cast<hsize_t>(cfg.num_tokens()), static_cast<hsize_t>(cfg.hidden)}, data.data(),
-                "float32");
+                {static_cast<hsize_t>(cfg.num_tokens()), static_cast<hsize_t>(cfg.hidden)},
+                data.data(), "float32");
     cases.emplace_back("wrong_dtype", path);
   }
   {  // Right storage type, wrong dtype attribute.
@@ -315,7 +325,8 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
     x.data<uint16_t>()[x.numel() - 1] = 0xFF80;  // -Inf
   });
   write_variant("nan_router_weight", [](Golden& g) {
-    at(g.tensors, "inputs/router_weights").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    at(g.tensors, "inputs/router_weights").data<float>()[0] =
+        std::numeric_limits<float>::quiet_NaN();
   });
   write_variant("expert_out_of_range", [&cfg](Golden& g) {
     Tensor& topk = at(g.tensors, "inputs/topk_experts");
@@ -332,4 +343,4 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
   return cases;
 }
 
-}  // namespace mok::ref::test
+}  // namespace mok::test

@@ -1,4 +1,4 @@
-// Test goldens: a small random valid golden, and malformed files derived from it for reader and CLI tests.
+// Test goldens: a random valid golden and malformed files made from it, for reader and CLI tests.
 #pragma once
 
 #include "mok/reference/golden.hpp"
@@ -8,22 +8,22 @@
 #include <utility>
 #include <vector>
 
-namespace mok::ref::test {
+namespace mok::test {
 
 // A structurally valid golden for cfg with fresh random contents for every dataset of the
 // schema that applies (inputs, outputs, grads, intermediates, bounds). Deterministic per seed;
 // never all zeros; inputs are finite and the routing is valid (about 15% empty slots).
-Golden make_random_golden(const spec::LayerConfig& cfg, uint64_t seed);
+ref::Golden make_random_golden(const spec::LayerConfig& cfg, uint64_t seed);
 
-// Writes one file per malformed case into dir (which must exist) and returns (case name, file
-// path) pairs. Every file makes read_golden throw mok::Error of kind kBadInput (mok-verify exit
+// Writes `good` to dir/good.h5 and one file per malformed case next to it (dir must exist);
+// returns the (case name, file path) pairs of the malformed files. Every file makes read_golden throw mok::Error of kind kBadInput (mok-verify exit
 // code 2) whose message contains malformed_expected_text(case name). Needs `good` to carry the
 // required inputs; the case "duplicate_expert" is left out when K < 2.
 std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const std::string& dir,
-                                                                          const Golden& good);
+                                                                         const ref::Golden& good);
 
 // A piece of text that the reader's message for this case must contain (a dataset path or
 // the kind of problem).
 std::string malformed_expected_text(const std::string& case_name);
 
-}  // namespace mok::ref::test
+}  // namespace mok::test

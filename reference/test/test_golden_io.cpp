@@ -1,5 +1,6 @@
-// Tests of golden file I/O: bitwise round trips, byte-reproducible writes, atomicity, and malformed files.
+// Tests of golden file I/O: bitwise round trips, reproducible bytes, atomicity, malformed files.
 #include "malformed.hpp"
+#include "test_support.hpp"
 
 #include "mok/reference/error.hpp"
 #include "mok/reference/golden.hpp"
@@ -7,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <rapidcheck/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -67,9 +69,10 @@ spec::LayerConfig chunked_config() { return make_config(256, 128, 64, 8, 2, 2, 1
 
 // Empty string when equal, else the first difference.
 std::string compare_goldens(const Golden& a, const Golden& b) {
-  if (a.meta.generator != b.meta.generator || a.meta.generator_version != b.meta.generator_version ||
-      a.meta.seed != b.meta.seed || a.meta.profile != b.meta.profile ||
-      a.meta.mma_model != b.meta.mma_model || a.meta.routing != b.meta.routing) {
+  if (a.meta.generator != b.meta.generator ||
+      a.meta.generator_version != b.meta.generator_version || a.meta.seed != b.meta.seed ||
+      a.meta.profile != b.meta.profile || a.meta.mma_model != b.meta.mma_model ||
+      a.meta.routing != b.meta.routing) {
     return "meta differs";
   }
   const spec::LayerConfig& x = a.cfg;
@@ -80,7 +83,8 @@ std::string compare_goldens(const Golden& a, const Golden& b) {
     return "config differs";
   }
   if (a.tensors.size() != b.tensors.size()) {
-    return "tensor count " + std::to_string(a.tensors.size()) + " vs " + std::to_string(b.tensors.size());
+    return "tensor count " + std::to_string(a.tensors.size()) + " vs " +
+           std::to_string(b.tensors.size());
   }
   for (const auto& [path, t] : a.tensors) {
     const auto it = b.tensors.find(path);
@@ -113,12 +117,7 @@ void scramble_unchecked(Golden& golden, uint64_t seed) {
 // Random small valid configs with fresh random contents, and a random subset of the optional
 // groups; write, read back, compare everything bitwise.
 RC_GTEST_PROP(GoldenIo, RoundTripIsBitwise, ()) {
-  const int64_t R = *rc::gen::element<int64_t>(1, 2, 4);
-  const int64_t E = R * *rc::gen::inRange<int64_t>(1, 4);
-  const spec::LayerConfig cfg =
-      make_config(16 * *rc::gen::inRange<int64_t>(1, 4), 16 * *rc::gen::inRange<int64_t>(1, 3),
-                  16 * *rc::gen::inRange<int64_t>(0, 3), E, *rc::gen::inRange<int64_t>(1, std::min<int64_t>(E, 4) + 1),
-                  R, *rc::gen::inRange<int64_t>(1, 6));
+  const spec::LayerConfig cfg = test::gen_config();
   RC_ASSERT(cfg.validate().ok);
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   Golden golden = test::make_random_golden(cfg, seed);
@@ -128,7 +127,8 @@ RC_GTEST_PROP(GoldenIo, RoundTripIsBitwise, ()) {
   golden.meta.routing = *rc::gen::element<std::string>("zipf:1.2,rank-skew:0.5", "");
   for (const char* group : {"outputs/", "grads/", "intermediates/", "bounds/"}) {
     if (*rc::gen::arbitrary<bool>()) {
-      std::erase_if(golden.tensors, [group](const auto& kv) { return kv.first.rfind(group, 0) == 0; });
+      std::erase_if(golden.tensors,
+                    [group](const auto& kv) { return kv.first.rfind(group, 0) == 0; });
     }
   }
 
@@ -137,6 +137,7 @@ RC_GTEST_PROP(GoldenIo, RoundTripIsBitwise, ()) {
   write_golden(path, golden);
   const Golden back = read_golden(path);
   const std::string diff = compare_goldens(golden, back);
+  RC_LOG() << test::describe(cfg) << " seed " << seed << "\n";
   RC_ASSERT(diff == std::string());
   // Nothing but the file itself is left in the folder (no temporary files).
   RC_ASSERT(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);
@@ -166,7 +167,8 @@ TEST(GoldenIo, RewriteIsByteIdentical) {
     H5garbage_collect();
     {
       std::vector<std::vector<unsigned char>> junk;
-      for (int i = 0; i < 20000; ++i) junk.emplace_back(static_cast<size_t>(16 + (i * 37) % 4096), 0xA5);
+      for (int i = 0; i < 20000; ++i)
+        junk.emplace_back(static_cast<size_t>(16 + (i * 37) % 4096), 0xA5);
     }
     write_golden(dir.file("b.h5"), golden);
     write_golden(dir.file("c.h5"), read_golden(dir.file("a.h5")));
@@ -257,7 +259,8 @@ TEST(GoldenIo, AcceptsVariableLengthStringAttributes) {
 }
 
 TEST(GoldenIo, EveryMalformedFileGivesOneClearError) {
-  for (const spec::LayerConfig& cfg : {make_config(32, 16, 16, 4, 2, 2, 3), make_config(16, 16, 0, 2, 1, 1, 2)}) {
+  for (const spec::LayerConfig& cfg :
+       {make_config(32, 16, 16, 4, 2, 2, 3), make_config(16, 16, 0, 2, 1, 1, 2)}) {
     const Golden good = test::make_random_golden(cfg, 99);
     ScratchDir dir;
     const auto cases = test::write_malformed_goldens(dir.path().string(), good);
@@ -272,7 +275,8 @@ TEST(GoldenIo, EveryMalformedFileGivesOneClearError) {
       } catch (const mok::Error& e) {
         const std::string what = e.what();
         EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << name;
-        EXPECT_EQ(what.rfind(path + ": ", 0), 0u) << name << ": message does not start with the file: " << what;
+        EXPECT_EQ(what.rfind(path + ": ", 0), 0u)
+            << name << ": message does not start with the file: " << what;
         EXPECT_NE(what.find(expected), std::string::npos) << name << ": " << what;
         EXPECT_EQ(what.find('\n'), std::string::npos) << name << ": one line expected: " << what;
       }
@@ -289,7 +293,8 @@ TEST(GoldenIo, ValueProblemsNameTheElement) {
     validate_golden(golden, "mem");
     FAIL() << "NaN accepted";
   } catch (const mok::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("mem: dataset /inputs/w_routed_gate: element expert=3 i=7 h=20 is NaN"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "mem: dataset /inputs/w_routed_gate: element expert=3 i=7 h=20 is NaN"),
               std::string::npos)
         << e.what();
   }
@@ -309,9 +314,11 @@ TEST(GoldenIo, ShapeMessageFollowsTheContract) {
       read_golden(path);
       FAIL() << "accepted";
     } catch (const mok::Error& e) {
-      EXPECT_EQ(std::string(e.what()),
-                path + ": dataset /inputs/w_routed_gate: expected shape [8, 32, 64] (E, I, H) but found "
-                       "[8, 64, 32]; regenerate the file with mok-golden or fix the writer");
+      EXPECT_EQ(
+          std::string(e.what()),
+          path +
+              ": dataset /inputs/w_routed_gate: expected shape [8, 32, 64] (E, I, H) but found "
+              "[8, 64, 32]; regenerate the file with mok-golden or fix the writer");
     }
   }
 }
@@ -382,6 +389,39 @@ TEST(GoldenIo, EveryTruncationIsRejected) {
   for (size_t len = 0; len < bytes.size(); len += step) {
     std::ofstream(dir.file("cut.h5"), std::ios::binary | std::ios::trunc).write(bytes.data(), len);
     EXPECT_THROW(read_golden(dir.file("cut.h5")), mok::Error) << "prefix of " << len << " bytes";
+  }
+}
+
+// Corrupted metadata (random byte flips in the first 8 KiB) gives either a clean read or a
+// mok::Error, never a crash; each read runs in a child process so a crash is observed, not fatal.
+TEST(GoldenIo, CorruptMetadataNeverCrashes) {
+  const Golden golden = test::make_random_golden(make_config(32, 16, 16, 4, 2, 2, 3), 13);
+  ScratchDir dir;
+  write_golden(dir.file("a.h5"), golden);
+  const std::string bytes = read_bytes(dir.file("a.h5"));
+  std::mt19937_64 rng(2024);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string bad = bytes;
+    const size_t pos = rng() % std::min<size_t>(bad.size(), 8192);
+    bad[pos] = static_cast<char>(bad[pos] ^ static_cast<char>(1 + rng() % 255));
+    std::ofstream(dir.file("bad.h5"), std::ios::binary | std::ios::trunc) << bad;
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      try {
+        read_golden(dir.file("bad.h5"));
+        ::_exit(0);
+      } catch (const mok::Error&) {
+        ::_exit(2);
+      } catch (...) {
+        ::_exit(3);
+      }
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "crash (signal " << WTERMSIG(status) << ") with byte " << pos
+                                   << " flipped, trial " << trial;
+    EXPECT_NE(WEXITSTATUS(status), 3) << "non-mok exception with byte " << pos << " flipped";
   }
 }
 

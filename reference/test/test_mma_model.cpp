@@ -52,18 +52,21 @@ int encoded_exp_f32(float f) {
   return ef == 0 ? -126 : ef - 127;
 }
 
-// The definition, evaluated with rationals: exact products aligned at e_a + e_b, the largest
-// exponent E among non-zero terms, terms truncated to multiples of 2^(E-25), exact sum,
-// truncation toward zero to fp32 (largest finite value on overflow).
+// The definition, evaluated with rationals: exact products aligned at e_a + e_b, zero terms
+// (including the missing products of a step shorter than 16) aligned at -133, the largest
+// exponent E, terms truncated to multiples of 2^(E-25), exact sum, truncation toward zero to
+// fp32, +0 for a zero result and Inf from 2^128 up.
 float brute_force(float acc, const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
   std::vector<std::pair<cpp_rational, int>> terms;
+  bool zero_term = a.size() < 16 || acc == 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const cpp_rational p = exact(f32_from_bf16(a[i])) * exact(f32_from_bf16(b[i]));
     if (p != 0) terms.push_back({p, encoded_exp_bf16(a[i]) + encoded_exp_bf16(b[i])});
+    else zero_term = true;
   }
   if (acc != 0) terms.push_back({exact(acc), encoded_exp_f32(acc)});
   if (terms.empty()) return 0.0f;
-  int max_e = terms[0].second;
+  int max_e = zero_term ? -133 : terms[0].second;
   for (auto& t : terms) max_e = std::max(max_e, t.second);
   const cpp_rational q = pow2(max_e - 25);
   cpp_rational sum = 0;
@@ -71,7 +74,7 @@ float brute_force(float acc, const std::vector<uint16_t>& a, const std::vector<u
   if (sum == 0) return 0.0f;
   const bool neg = sum < 0;
   const cpp_rational mag = neg ? cpp_rational(-sum) : sum;
-  if (mag >= pow2(128)) return neg ? -FLT_MAX : FLT_MAX;
+  if (mag >= pow2(128)) return neg ? -INFINITY : INFINITY;
   const int e = floor_log2(mag);
   const cpp_rational t = trunc_to_multiple(mag, pow2(std::max(e - 23, -149)));
   const float r = static_cast<float>(static_cast<double>(t));  // exact: t is an fp32 value
@@ -95,6 +98,15 @@ TEST(MmaModel, CraftedCasesFromTheH200Measurements) {
   EXPECT_EQ(step(0.0f, {bf(1.5f), bf(0x1.0p-25f)}, {bf(1.5f), bf(1.0f)}), 2.25f + 0x1.0p-25f);
   // A term below 2^(E-25) vanishes even when it would matter to round-to-nearest.
   EXPECT_EQ(step(0.0f, {bf(1.0f), bf(0x1.8p-26f)}, {bf(1.0f), bf(1.0f)}), 1.0f);
+}
+
+// Edge rules where MMA-Sim's Hopper model decided ours (reference/README.md): zero terms align
+// at -133, every zero result is +0, overflow is Inf even under truncation.
+TEST(MmaModel, EdgeRulesAgreeWithMmaSim) {
+  EXPECT_EQ(f32_bits(step(0.0f, {0x1A00, 0x9500}, {0x1A80, 0x1500})), 0x00000001u);
+  EXPECT_EQ(f32_bits(step(-0.0f, std::vector<uint16_t>(16, 0x8000), std::vector<uint16_t>(16, 0x3F80))), 0u);
+  EXPECT_EQ(f32_bits(step(0.0f, {0x9780}, {0x1780})), 0u);
+  EXPECT_EQ(f32_bits(step(0.0f, {0x7F00, 0x7F00}, {0x4000, 0x4000})), 0x7F800000u);
 }
 
 TEST(MmaModel, SpecialValues) {

@@ -139,8 +139,10 @@ TEST(Schema, DimNamesAndSizes) {
 
 TEST(Schema, ShapesAndSharedApplicability) {
   spec::LayerConfig cfg = small_config();
-  EXPECT_EQ(spec_shape(*find_spec("inputs/w_routed_down"), cfg), (std::vector<int64_t>{32, 64, 32}));
-  EXPECT_EQ(spec_shape(*find_spec("grads/d_w_shared_gate"), cfg), (std::vector<int64_t>{2, 16, 64}));
+  EXPECT_EQ(spec_shape(*find_spec("inputs/w_routed_down"), cfg),
+            (std::vector<int64_t>{32, 64, 32}));
+  EXPECT_EQ(spec_shape(*find_spec("grads/d_w_shared_gate"), cfg),
+            (std::vector<int64_t>{2, 16, 64}));
   EXPECT_EQ(spec_shape(*find_spec("intermediates/y"), cfg), (std::vector<int64_t>{16, 4, 64}));
   EXPECT_TRUE(spec_applies(*find_spec("inputs/w_shared_gate"), cfg));
   cfg.shared_intermediate = 0;

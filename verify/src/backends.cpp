@@ -5,6 +5,10 @@
 #include "mok/reference/error.hpp"
 #include "mok/reference/oracle.hpp"
 
+#if defined(MOK_HAVE_CUDA_KERNEL)
+#include "mok/kernel/layer.hpp"
+#endif
+
 #include <chrono>
 
 namespace mok::verify {
@@ -45,8 +49,7 @@ const char* backend_name(Backend b) {
 
 bool cuda_available(std::string* why) {
 #if defined(MOK_HAVE_CUDA_KERNEL)
-  if (why) *why = "";
-  return true;
+  return kernel::gpu_available(why);
 #else
   if (why) *why = "this build has no CUDA kernel (configure with a CUDA toolkit and MOK_ENABLE_CUDA=AUTO or ON; the kernel arrives with kernel v1)";
   return false;
@@ -117,7 +120,19 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.sample = options.sample;
     report = compare(judged, candidate, co);
   } else {
-    throw Error("backend cuda: the kernel is not part of this build yet", ErrorKind::kUnsupported);
+#if defined(MOK_HAVE_CUDA_KERNEL)
+    say("running the CUDA kernel (R=" + std::to_string(golden.cfg.num_ranks) + " virtual ranks on one GPU)" +
+        (backward ? ", forward and backward" : ", forward"));
+    const ref::TensorMap candidate = kernel::run_layer(golden.cfg, inputs, backward);
+    say("comparing");
+    CompareOptions co;
+    co.criterion = Criterion::kBitwise;
+    co.check_bounds = options.check_bounds;
+    co.sample = options.sample;
+    report = compare(golden, candidate, co);
+#else
+    throw Error("backend cuda is not supported here: this build has no CUDA kernel", ErrorKind::kUnsupported);
+#endif
   }
   report.backend = backend_name(backend);
   report.seconds = std::chrono::duration<double>(clock::now() - t0).count();

@@ -56,7 +56,7 @@ class Tensor {
   std::vector<uint64_t> storage_;  // 8-byte aligned backing store
 };
 
-// Keys are schema paths such as "inputs/x", "grads/d_w_routed_gate", "bounds/output".
+// Keys are schema paths such as "inputs/x", "grads/d_w_routed_gate", "bounds/output_exact".
 using TensorMap = std::map<std::string, Tensor>;
 
 // Throws mok::Error naming the key when absent.

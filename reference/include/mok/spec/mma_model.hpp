@@ -2,6 +2,7 @@
 #pragma once
 
 #include "mok/spec/bf16.hpp"
+#include "mok/spec/config.hpp"
 
 namespace mok::spec {
 
@@ -11,9 +12,12 @@ enum class MmaRounding : uint8_t { kTruncate, kNearestEven };
 // d = acc + sum_i a_i*b_i over one MMA step (at most 16 products), as follows:
 //  1. every product is exact; its alignment exponent is e_a + e_b (unnormalised, the Hopper
 //     behaviour) or the exponent of the normalised product;
-//  2. E = the largest alignment exponent among the non-zero terms (the accumulator is a term);
+//  2. E = the largest alignment exponent among the terms (the accumulator is a term); a zero
+//     term (a zero operand, a zero accumulator, or a missing product of a step shorter than
+//     16) aligns at kMmaZeroExp = -133, below every non-zero bf16 product's exponent;
 //  3. every term is cut to a multiple of 2^(E - align_frac_bits) (term_rounding);
-//  4. the cut terms are summed exactly, and the sum is rounded to fp32 (final_rounding).
+//  4. the cut terms are summed exactly, and the sum is rounded to fp32 (final_rounding);
+//     a zero result is +0, a result of 2^128 or more is Inf.
 struct MmaModel {
   const char* name;
   int align_frac_bits;
@@ -28,6 +32,7 @@ inline constexpr MmaModel kHopperBf16Mma{"hopper-bf16-v1", 25, false, MmaRoundin
                                         MmaRounding::kTruncate};
 
 inline constexpr uint32_t kMmaNanBits = 0x7FFFFFFFu;  // the canonical NaN the tensor core writes
+inline constexpr int kMmaZeroExp = -133;               // alignment exponent of a zero term
 
 namespace detail {
 
@@ -38,12 +43,11 @@ struct Term {
 };
 
 MOK_HD int msb_index(uint64_t v) {  // v != 0
-  int p = 0;
-  while (v >> 1) {
-    v >>= 1;
-    ++p;
-  }
-  return p;
+#if defined(__CUDA_ARCH__)
+  return 63 - __clzll(static_cast<long long>(v));
+#else
+  return 63 - __builtin_clzll(v);
+#endif
 }
 
 // |v| shifted right by s with the chosen rounding, sign restored.
@@ -73,7 +77,7 @@ MOK_HD uint32_t to_f32_bits(int64_t sig, int exp, MmaRounding mode) {
   int64_t q = shift_right_rounded(static_cast<int64_t>(m), s, mode);
   uint64_t mq = static_cast<uint64_t>(q);
   if (s < 0) mq <<= -s;  // exact: fewer than 24 significant bits
-  if (mq == 0) return sign;
+  if (mq == 0) return 0u;  // a result that truncates to zero is +0
   // Rounding up may have carried to 2^24: renormalise.
   int qexp = quantum_exp;
   if (mq >> 24) {
@@ -85,8 +89,9 @@ MOK_HD uint32_t to_f32_bits(int64_t sig, int exp, MmaRounding mode) {
   }
   const int biased = qexp + 23 + 127;
   if (biased >= 255) {
-    // Overflow: round-to-nearest gives Inf; truncation gives the largest finite value.
-    return sign | (mode == MmaRounding::kNearestEven ? 0x7F800000u : 0x7F7FFFFFu);
+    // Overflow gives Inf under either rounding (the tensor core's behaviour, MMA-Sim's model):
+    // the sum is cut to 24 bits first, and a value of 2^128 or more has no finite encoding.
+    return sign | 0x7F800000u;
   }
   return sign | (static_cast<uint32_t>(biased) << 23) | (static_cast<uint32_t>(mq) & 0x7FFFFFu);
 }
@@ -111,7 +116,7 @@ MOK_HD float mma_bf16_step(const MmaModel& model, float acc, const uint16_t* a, 
   detail::Term terms[17];
   int num_terms = 0;
   bool pos_inf = false, neg_inf = false, nan = false;
-  bool all_zero_negative = true;  // every term is -0: IEEE-style sum keeps the sign
+  bool has_zero_term = n < kMmaK;  // missing products of a short step are zeros
   for (int i = 0; i < n; ++i) {
     const uint16_t ab = a[i * a_stride], bb = b[i * b_stride];
     const bool a_inf = (ab & 0x7FFF) == 0x7F80, b_inf = (bb & 0x7FFF) == 0x7F80;
@@ -127,10 +132,9 @@ MOK_HD float mma_bf16_step(const MmaModel& model, float acc, const uint16_t* a, 
       continue;
     }
     if (a_zero || b_zero) {
-      all_zero_negative = all_zero_negative && neg;
+      has_zero_term = true;
       continue;
     }
-    all_zero_negative = false;
     int64_t sa, sb;
     int ea, eb;
     decode_bf16(ab, &sa, &ea);
@@ -150,9 +154,8 @@ MOK_HD float mma_bf16_step(const MmaModel& model, float acc, const uint16_t* a, 
   const uint32_t acc_abs = acc_bits & 0x7FFFFFFFu;
   if (acc_abs > 0x7F800000u) nan = true;
   else if (acc_abs == 0x7F800000u) (acc_bits >> 31 ? neg_inf : pos_inf) = true;
-  else if (acc_abs == 0) all_zero_negative = all_zero_negative && (acc_bits >> 31);
+  else if (acc_abs == 0) has_zero_term = true;
   else {
-    all_zero_negative = false;
     const int ef = static_cast<int>(acc_abs >> 23);
     const int64_t mant = acc_abs & 0x7FFFFF;
     detail::Term t;
@@ -168,10 +171,11 @@ MOK_HD float mma_bf16_step(const MmaModel& model, float acc, const uint16_t* a, 
   if (nan || (pos_inf && neg_inf)) return f32_from_bits(kMmaNanBits);
   if (pos_inf) return f32_from_bits(0x7F800000u);
   if (neg_inf) return f32_from_bits(0xFF800000u);
-  if (num_terms == 0) return all_zero_negative ? -0.0f : 0.0f;
+  if (num_terms == 0) return 0.0f;
   int max_exp = terms[0].align_exp;
   for (int i = 1; i < num_terms; ++i)
     if (terms[i].align_exp > max_exp) max_exp = terms[i].align_exp;
+  if (has_zero_term && max_exp < kMmaZeroExp) max_exp = kMmaZeroExp;
   const int unit_exp = max_exp - model.align_frac_bits;
   int64_t sum = 0;  // exact, in units of 2^unit_exp: each term < 2^28 units, 17 terms < 2^33
   for (int i = 0; i < num_terms; ++i) {

@@ -1,0 +1,90 @@
+// Tensor-core tile engine: a block computes a [64 x 64] fp32 tile as one mma.sync chain per element.
+#pragma once
+
+#include "mok/spec/config.hpp"
+
+#include <cstdint>
+
+namespace mok::kernel::device {
+
+// Block shape of every GEMM in the kernel: 4 warps, each owning 16 rows x 64 columns of the
+// tile (8 accumulators of m16n8). ORDER: dot-chain: K advances 16 at a time in increasing
+// order (one mma.sync.m16n8k16 per step, which rounds exactly like spec::mma_bf16_step), so a
+// tile's shape never changes an element's chain.
+constexpr int kThreads = 128;
+constexpr int kTileM = 64;
+constexpr int kTileN = 64;
+constexpr int kStepK = spec::kMmaK;
+static_assert(kTileM == 16 * (kThreads / 32), "one m16 slab per warp");
+
+struct TileSmem {
+  uint16_t a[kTileM][kStepK + 8];  // +8 bf16 of padding against bank conflicts
+  uint16_t b[kTileN][kStepK + 8];  // stored [n][k]: the col-major B fragment reads rows of it
+};
+
+__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Computes C[m0:m0+64, n0:n0+64] = init(m, n) + sum_k A(m, k) * B(k, n) over k in [0, K) with
+// the accessors load_a(m, k) and load_b(k, n) returning bf16 bits (0 outside the problem), then
+// calls epilogue(m, n, value) for every m < M, n < N. `init(m, n)` gives the chain's starting
+// value (0 for a fresh dot product). All threads of the block must call it.
+template <class Init, class LoadA, class LoadB, class Epilogue>
+__device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64_t m0, int64_t n0,
+                          Init init, LoadA load_a, LoadB load_b, Epilogue epilogue) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, c = lane & 3;
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
+    acc[j][0] = r0 < M && col < N ? init(r0, col) : 0.0f;
+    acc[j][1] = r0 < M && col + 1 < N ? init(r0, col + 1) : 0.0f;
+    acc[j][2] = r0 + 8 < M && col < N ? init(r0 + 8, col) : 0.0f;
+    acc[j][3] = r0 + 8 < M && col + 1 < N ? init(r0 + 8, col + 1) : 0.0f;
+  }
+  // ORDER: dot-chain, one MMA step per 16 K-elements, increasing k.
+  for (int64_t k0 = 0; k0 < K; k0 += kStepK) {
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kTileM * kStepK; idx += kThreads) {
+      const int r = idx / kStepK, kk = idx % kStepK;
+      const int64_t m = m0 + r, k = k0 + kk, n = n0 + r;
+      smem.a[r][kk] = (m < M && k < K) ? load_a(m, k) : uint16_t{0};
+      smem.b[r][kk] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
+    }
+    __syncthreads();
+    const int ar = warp * 16 + g;
+    uint32_t a[4];
+    a[0] = pack2(smem.a[ar][2 * c], smem.a[ar][2 * c + 1]);
+    a[1] = pack2(smem.a[ar + 8][2 * c], smem.a[ar + 8][2 * c + 1]);
+    a[2] = pack2(smem.a[ar][2 * c + 8], smem.a[ar][2 * c + 9]);
+    a[3] = pack2(smem.a[ar + 8][2 * c + 8], smem.a[ar + 8][2 * c + 9]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int bn = j * 8 + g;
+      uint32_t b[2];
+      b[0] = pack2(smem.b[bn][2 * c], smem.b[bn][2 * c + 1]);
+      b[1] = pack2(smem.b[bn][2 * c + 8], smem.b[bn][2 * c + 9]);
+      mma_m16n8k16_bf16(acc[j], a, b);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
+    if (r0 < M && col < N) epilogue(r0, col, acc[j][0]);
+    if (r0 < M && col + 1 < N) epilogue(r0, col + 1, acc[j][1]);
+    if (r0 + 8 < M && col < N) epilogue(r0 + 8, col, acc[j][2]);
+    if (r0 + 8 < M && col + 1 < N) epilogue(r0 + 8, col + 1, acc[j][3]);
+  }
+}
+
+}  // namespace mok::kernel::device

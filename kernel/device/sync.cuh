@@ -1,0 +1,93 @@
+// Bounded waits, the rank barrier and error reporting: every wait ends, with a diagnostic if it must.
+#pragma once
+
+#include "mok/kernel/params.hpp"
+
+namespace mok::kernel::device {
+
+__device__ __forceinline__ uint64_t global_time_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
+  return *reinterpret_cast<const volatile uint32_t*>(p);
+}
+
+// Records the first error of the launch and tells every block to stop.
+__device__ inline void raise_error(const LaunchParams& P, uint32_t code, int rank, int flag, uint64_t expected,
+                                   uint64_t observed, int64_t index) {
+  if (atomicCAS(&P.error->code, 0u, code) == 0u) {
+    P.error->rank = rank;
+    P.error->flag = flag;
+    P.error->block = static_cast<int32_t>(blockIdx.x);
+    P.error->expected = expected;
+    P.error->observed = observed;
+    P.error->index = index;
+    __threadfence();
+  }
+  atomicExch(P.abort, 1u);
+}
+
+// One thread waits until *p >= target (a counter or an epoch flag), at most P.timeout_ns.
+// Returns false when the launch is aborting (this wait timed out, or another did).
+__device__ inline bool wait_at_least(const LaunchParams& P, const uint32_t* p, uint32_t target, int rank, int flag,
+                                     int64_t index) {
+  uint32_t seen = load_volatile(p);
+  if (seen >= target) return true;
+  const uint64_t start = global_time_ns();
+  for (;;) {
+    seen = load_volatile(p);
+    if (seen >= target) {
+      __threadfence();
+      return true;
+    }
+    if (load_volatile(P.abort)) return false;
+    if (global_time_ns() - start > P.timeout_ns) {
+      raise_error(P, 1, rank, flag, target, seen, index);
+      return false;
+    }
+    __nanosleep(128);
+  }
+}
+
+// Block-wide: thread 0 waits, everyone learns the outcome. All threads must call it.
+__device__ inline bool block_wait(const LaunchParams& P, const uint32_t* p, uint32_t target, int rank, int flag,
+                                  int64_t index) {
+  __shared__ int ok;
+  __syncthreads();
+  if (threadIdx.x == 0) ok = wait_at_least(P, p, target, rank, flag, index) ? 1 : 0;
+  __syncthreads();
+  return ok != 0;
+}
+
+// Barrier over the blocks of one rank (count in counters[0], generation in counters[1]).
+__device__ inline bool rank_barrier(const LaunchParams& P, int rank) {
+  uint32_t* counters = P.state[rank].counters;
+  __shared__ int ok;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ok = 1;
+    const uint32_t gen = load_volatile(&counters[1]);
+    __threadfence();
+    if (atomicAdd(&counters[0], 1u) == static_cast<uint32_t>(P.blocks_per_rank) - 1) {
+      atomicExch(&counters[0], 0u);
+      __threadfence();
+      atomicAdd(&counters[1], 1u);
+    } else {
+      ok = wait_at_least(P, &counters[1], gen + 1, rank, kFlagRankBarrier, -1) ? 1 : 0;
+    }
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+// Every thread fences its own writes, then one thread publishes `amount` to a peer's counter.
+__device__ inline void publish(uint32_t* counter, uint32_t amount) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && amount) atomicAdd(counter, amount);
+}
+
+}  // namespace mok::kernel::device

@@ -1,0 +1,89 @@
+// Host API of the fused MoE kernel: a workspace for one layer config, forward and backward on device pointers.
+#pragma once
+
+#include "mok/kernel/params.hpp"
+#include "mok/reference/tensor.hpp"
+#include "mok/spec/config.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mok::kernel {
+
+struct KernelOptions {
+  int blocks_per_rank = 0;       // 0: as many as fit co-resident on the GPU, divided among ranks
+  int comm_blocks_per_rank = 1;  // communication blocks of each rank (>= 1, < blocks_per_rank)
+  double wait_timeout_s = 10.0;  // bound on every wait for a flag; a timeout ends the pass with a diagnostic
+  int silent_rank = -1;          // testing only: this rank never runs (its peers must time out)
+};
+
+// Global arrays on the device, in global token order (rank r's tokens are rows r*T .. r*T+T-1,
+// its experts are experts r*E/R .. (r+1)*E/R-1). Shapes as in the golden schema.
+struct DeviceInputs {
+  const uint16_t* x = nullptr;               // [G, H] bf16
+  const int32_t* topk_experts = nullptr;     // [G, K]
+  const float* router_weights = nullptr;     // [G, K]
+  const uint16_t* w_shared_gate = nullptr;   // [Is, H] (replicated: every rank uses the same)
+  const uint16_t* w_shared_up = nullptr;     // [Is, H]
+  const uint16_t* w_shared_down = nullptr;   // [H, Is]
+  const uint16_t* w_routed_gate = nullptr;   // [E, I, H]
+  const uint16_t* w_routed_up = nullptr;     // [E, I, H]
+  const uint16_t* w_routed_down = nullptr;   // [E, H, I]
+  const uint16_t* d_output = nullptr;        // [G, H] (backward)
+};
+
+struct DeviceOutputs {
+  uint16_t* output = nullptr;            // [G, H] bf16
+  uint16_t* d_x = nullptr;               // [G, H] bf16
+  float* d_router_weights = nullptr;     // [G, K]
+  float* d_w_routed_gate = nullptr;      // [E, I, H]
+  float* d_w_routed_up = nullptr;        // [E, I, H]
+  float* d_w_routed_down = nullptr;      // [E, H, I]
+  float* d_w_shared_gate = nullptr;      // [R, Is, H] (per rank)
+  float* d_w_shared_up = nullptr;        // [R, Is, H]
+  float* d_w_shared_down = nullptr;      // [R, H, Is]
+};
+
+// One layer's workspace on the current CUDA device, for R virtual ranks on that GPU (the
+// virtual rack transport: every rank's buffers are plain device pointers in one table).
+// forward() and backward() each enqueue one persistent cooperative launch on `stream` (a
+// cudaStream_t, or null for the default stream) and never synchronise the host; backward()
+// must follow forward() of the same inputs on the same workspace (it reuses the routing plan
+// and the forward intermediates). Every output bit is a function of the global inputs alone:
+// not of R, the block counts, or timing. Errors (bad config, timeout of a wait, bad routing
+// found by the kernel) throw mok::Error; device-side errors surface at check_errors().
+class Layer {
+ public:
+  Layer(const spec::LayerConfig& cfg, const KernelOptions& options = {});
+  ~Layer();
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  void forward(const DeviceInputs& in, const DeviceOutputs& out, void* stream = nullptr);
+  void backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream = nullptr);
+  // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
+  void check_errors(void* stream = nullptr);
+
+  int blocks_per_rank() const;
+  int comm_blocks_per_rank() const;
+  // Device pointers of the slot buffers [G, K, H] (intermediates y and dx_slot, for checking).
+  const uint16_t* y_slots() const;
+  const uint16_t* dx_slots() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Convenience for tools and tests: copies host inputs (schema paths "inputs/...") to the
+// GPU, runs forward (and backward), and returns "outputs/output", "grads/..." and the
+// intermediates the kernel materialises ("intermediates/y", "intermediates/dx_slot").
+// Inputs are validated on the host first (the same checks and messages as the emulator).
+ref::TensorMap run_layer(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                         const KernelOptions& options = {});
+
+// True when a CUDA device is usable; otherwise `why` says why not.
+bool gpu_available(std::string* why);
+
+}  // namespace mok::kernel

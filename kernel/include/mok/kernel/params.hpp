@@ -1,0 +1,123 @@
+// Plain-data launch parameters shared by the host launcher and the device code (no CUDA types).
+#pragma once
+
+#include "mok/spec/config.hpp"
+#include "mok/spec/routing_plan.hpp"
+
+#include <cstdint>
+
+namespace mok::kernel {
+
+// The most ranks one launch (or one communicator) holds.
+inline constexpr int kMaxRanks = 72;
+
+// What one rank exposes to its peers: the transport interface of DESIGN section 5. For the
+// virtual rack these are plain device pointers into one GPU's memory; for NCCL they will be
+// LSA pointers into symmetric windows. Everything a peer reads or writes goes through here.
+struct PeerBuffers {
+  const uint16_t* x;          // [T, H] bf16 (dispatch pulls rows from it)
+  const int32_t* topk;        // [T, K]
+  const float* router_weights;// [T, K]
+  const uint16_t* d_output;   // [T, H] bf16 (backward dispatch pulls rows from it)
+  uint16_t* y_slots;          // [T, K, H] bf16: combine pushes each (token, slot) row here once
+  uint16_t* dx_slots;         // [T, K, H] bf16: backward pushes each slot's dx row here once
+  uint32_t* arrivals;         // [2]: rows pushed into y_slots / dx_slots so far this pass
+};
+
+// Signal words a rank waits on (ids used in diagnostics; see flag_name()).
+enum FlagId : int32_t {
+  kFlagDispatchRow = 1,
+  kFlagForwardArrivals = 2,
+  kFlagSharedForward = 3,
+  kFlagRankBarrier = 4,
+  kFlagBackwardDispatchRow = 5,
+  kFlagBackwardArrivals = 6,
+  kFlagSharedBackward = 7,
+  kFlagBadRouting = 8,
+};
+
+// First error of a launch: which rank waited for which flag, for what value, and what it saw.
+struct ErrorRecord {
+  uint32_t code;          // 0 = none, 1 = timeout, 2 = bad routing
+  int32_t rank;
+  int32_t flag;
+  int32_t block;
+  uint64_t expected;
+  uint64_t observed;
+  int64_t index;          // flag index (row, token) or the bad (token * K + slot)
+};
+
+// One rank's private state (workspace), written only by that rank's blocks.
+struct RankState {
+  int64_t* expert_offsets;    // [E_local + 1]
+  spec::RowRef* rows;         // [capacity]: canonical rows of the local experts, concatenated
+  uint32_t* row_ready;        // [capacity]: dispatch epoch of each gathered x row
+  uint32_t* row_ready_bwd;    // [capacity]: same for d_output rows
+  uint32_t* counters;         // [8]: barrier count, barrier generation, shared done (fwd, bwd), expected arrivals
+  uint16_t* xd;               // [capacity, H] gathered x rows
+  uint16_t* dod;              // [capacity, H] gathered d_output rows
+  float* gate;                // [capacity, I]
+  float* up;                  // [capacity, I]
+  uint16_t* act;              // [capacity, I]
+  uint16_t* dy;               // [capacity, H]
+  uint16_t* d_gate;           // [capacity, I]
+  uint16_t* d_up;             // [capacity, I]
+  float* shared_gate;         // [T, Is]
+  float* shared_up;           // [T, Is]
+  uint16_t* shared_act;       // [T, Is]
+  float* shared_out;          // [T, H]
+  uint16_t* shared_d_gate;    // [T, Is]
+  uint16_t* shared_d_up;      // [T, Is]
+  float* dx_shared;           // [T, H]
+};
+
+// Per-rank weights and results (the caller's device memory, rank slices of global arrays).
+struct RankTensors {
+  const uint16_t* w_routed_gate;  // [E_local, I, H]
+  const uint16_t* w_routed_up;    // [E_local, I, H]
+  const uint16_t* w_routed_down;  // [E_local, H, I]
+  const uint16_t* w_shared_gate;  // [Is, H]
+  const uint16_t* w_shared_up;    // [Is, H]
+  const uint16_t* w_shared_down;  // [H, Is]
+  uint16_t* output;               // [T, H]
+  uint16_t* d_x;                  // [T, H]
+  float* d_router_weights;        // [T, K]
+  float* d_w_routed_gate;         // [E_local, I, H]
+  float* d_w_routed_up;           // [E_local, I, H]
+  float* d_w_routed_down;         // [E_local, H, I]
+  float* d_w_shared_gate;         // [Is, H]
+  float* d_w_shared_up;           // [Is, H]
+  float* d_w_shared_down;         // [H, Is]
+};
+
+struct LaunchParams {
+  spec::LayerConfig cfg;
+  int32_t num_ranks;
+  int32_t blocks_per_rank;
+  int32_t comm_blocks_per_rank;
+  int32_t silent_rank;            // testing: this rank does nothing (-1: none)
+  int64_t row_capacity;           // rows each rank's workspace holds
+  uint32_t epoch;                 // increases every launch; row-ready flags compare against it
+  uint64_t timeout_ns;            // bound on every wait
+  PeerBuffers peers[kMaxRanks];
+  RankState state[kMaxRanks];
+  RankTensors tensors[kMaxRanks];
+  ErrorRecord* error;
+  uint32_t* abort;
+};
+
+inline const char* flag_name(int32_t flag) {
+  switch (flag) {
+    case kFlagDispatchRow: return "dispatch row ready (x row gathered by a communication block)";
+    case kFlagForwardArrivals: return "forward arrivals (expert outputs y pushed into this rank's slots)";
+    case kFlagSharedForward: return "shared expert forward done";
+    case kFlagRankBarrier: return "rank barrier";
+    case kFlagBackwardDispatchRow: return "backward dispatch row ready (d_output row gathered)";
+    case kFlagBackwardArrivals: return "backward arrivals (dx rows pushed into this rank's slots)";
+    case kFlagSharedBackward: return "shared expert backward done";
+    case kFlagBadRouting: return "routing validation";
+    default: return "unknown flag";
+  }
+}
+
+}  // namespace mok::kernel

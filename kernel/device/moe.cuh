@@ -66,8 +66,8 @@ __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
       int64_t before = base;
       for (int w = 0; w < warp; ++w) before += warp_counts[w];
       if (slot >= 0) {
-        const int64_t pos = before + __popc(ballot & ((1u << lane) - 1u));
-        S.rows[S.expert_offsets[e_local] + pos] = RowRef{static_cast<int32_t>(g), slot};
+        const int64_t pos = S.expert_offsets[e_local] + before + __popc(ballot & ((1u << lane) - 1u));
+        if (pos < P.row_capacity) S.rows[pos] = RowRef{static_cast<int32_t>(g), slot};  // bad routing can overflow
       }
       __syncthreads();
       if (threadIdx.x == 0)
@@ -100,15 +100,25 @@ __device__ inline void count_rows(const LaunchParams& P, const Role& role) {
         run += static_cast<int64_t>(counts[e - e0]);
         S.expert_offsets[e + 1] = run;
       }
+      // Only invalid routing (duplicate ids) can exceed the workspace; stop before using it.
+      if (run > P.row_capacity) raise_error(P, 2, role.rank, kFlagBadRouting, P.row_capacity, run, -1);
     }
     __syncthreads();
   }
-  // Expected arrivals: this rank's non-empty slots (each is pushed exactly once per pass).
-  if (threadIdx.x == 0) {
-    uint32_t n = 0;
-    for (int64_t i = 0; i < T * K; ++i) n += P.peers[role.rank].topk[i] >= 0;
-    S.counters[4] = n;
-  }
+}
+
+// Expected arrivals of a pass: this rank's non-empty slots, each pushed exactly once. Block 0
+// of the rank computes it before a rank barrier that precedes every wait on it.
+__device__ inline void count_expected_arrivals(const LaunchParams& P, const Role& role) {
+  const int64_t n_slots = P.cfg.tokens_per_rank * P.cfg.top_k;
+  __shared__ unsigned int total;
+  if (threadIdx.x == 0) total = 0;
+  __syncthreads();
+  unsigned int mine = 0;
+  for (int64_t i = threadIdx.x; i < n_slots; i += kThreads) mine += P.peers[role.rank].topk[i] >= 0;
+  atomicAdd(&total, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) P.state[role.rank].counters[4] = total;
 }
 
 // Gathers rows of a token-major bf16 tensor (x or d_output) from their owners into the rank's
@@ -235,7 +245,10 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
 
-  if (role.block == 0) count_rows(P, role);
+  if (role.block == 0) {
+    count_rows(P, role);
+    count_expected_arrivals(P, role);
+  }
   if (!rank_barrier(P, role.rank)) return;
   if (!build_plan(P, role)) return;
   if (!rank_barrier(P, role.rank)) return;
@@ -252,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
     uint16_t* out = P.tensors[role.rank].output;
     for (int64_t i = role.index * kThreads + threadIdx.x; i < T * H; i += role.count * kThreads) {
       const int64_t t = i / H, h = i % H;
-      float acc = c.has_shared() ? S.shared_out[i] : 0.0f;
+      float acc = c.has_shared() ? __ldcg(&S.shared_out[i]) : 0.0f;
       for (int64_t k = 0; k < K; ++k)  // ORDER: combine-slots
         if (topk[t * K + k] >= 0) acc = spec::combine_step(acc, w[t * K + k], __ldcg(&y[(t * K + k) * H + h]));
       out[i] = spec::bf16_from_f32_rne(acc);
@@ -414,6 +427,7 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
   // gate/up/act) stay in the workspace from the forward pass of the same inputs.
+  if (role.block == 0) count_expected_arrivals(P, role);
   if (role.comm) {
     gather_rows(P, role, S.dod, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   } else {
@@ -444,7 +458,7 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   const RankTensors& R = P.tensors[role.rank];
   for (int64_t i = role.index * kThreads + threadIdx.x; i < T * H; i += role.count * kThreads) {
     const int64_t t = i / H, h = i % H;
-    float acc = c.has_shared() ? S.dx_shared[i] : 0.0f;
+    float acc = c.has_shared() ? __ldcg(&S.dx_shared[i]) : 0.0f;
     for (int64_t k = 0; k < K; ++k)  // ORDER: dx-slots
       if (topk[t * K + k] >= 0) acc = spec::dx_step(acc, __ldcg(&dx[(t * K + k) * H + h]));
     R.d_x[i] = spec::bf16_from_f32_rne(acc);

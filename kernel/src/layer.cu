@@ -192,9 +192,13 @@ void Layer::check_errors(void* stream) {
   std::ostringstream s;
   if (e.code == 2) {
     const int64_t K = impl_->cfg.top_k;
-    s << "kernel: rank " << e.rank << " found invalid routing at token " << e.index / K << " slot " << e.index % K
-      << " (expert id " << static_cast<int64_t>(e.observed) << ", E=" << impl_->cfg.num_experts
-      << "); ids must be -1 or in [0, E) and distinct in a row";
+    if (e.index < 0)
+      s << "kernel: rank " << e.rank << " received " << e.observed << " rows, more than its workspace's "
+        << e.expected << ": topk_experts repeats an expert within a row; ids must be distinct in a row";
+    else
+      s << "kernel: rank " << e.rank << " found invalid routing at token " << e.index / K << " slot " << e.index % K
+        << " (expert id " << static_cast<int64_t>(static_cast<int32_t>(e.observed)) << ", E="
+        << impl_->cfg.num_experts << "); ids must be -1 or in [0, E) and distinct in a row";
     throw Error(s.str(), ErrorKind::kBadInput);
   }
   s << "kernel: rank " << e.rank << " (block " << e.block << ") timed out after " << impl_->options.wait_timeout_s

@@ -4,8 +4,10 @@
 #include "mok/reference/sample.hpp"
 #include "mok/verify/backends.hpp"
 #include "mok/verify/compare.hpp"
+#include "mok/verify/determinism.hpp"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -41,7 +43,10 @@ int main(int argc, char** argv) {
       "      intermediate with the file's: emulate and cuda must match bit for bit; oracle\n"
       "      recomputes exact values and error radii and checks the file's tensors lie within.\n"
       "  mok-verify compare GOLDEN CANDIDATE\n"
-      "      compares a candidate file (same schema; e.g. written by another backend) with a golden.\n\n"
+      "      compares a candidate file (same schema; e.g. written by another backend) with a golden.\n"
+      "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--minibatch M,...]\n"
+      "      runs the CUDA kernel on the file's inputs under every configuration, prints one hash per\n"
+      "      tensor per configuration, and fails on any difference (the CI gate for GPU nodes).\n\n"
       "Exit codes: 0 passed, 1 a check failed, 2 bad input or usage, 3 not supported here.",
       "mok-verify"};
   app.require_subcommand(1);
@@ -75,6 +80,22 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bitwise", "bounds"}));
   cmp->add_flag("--json", json, "machine-readable report on stdout");
 
+  auto* det = app.add_subcommand("determinism", "same bits across runs, rank counts, role splits and minibatches (GPU)");
+  int runs = 20;
+  std::vector<int> ranks{1, 2, 4, 8}, comm{1, 2};
+  std::vector<int64_t> minibatch;
+  uint64_t det_seed = 1;
+  det->add_option("FILE", file, "golden or input file (only /inputs is used)")->required();
+  det->add_option("--runs,-n", runs, "runs of each configuration")->capture_default_str()->check(CLI::Range(1, 100000));
+  det->add_option("--ranks", ranks, "virtual rank counts R (each must divide E and the minibatch)")
+      ->delimiter(',')->capture_default_str();
+  det->add_option("--comm-sms", comm, "communication blocks per rank (the rest compute)")->delimiter(',')->capture_default_str();
+  det->add_option("--minibatch", minibatch,
+                  "tokens per pass (default: the whole batch); per-token results must not change")
+      ->delimiter(',');
+  det->add_option("--seed", det_seed, "shuffles the order in which configurations run")->capture_default_str();
+  det->add_flag("--json", json, "machine-readable summary on stdout");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -86,6 +107,39 @@ int main(int argc, char** argv) {
 
   auto progress = [&](const std::string& line) { std::fprintf(stderr, "mok-verify: %s\n", line.c_str()); };
   try {
+    if (*det) {
+      mok::verify::DeterminismOptions o;
+      o.runs = runs;
+      o.ranks = ranks;
+      o.comm_blocks = comm;
+      o.minibatches = minibatch;
+      o.seed = det_seed;
+      o.progress = progress;
+      progress("reading " + file);
+      mok::ref::ReadOptions ro;
+      ro.load_intermediates = false;
+      ro.load_bounds = false;
+      const mok::ref::Golden golden = mok::ref::read_golden(file, ro);
+      const auto t0 = std::chrono::steady_clock::now();
+      const mok::verify::DeterminismResult r = mok::verify::run_determinism(golden, o);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (json) {
+        nlohmann::json j;
+        j["file"] = file;
+        j["passed"] = r.passed;
+        j["configurations"] = r.configurations;
+        j["executions"] = r.executions;
+        j["seconds"] = secs;
+        j["first_difference"] = r.first_difference.empty() ? nlohmann::json() : nlohmann::json(r.first_difference);
+        std::printf("%s\n", j.dump(2).c_str());
+      } else {
+        std::fputs(r.table.c_str(), stdout);
+        if (!r.passed) std::printf("# first difference: %s\n", r.first_difference.c_str());
+        std::printf("# %s: %lld configurations x %d runs = %lld executions, %.1f s\n", r.passed ? "PASSED" : "FAILED",
+                    (long long)r.configurations, runs, (long long)r.executions, secs);
+      }
+      return r.passed ? kExitPassed : kExitFailed;
+    }
     if (*run) {
       const mok::verify::Backend b = mok::verify::parse_backend(backend);
       if (b == mok::verify::Backend::kCuda) {

@@ -1,0 +1,40 @@
+// The determinism matrix: the same global inputs under many rank counts, role splits, minibatch
+// sizes and repeated runs must give identical bits; any difference is located.
+#pragma once
+
+#include "mok/reference/golden.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mok::verify {
+
+struct DeterminismOptions {
+  int runs = 20;
+  std::vector<int> ranks{1, 2, 4, 8};
+  std::vector<int> comm_blocks{1, 2};   // communication blocks per rank ("comm SMs")
+  std::vector<int64_t> minibatches;      // tokens per pass; empty = the whole batch only
+  uint64_t seed = 1;                     // shuffles the order in which configurations run
+  std::function<void(const std::string&)> progress;
+};
+
+struct DeterminismResult {
+  bool passed = true;
+  int64_t configurations = 0;  // distinct (R, comm, minibatch), each run `runs` times
+  int64_t executions = 0;
+  std::string table;           // one line per configuration and tensor: its 64-bit hash
+  std::string first_difference;
+};
+
+// Needs the CUDA kernel and a GPU (mok::Error of kind kUnsupported otherwise). Per-token tensors
+// (output, d_x, d_router_weights, y, dx_slot) are compared across every configuration; routed
+// weight gradients across configurations with the whole batch; shared-expert weight gradients
+// (per rank by contract) across configurations with the same R and minibatch.
+DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOptions& options);
+
+// FNV-1a 64-bit hash of a tensor's bytes.
+uint64_t tensor_hash(const ref::Tensor& t);
+
+}  // namespace mok::verify

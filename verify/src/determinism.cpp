@@ -1,0 +1,183 @@
+// Determinism matrix over ranks x role splits x minibatches x runs, with hashes and the first difference.
+#include "mok/verify/determinism.hpp"
+
+#include "mok/reference/error.hpp"
+#include "mok/reference/generate.hpp"
+#include "mok/reference/schema.hpp"
+
+#if defined(MOK_HAVE_CUDA_KERNEL)
+#include "mok/kernel/layer.hpp"
+#endif
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+namespace mok::verify {
+
+uint64_t tensor_hash(const ref::Tensor& t) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* p = static_cast<const unsigned char*>(t.raw());
+  for (size_t i = 0; i < t.size_bytes(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+#if defined(MOK_HAVE_CUDA_KERNEL)
+namespace {
+
+struct Config {
+  int ranks;
+  int comm;
+  int64_t minibatch;  // tokens per pass
+  std::string name() const {
+    return "R=" + std::to_string(ranks) + " comm=" + std::to_string(comm) + " minibatch=" + std::to_string(minibatch);
+  }
+};
+
+bool per_token(const std::string& p) {
+  return p == "outputs/output" || p == "grads/d_x" || p == "grads/d_router_weights" || p == "intermediates/y" ||
+         p == "intermediates/dx_slot";
+}
+
+// Rows [g0, g0 + n) of a token-major tensor.
+ref::Tensor rows(const ref::Tensor& t, int64_t g0, int64_t n) {
+  std::vector<int64_t> shape = t.shape();
+  const size_t row_bytes = t.size_bytes() / shape[0];
+  shape[0] = n;
+  ref::Tensor out(t.dtype(), shape);
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + g0 * row_bytes, n * row_bytes);
+  return out;
+}
+
+// Runs the layer in passes of `mb` tokens and concatenates per-token results; weight
+// gradients are kept only for a single pass over the whole batch.
+ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward) {
+  const int64_t G = g.cfg.num_tokens();
+  ref::TensorMap all;
+  for (int64_t g0 = 0; g0 < G; g0 += c.minibatch) {
+    spec::LayerConfig cfg = g.cfg;
+    cfg.num_ranks = c.ranks;
+    cfg.tokens_per_rank = c.minibatch / c.ranks;
+    ref::TensorMap in;
+    for (const auto& [p, t] : g.tensors) {
+      if (p.rfind("inputs/", 0) != 0) continue;
+      const bool token_major = p == "inputs/x" || p == "inputs/topk_experts" || p == "inputs/router_weights" ||
+                               p == "inputs/d_output";
+      in[p] = token_major ? rows(t, g0, c.minibatch) : t;
+    }
+    kernel::KernelOptions o;
+    o.comm_blocks_per_rank = c.comm;
+    ref::TensorMap part = kernel::run_layer(cfg, in, backward, o);
+    for (auto& [p, t] : part) {
+      if (!per_token(p)) {
+        if (c.minibatch == G) all[p] = std::move(t);
+        continue;
+      }
+      if (!all.count(p)) {
+        std::vector<int64_t> shape = t.shape();
+        shape[0] = G;
+        all[p] = ref::Tensor(t.dtype(), shape);
+      }
+      const size_t row_bytes = t.size_bytes() / t.shape()[0];
+      std::memcpy(static_cast<char*>(all[p].raw()) + g0 * row_bytes, t.raw(), t.size_bytes());
+    }
+  }
+  return all;
+}
+
+}  // namespace
+#endif
+
+DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOptions& options) {
+#if !defined(MOK_HAVE_CUDA_KERNEL)
+  (void)golden;
+  (void)options;
+  throw Error("determinism needs the CUDA kernel, and this build has none", ErrorKind::kUnsupported);
+#else
+  std::string why;
+  if (!kernel::gpu_available(&why)) throw Error("determinism needs a GPU: " + why, ErrorKind::kUnsupported);
+  const spec::LayerConfig& cfg = golden.cfg;
+  const int64_t G = cfg.num_tokens();
+  const bool backward = golden.tensors.count("inputs/d_output") > 0;
+  std::vector<int64_t> mbs = options.minibatches;
+  if (mbs.empty()) mbs.push_back(G);
+  std::vector<Config> configs;
+  for (int R : options.ranks)
+    for (int comm : options.comm_blocks)
+      for (int64_t mb : mbs) {
+        if (R < 1 || cfg.num_experts % R || mb < 1 || G % mb || mb % R) {
+          if (options.progress)
+            options.progress("skipping R=" + std::to_string(R) + " minibatch=" + std::to_string(mb) +
+                             ": needs R | E, minibatch | G and R | minibatch (E=" + std::to_string(cfg.num_experts) +
+                             ", G=" + std::to_string(G) + ")");
+          continue;
+        }
+        configs.push_back({R, comm, mb});
+      }
+  if (configs.empty()) throw Error("determinism: no valid configuration (see the skipped lines)");
+  // Shuffle the order in which (configuration, run) pairs execute: state leaking from one run
+  // into the next shows up as a difference.
+  std::vector<std::pair<size_t, int>> order;
+  for (size_t i = 0; i < configs.size(); ++i)
+    for (int r = 0; r < options.runs; ++r) order.push_back({i, r});
+  ref::Rng rng(options.seed);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+
+  DeterminismResult result;
+  result.configurations = static_cast<int64_t>(configs.size());
+  std::vector<ref::TensorMap> first(configs.size());  // first run of each configuration
+  std::vector<std::map<std::string, uint64_t>> hashes(configs.size());
+  // The reference for each tensor: the first configuration (in matrix order) that has it.
+  auto compare_maps = [&](const ref::TensorMap& a, const std::string& a_name, const ref::TensorMap& b,
+                          const std::string& b_name, const Config& ca, const Config& cb) {
+    for (const auto& [p, t] : b) {
+      auto it = a.find(p);
+      if (it == a.end()) continue;
+      const bool shared_grad = p.rfind("grads/d_w_shared", 0) == 0;
+      if (!per_token(p) && (ca.minibatch != G || cb.minibatch != G)) continue;
+      if (shared_grad && (ca.ranks != cb.ranks || ca.minibatch != cb.minibatch)) continue;
+      if (std::memcmp(it->second.raw(), t.raw(), t.size_bytes()) == 0) continue;
+      int64_t i = 0;
+      while (it->second.bits_at(i) == t.bits_at(i)) ++i;
+      const ref::Tensor* topk = &golden.tensors.at("inputs/topk_experts");
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " (%.9g vs %.9g)", it->second.value_at(i), t.value_at(i));
+      result.passed = false;
+      if (result.first_difference.empty())
+        result.first_difference = p + " differs between [" + a_name + "] and [" + b_name + "] first at " +
+                                  ref::locate(*ref::find_spec(p), cfg, i, topk) + buf;
+    }
+  };
+  for (size_t step = 0; step < order.size(); ++step) {
+    const auto [ci, run] = order[step];
+    const Config& c = configs[ci];
+    if (options.progress && (step % std::max<size_t>(1, order.size() / 10) == 0))
+      options.progress("run " + std::to_string(step + 1) + " of " + std::to_string(order.size()) + ": " + c.name());
+    ref::TensorMap got = run_config(golden, c, backward);
+    ++result.executions;
+    const std::string name = c.name() + " run=" + std::to_string(run);
+    if (first[ci].empty()) {
+      first[ci] = std::move(got);
+      for (const auto& [p, t] : first[ci]) hashes[ci][p] = tensor_hash(t);
+      // Compare with every configuration seen so far.
+      for (size_t j = 0; j < configs.size(); ++j)
+        if (j != ci && !first[j].empty()) compare_maps(first[j], configs[j].name(), first[ci], name, configs[j], c);
+    } else {
+      compare_maps(first[ci], c.name() + " (its first run)", got, name, c, c);
+    }
+  }
+  char line[256];
+  std::snprintf(line, sizeof line, "%-36s %-28s %s\n", "configuration", "tensor", "fnv1a64");
+  result.table += line;
+  for (size_t i = 0; i < configs.size(); ++i)
+    for (const auto& [p, h] : hashes[i]) {
+      std::snprintf(line, sizeof line, "%-36s %-28s %016llx\n", configs[i].name().c_str(), p.c_str(),
+                    static_cast<unsigned long long>(h));
+      result.table += line;
+    }
+  return result;
+#endif
+}
+
+}  // namespace mok::verify

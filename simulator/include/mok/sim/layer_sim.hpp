@@ -1,0 +1,99 @@
+// Simulation of one MoE layer (dispatch, expert GEMMs, combine) on a topology: the event
+// engine that drives comm-SM programs, flows, signals and the compute queues, and its results.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mok/sim/protocol.hpp"
+#include "mok/sim/topology.hpp"
+#include "mok/sim/workload.hpp"
+
+namespace mok::sim {
+
+struct SimOptions {
+  bool record_trace = false;  // keep spans for a Chrome trace (memory grows with the run)
+  int trace_max_gpus = 8;     // only GPUs [0, trace_max_gpus) are traced
+  // 0: exact max-min rates after every change. > 0: full recompute at most once per quantum;
+  // in between, new flows take the capacity left unused on their path (a faster approximation
+  // for hundreds of GPUs; VALIDATION.md measures its error).
+  int64_t rate_quantum_ns = 0;
+};
+
+// Distribution summary of integer nanoseconds (nearest-rank quantiles, exact).
+struct Quantiles {
+  int64_t count = 0;
+  double mean_ns = 0;
+  int64_t p50_ns = 0, p90_ns = 0, p99_ns = 0, max_ns = 0;
+};
+
+struct PhaseResult {
+  bool simulated = false;
+  int64_t end_ns = 0;             // the last receiver knows it has all its data
+  int64_t data_end_ns = 0;        // the last byte arrived
+  int64_t wire_bytes = 0;         // bytes on all paths (incl. local copies and flag overhead)
+  int64_t scaleup_bytes = 0;      // bytes over NVLink
+  int64_t scaleout_bytes = 0;     // bytes over NICs
+  int64_t payload_bytes_max_gpu = 0;  // most payload bytes one GPU receives
+  double recv_gbps_per_gpu = 0;   // mean over GPUs of received payload bytes / end_ns (DeepEP's figure)
+  double nvlink_utilization = 0;  // NVLink egress bytes / (effective capacity * GPUs * end_ns)
+  Quantiles chunk_signal;         // per chunk: last byte arrived -> consumer knows
+  Quantiles completion_signal;    // per receiver: its last byte arrived -> it knows it has all
+  int64_t num_chunks = 0;
+  int64_t num_signal_writes = 0;  // flags, atomics or barrier messages
+};
+
+struct GpuTimeline {
+  int64_t dispatch_known_ns = 0;  // all dispatch data known present
+  int64_t compute_done_ns = 0;
+  int64_t combine_known_ns = 0;
+  int64_t done_ns = 0;            // output ready
+  int64_t rows = 0;               // routed rows its experts compute
+  int64_t recv_payload_bytes_dispatch = 0;
+  int64_t recv_payload_bytes_combine = 0;
+};
+
+struct PathSegment {
+  std::string what;
+  int64_t start_ns = 0, end_ns = 0;
+};
+
+struct ResourceSummary {
+  std::string kind;               // nvlink_out, nvlink_in, nic_out, nic_in, hbm, uplink_out, uplink_in
+  int count = 0;
+  double capacity_gbps = 0;       // each
+  int64_t bytes = 0;              // carried by all of this kind together (exact)
+  double mean_utilization = 0;    // over [0, layer_ns]
+  double max_utilization = 0;
+  std::string busiest;            // name of the most used one
+};
+
+struct TraceSpan {
+  int gpu = 0;
+  int lane = 0;                   // comm SM index, or -1 for the compute queue
+  int64_t start_ns = 0, end_ns = 0;
+  std::string name;
+  int64_t bytes = 0;
+};
+
+struct LayerResult {
+  int64_t layer_ns = 0;
+  PhaseResult dispatch, combine;
+  int64_t compute_ns_max = 0;     // busiest GPU's compute time (tiles + shared expert)
+  std::vector<GpuTimeline> gpus;
+  LoadStats expert_load, gpu_load;
+  std::vector<PathSegment> critical_path;
+  std::vector<ResourceSummary> resources;
+  int64_t num_events = 0, num_rate_recomputes = 0, num_flows = 0;
+  std::vector<TraceSpan> trace;
+};
+
+// Simulates one layer. Deterministic: the result is a pure function of the arguments.
+// Throws Error when the workload does not fit the topology or protocol (names the field).
+LayerResult simulate_layer(const Topology& topo, const Workload& work, const ProtocolConfig& proto,
+                           const SimOptions& options = {});
+
+Quantiles quantiles_of(std::vector<int64_t> values);
+
+}  // namespace mok::sim

@@ -1,0 +1,58 @@
+// Scenario files (JSON): topology, layer shapes, workload, protocol, sweeps and Monte-Carlo
+// trials; expanding and running them deterministically, serially or on several threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mok/sim/layer_sim.hpp"
+#include "mok/sim/protocol.hpp"
+#include "mok/sim/topology.hpp"
+#include "mok/sim/workload.hpp"
+
+namespace mok::sim {
+
+struct Scenario {
+  std::string name;
+  Topology topo;
+  spec::LayerConfig cfg;
+  RoutingSpec routing;
+  ProtocolConfig proto;
+  int64_t trials = 1;        // Monte-Carlo trials per sweep point (workload seeds derived from routing.seed)
+};
+
+// Parses one (already patched) scenario document. `origin` names the file in errors.
+Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin);
+nlohmann::json read_json_file(const std::string& path);
+
+// One sweep point: the settings that define it and the patched document.
+struct SweepPoint {
+  std::vector<std::pair<std::string, nlohmann::json>> settings;  // JSON pointer -> value
+  nlohmann::json doc;
+};
+// Expands "sweep": [{"path": "/protocol/dispatch", "values": ["push", "pull"]}, ...] into the
+// cartesian product, first axis outermost. No "sweep" gives one point.
+std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::string& origin);
+
+struct RunRow {
+  size_t point_idx = 0;
+  int64_t trial_idx = 0;
+  uint64_t workload_seed = 0;
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
+// Runs every point and trial; results come back in (point, trial) order whatever num_threads is.
+std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads);
+// Workload seed of trial i (trial 0 uses the scenario's own seed).
+uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx);
+
+// CSV of all rows: sweep settings, trial, seed, metrics.
+std::string rows_to_csv(const std::vector<SweepPoint>& points, const std::vector<RunRow>& rows);
+// Per point summary over trials: mean, p50, p99, min, max of every metric.
+std::string summary_csv(const std::vector<SweepPoint>& points, const std::vector<RunRow>& rows);
+
+}  // namespace mok::sim

@@ -1,0 +1,63 @@
+// The simulated workload: layer shapes plus topk_experts, turned into the spec's routing plan
+// (the same per-expert canonical row lists the kernel uses), and the routing generators.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mok/spec/config.hpp"
+#include "mok/spec/routing_plan.hpp"
+
+namespace mok::sim {
+
+// Built only through from_topk(), so the plan always matches topk_experts.
+struct Workload {
+  spec::LayerConfig cfg;
+  std::vector<int32_t> topk_experts;      // [G*K], global token order, -1 = empty slot
+  std::vector<int64_t> expert_offsets;    // [E+1], from spec::build_routing_plan
+  std::vector<spec::RowRef> rows;         // canonical rows, expert by expert
+  std::string description;
+
+  // Validates cfg and routing with the spec's own checks (message names the token and slot)
+  // and builds the routing plan. This is the entry point for golden files: a reader hands over
+  // (cfg, topk_experts) in global token order.
+  static Workload from_topk(const spec::LayerConfig& cfg, std::vector<int32_t> topk_experts,
+                            std::string description);
+  int64_t expert_rows(int64_t expert_idx) const {
+    return expert_offsets[expert_idx + 1] - expert_offsets[expert_idx];
+  }
+};
+
+enum class RoutingKind { kUniform, kPowerLaw, kHot, kDirichlet, kTopkFile };
+
+// A routing generator. Popularity of expert e is p_e (normalised); each token draws K distinct
+// experts by successive sampling without replacement from p (the rank's own mix when
+// per_rank_skew > 0). Deterministic for a seed.
+struct RoutingSpec {
+  RoutingKind kind = RoutingKind::kUniform;
+  double exponent = 1.2;        // power_law: p_e proportional to 1/(1+rank(e))^exponent
+  int64_t num_hot = 1;          // hot: this many hot experts ...
+  double hot_factor = 8.0;      // ... each this many times as popular as a cold one
+  double alpha = 1.0;           // dirichlet: p ~ Dir(alpha, ..., alpha)
+  double per_rank_skew = 0.0;   // in [0,1]: weight of a rank-local Dir(0.2) preference
+  bool shuffle_experts = true;  // permute which expert ids are popular (seeded)
+  double empty_slot_fraction = 0.0;  // fraction of slots set to -1 (dropped tokens)
+  std::string topk_file;        // topk_file: raw little-endian int32 [R*T*K], global token order
+  uint64_t seed = 1;
+};
+
+// Parses {"kind": "power_law", "exponent": 1.2, ...}; origin names the file for errors.
+RoutingSpec routing_spec_from_json(const nlohmann::json& doc, const std::string& origin);
+nlohmann::json routing_spec_to_json(const RoutingSpec& spec);
+Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec);
+
+// Load statistics of a set of non-negative counts.
+struct LoadStats {
+  double mean = 0, max = 0, p99 = 0, gini = 0, max_over_mean = 0;
+};
+LoadStats load_stats(const std::vector<int64_t>& counts);
+
+}  // namespace mok::sim

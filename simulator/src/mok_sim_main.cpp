@@ -1,0 +1,272 @@
+// mok-sim: the command-line front end of the simulator (run scenarios, sweeps, presets).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "mok/sim/error.hpp"
+#include "mok/sim/layer_sim.hpp"
+#include "mok/sim/report.hpp"
+#include "mok/sim/scenario.hpp"
+#include "mok/sim/svg_plot.hpp"
+#include "mok/sim/topology.hpp"
+
+namespace {
+
+using mok::sim::Error;
+namespace fs = std::filesystem;
+
+constexpr int kExitOk = 0;
+constexpr int kExitBadInput = 2;
+
+const char* kDescription = R"(mok-sim: flow-level simulator of one fused MoE layer on multi-GPU systems.
+
+What it models
+  GPUs (comm SMs with per-SM issue rates and in-flight windows, HBM), NVLink ports behind a
+  non-blocking NVSwitch fabric (HGX 8-GPU nodes, GB200/GB300 NVL72 racks), scale-out NICs
+  between racks. Dispatch sends token rows to the GPUs owning their experts, the expert GEMMs
+  run tile by tile as rows arrive, combine sends the expert outputs back. Each phase can push
+  (the data holder writes) or pull (the data consumer reads); pushed data needs a completion
+  signal (fence_flag, counter, flag_in_data or barrier), and every signal's cost is what its
+  mechanism waits for: acknowledgements, flag writes, polling, atomics, barrier rounds.
+  The routing comes from the spec's routing plan (mok::spec::build_routing_plan), generated
+  (uniform, power_law, hot, dirichlet, per-rank skew) or read from a topk file.
+  Time is integer nanoseconds; the same inputs and seed give the same output bytes.
+
+Examples
+  mok-sim run                                   DeepSeek-V3-like layer on hgx-h200, defaults
+  mok-sim run --topology gb200-nvl72 --set /protocol/dispatch=\"push\"
+  mok-sim run scenarios/push_vs_pull_skew.json --out results/
+  mok-sim run s.json --format json --trace trace.json   then open trace.json in ui.perfetto.dev
+  mok-sim topology list
+  mok-sim topology show gb200-nvl72
+  mok-sim example > my_scenario.json
+
+Exit codes: 0 ran, 2 bad input or usage (nothing written).)";
+
+const char* kExampleScenario = R"({
+  "name": "example: pull vs push dispatch under a power-law routing on an HGX H200 node",
+  "topology": "hgx-h200",
+  "layer": {"hidden": 7168, "intermediate": 2048, "shared_intermediate": 2048,
+            "experts_per_rank": 32, "top_k": 8, "tokens_per_rank": 4096},
+  "workload": {"kind": "power_law", "exponent": 1.2, "seed": 1},
+  "protocol": {"dispatch": "pull", "combine": "push", "signaling": "fence_flag",
+               "chunk_tokens": 128, "comm_sms": 32, "copy_engine": "tma", "poll_interval_ns": 100},
+  "trials": 1,
+  "sweep": [{"path": "/protocol/dispatch", "values": ["push", "pull"]},
+            {"path": "/workload/exponent", "values": [0.0, 0.6, 1.01, 1.2, 1.5]}],
+  "plots": [{"file": "nvlink_util_vs_skew.svg", "x": "/workload/exponent",
+             "y": "dispatch_nvlink_util", "series": "/protocol/dispatch"}]
+}
+)";
+
+nlohmann::json default_scenario(const std::string& topology) {
+  nlohmann::json doc = nlohmann::json::parse(kExampleScenario);
+  doc["name"] = "default: DeepSeek-V3-like layer";
+  doc["topology"] = topology;
+  doc.erase("sweep");
+  doc.erase("plots");
+  doc["workload"] = {{"kind", "uniform"}, {"seed", 1}};
+  return doc;
+}
+
+// Files are written only after every run succeeded: first to a temporary name, then renamed.
+struct PendingFiles {
+  std::vector<std::pair<fs::path, std::string>> files;
+  void add(fs::path p, std::string text) { files.emplace_back(std::move(p), std::move(text)); }
+  void commit() {
+    for (const auto& [path, text] : files) {
+      if (path.has_parent_path()) fs::create_directories(path.parent_path());
+      const fs::path tmp = path.string() + ".tmp";
+      std::ofstream out(tmp, std::ios::binary);
+      out << text;
+      out.close();
+      if (!out) throw Error("cannot write '" + tmp.string() + "'; check the directory and free space");
+      fs::rename(tmp, path);
+    }
+  }
+};
+
+nlohmann::json parse_set_value(const std::string& text) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    return nlohmann::json(text);  // bare words are strings: --set /protocol/dispatch=push
+  }
+}
+
+int run_command(const std::string& scenario_path, const std::string& topology, const std::vector<std::string>& sets,
+                const std::string& format, const std::string& out_dir, const std::string& trace_path,
+                int trace_gpus, int threads, bool per_gpu) {
+  nlohmann::json doc;
+  std::string origin;
+  if (scenario_path.empty()) {
+    doc = default_scenario(topology.empty() ? "hgx-h200" : topology);
+    origin = "(default scenario)";
+  } else {
+    doc = mok::sim::read_json_file(scenario_path);
+    origin = scenario_path;
+    if (!topology.empty()) doc["topology"] = topology;
+  }
+  for (const auto& s : sets) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || s.empty() || s[0] != '/')
+      throw Error("--set '" + s + "': write it as /json/pointer=value, e.g. --set /protocol/comm_sms=24");
+    try {
+      doc[nlohmann::json::json_pointer(s.substr(0, eq))] = parse_set_value(s.substr(eq + 1));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("--set '" + s + "': " + e.what());
+    }
+  }
+  const std::vector<mok::sim::SweepPoint> points = mok::sim::expand_sweep(doc, origin);
+  const mok::sim::Scenario first = mok::sim::scenario_from_json(points[0].doc, origin);
+  const bool many = points.size() > 1 || first.trials > 1;
+  PendingFiles files;
+  if (!many) {
+    mok::sim::RoutingSpec routing = first.routing;
+    const mok::sim::Workload w = mok::sim::generate_workload(first.cfg, routing);
+    mok::sim::SimOptions opt;
+    opt.record_trace = !trace_path.empty();
+    opt.trace_max_gpus = trace_gpus;
+    const mok::sim::LayerResult r = mok::sim::simulate_layer(first.topo, w, first.proto, opt);
+    nlohmann::json j;
+    j["scenario"] = first.name;
+    j["topology"] = first.topo.name;
+    j["layer"] = {{"hidden", first.cfg.hidden},
+                  {"intermediate", first.cfg.intermediate},
+                  {"shared_intermediate", first.cfg.shared_intermediate},
+                  {"num_experts", first.cfg.num_experts},
+                  {"top_k", first.cfg.top_k},
+                  {"num_ranks", first.cfg.num_ranks},
+                  {"tokens_per_rank", first.cfg.tokens_per_rank}};
+    j["workload"] = mok::sim::routing_spec_to_json(routing);
+    j["protocol"] = mok::sim::protocol_to_json(first.proto);
+    j["result"] = mok::sim::result_to_json(r, per_gpu);
+    std::string text;
+    if (format == "json") {
+      text = j.dump(2) + "\n";
+    } else if (format == "csv") {
+      std::string header, row;
+      for (const auto& [k, v] : mok::sim::flat_metrics(r)) {
+        header += (header.empty() ? "" : ",") + k;
+        row += (row.empty() ? "" : ",") + mok::sim::format_number(v);
+      }
+      text = header + "\n" + row + "\n";
+    } else {
+      std::string title = first.name + "\n" + first.topo.name + " (" + first.topo.description + ")\n" +
+                          "layer H=" + std::to_string(first.cfg.hidden) + " I=" + std::to_string(first.cfg.intermediate) +
+                          " Is=" + std::to_string(first.cfg.shared_intermediate) +
+                          " E=" + std::to_string(first.cfg.num_experts) + " K=" + std::to_string(first.cfg.top_k) +
+                          " R=" + std::to_string(first.cfg.num_ranks) + " T=" + std::to_string(first.cfg.tokens_per_rank) +
+                          "\nworkload " + j["workload"].dump() + "\nprotocol " + j["protocol"].dump() + "\n";
+      text = mok::sim::format_table(r, title);
+    }
+    if (!trace_path.empty()) files.add(trace_path, mok::sim::chrome_trace_json(r));
+    if (!out_dir.empty()) {
+      files.add(fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format)), text);
+      files.commit();
+    } else {
+      files.commit();
+      std::cout << text;
+    }
+    return kExitOk;
+  }
+  if (!trace_path.empty()) throw Error("--trace needs a single run (no sweep, trials = 1)");
+  // Validate plot requests before running.
+  const nlohmann::json plots = doc.value("plots", nlohmann::json::array());
+  if (!plots.is_array()) throw Error(origin + ": \"plots\" must be a list");
+  if (!plots.empty() && out_dir.empty()) throw Error(origin + " has plots: give --out DIR for the SVG files");
+  const std::vector<mok::sim::RunRow> rows = mok::sim::run_points(points, origin, threads);
+  const std::string csv = mok::sim::rows_to_csv(points, rows);
+  const std::string summary = mok::sim::summary_csv(points, rows);
+  for (const auto& p : plots) {
+    auto [file, svg] = mok::sim::plot_from_rows(p, points, rows, origin);
+    files.add(fs::path(out_dir) / file, svg);
+  }
+  if (!out_dir.empty()) {
+    files.add(fs::path(out_dir) / "runs.csv", csv);
+    files.add(fs::path(out_dir) / "summary.csv", summary);
+    files.commit();
+    std::cout << "wrote " << rows.size() << " runs of " << points.size() << " points to " << out_dir
+              << " (runs.csv, summary.csv" << (plots.empty() ? "" : ", plots") << ")\n";
+  } else {
+    std::cout << (first.trials > 1 ? summary : csv);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{kDescription, "mok-sim"};
+  app.require_subcommand(1);
+  app.get_formatter()->column_width(34);
+
+  auto* run = app.add_subcommand("run", "Simulate a scenario (a JSON file) or the default layer; sweeps and "
+                                        "Monte-Carlo trials when the scenario has them");
+  std::string scenario_path, topology, format = "table", out_dir, trace_path;
+  std::vector<std::string> sets;
+  int trace_gpus = 8;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool per_gpu = false;
+  run->add_option("scenario", scenario_path, "Scenario JSON file (see `mok-sim example`); omit for the default layer")
+      ->check(CLI::ExistingFile);
+  run->add_option("--topology", topology,
+                  "Override the topology: a preset (hgx-h100, hgx-h200, hgx-h800, hgx-b200, gb200-nvl72, "
+                  "gb300-nvl72), multi-rack:N[:400|800], or a topology JSON file");
+  run->add_option("--set", sets,
+                  "Change one scenario field: /json/pointer=value, e.g. --set /protocol/dispatch=push "
+                  "--set /workload/exponent=1.2 (repeatable)");
+  run->add_option("--format", format, "Single-run output: table, json or csv")
+      ->check(CLI::IsMember({"table", "json", "csv"}));
+  run->add_option("--out", out_dir, "Directory for result files (sweeps: runs.csv, summary.csv, plots)");
+  run->add_option("--trace", trace_path, "Write a Chrome trace (open in ui.perfetto.dev); single runs only");
+  run->add_option("--trace-gpus", trace_gpus, "Trace only GPUs [0, N) (default 8)")->check(CLI::Range(1, 65536));
+  run->add_option("--threads", threads, "Threads for sweeps and trials (results do not depend on it)")
+      ->check(CLI::Range(1, 256));
+  run->add_flag("--per-gpu", per_gpu, "Include per-GPU timelines in JSON output");
+
+  auto* topo_cmd = app.add_subcommand("topology", "List the topology presets or show one with its sources");
+  topo_cmd->require_subcommand(1);
+  topo_cmd->add_subcommand("list", "Names and one-line descriptions of the presets");
+  auto* show = topo_cmd->add_subcommand("show", "Print a preset (or multi-rack:N) as JSON with the source of every value");
+  std::string show_name;
+  show->add_option("name", show_name, "Preset name, multi-rack:N[:400|800], or a topology file")->required();
+
+  app.add_subcommand("example", "Print an example scenario with a sweep and a plot");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitBadInput;
+  }
+  try {
+    if (run->parsed()) return run_command(scenario_path, topology, sets, format, out_dir, trace_path, trace_gpus,
+                                          threads, per_gpu);
+    if (topo_cmd->parsed()) {
+      if (show->parsed()) {
+        std::cout << mok::sim::topology_to_json(mok::sim::resolve_topology(show_name)).dump(2) << "\n";
+      } else {
+        for (const auto& name : mok::sim::preset_names()) {
+          const auto t = mok::sim::resolve_topology(name);
+          std::printf("%-13s %s\n", name.c_str(), t.description.c_str());
+        }
+        std::printf("%-13s %s\n", "multi-rack:N", "N gb200-nvl72 racks, 400 Gb/s NIC per GPU (multi-rack:N:800 for 800)");
+      }
+      return kExitOk;
+    }
+    std::cout << kExampleScenario;
+    return kExitOk;
+  } catch (const Error& e) {
+    std::cerr << "mok-sim: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << "mok-sim: error: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+}

@@ -1,0 +1,180 @@
+// Formatting of simulation results as table, JSON, CSV values and Chrome trace events.
+#include "mok/sim/report.hpp"
+
+#include <cstdio>
+#include <sstream>
+
+namespace mok::sim {
+
+std::string format_number(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.10g", x);
+  return buf;
+}
+
+namespace {
+double us(int64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+nlohmann::json quantiles_json(const Quantiles& q) {
+  return nlohmann::json{{"count", q.count}, {"mean_ns", q.mean_ns}, {"p50_ns", q.p50_ns},
+                        {"p90_ns", q.p90_ns}, {"p99_ns", q.p99_ns}, {"max_ns", q.max_ns}};
+}
+nlohmann::json phase_json(const PhaseResult& p) {
+  return nlohmann::json{{"end_ns", p.end_ns},
+                        {"data_end_ns", p.data_end_ns},
+                        {"wire_bytes", p.wire_bytes},
+                        {"scaleup_bytes", p.scaleup_bytes},
+                        {"scaleout_bytes", p.scaleout_bytes},
+                        {"payload_bytes_max_gpu", p.payload_bytes_max_gpu},
+                        {"recv_gbps_per_gpu", p.recv_gbps_per_gpu},
+                        {"nvlink_utilization", p.nvlink_utilization},
+                        {"chunk_signal", quantiles_json(p.chunk_signal)},
+                        {"completion_signal", quantiles_json(p.completion_signal)},
+                        {"num_chunks", p.num_chunks},
+                        {"num_signal_writes", p.num_signal_writes}};
+}
+nlohmann::json load_json(const LoadStats& s) {
+  return nlohmann::json{{"mean", s.mean}, {"max", s.max}, {"p99", s.p99}, {"gini", s.gini},
+                        {"max_over_mean", s.max_over_mean}};
+}
+}  // namespace
+
+std::vector<std::pair<std::string, double>> flat_metrics(const LayerResult& r) {
+  std::vector<std::pair<std::string, double>> m;
+  m.emplace_back("layer_us", us(r.layer_ns));
+  for (int ph = 0; ph < 2; ++ph) {
+    const PhaseResult& p = ph == 0 ? r.dispatch : r.combine;
+    const std::string n = ph == 0 ? "dispatch" : "combine";
+    m.emplace_back(n + "_us", us(p.end_ns));
+    m.emplace_back(n + "_data_us", us(p.data_end_ns));
+    m.emplace_back(n + "_recv_gbps", p.recv_gbps_per_gpu);
+    m.emplace_back(n + "_nvlink_util", p.nvlink_utilization);
+    m.emplace_back(n + "_chunk_signal_p50_us", us(p.chunk_signal.p50_ns));
+    m.emplace_back(n + "_chunk_signal_p99_us", us(p.chunk_signal.p99_ns));
+    m.emplace_back(n + "_completion_signal_max_us", us(p.completion_signal.max_ns));
+    m.emplace_back(n + "_completion_signal_mean_us", p.completion_signal.mean_ns / 1000.0);
+  }
+  m.emplace_back("compute_max_us", us(r.compute_ns_max));
+  m.emplace_back("expert_max_over_mean", r.expert_load.max_over_mean);
+  m.emplace_back("expert_gini", r.expert_load.gini);
+  m.emplace_back("gpu_max_over_mean", r.gpu_load.max_over_mean);
+  m.emplace_back("gpu_gini", r.gpu_load.gini);
+  return m;
+}
+
+nlohmann::json result_to_json(const LayerResult& r, bool per_gpu) {
+  nlohmann::json j;
+  j["layer_ns"] = r.layer_ns;
+  if (r.dispatch.simulated) j["dispatch"] = phase_json(r.dispatch);
+  if (r.combine.simulated) j["combine"] = phase_json(r.combine);
+  j["compute_ns_max"] = r.compute_ns_max;
+  j["expert_load"] = load_json(r.expert_load);
+  j["gpu_load"] = load_json(r.gpu_load);
+  for (const auto& s : r.critical_path)
+    j["critical_path"].push_back({{"what", s.what}, {"start_ns", s.start_ns}, {"end_ns", s.end_ns}});
+  for (const auto& s : r.resources)
+    j["resources"].push_back({{"kind", s.kind},
+                              {"count", s.count},
+                              {"capacity_gbps", s.capacity_gbps},
+                              {"bytes", s.bytes},
+                              {"mean_utilization", s.mean_utilization},
+                              {"max_utilization", s.max_utilization},
+                              {"busiest", s.busiest}});
+  j["engine"] = {{"events", r.num_events}, {"rate_recomputes", r.num_rate_recomputes}, {"flows", r.num_flows}};
+  if (per_gpu) {
+    for (size_t g = 0; g < r.gpus.size(); ++g) {
+      const auto& t = r.gpus[g];
+      j["gpus"].push_back({{"gpu", g},
+                           {"rows", t.rows},
+                           {"dispatch_known_ns", t.dispatch_known_ns},
+                           {"compute_done_ns", t.compute_done_ns},
+                           {"combine_known_ns", t.combine_known_ns},
+                           {"done_ns", t.done_ns},
+                           {"recv_payload_bytes_dispatch", t.recv_payload_bytes_dispatch},
+                           {"recv_payload_bytes_combine", t.recv_payload_bytes_combine}});
+    }
+  }
+  return j;
+}
+
+std::string format_table(const LayerResult& r, const std::string& title) {
+  std::ostringstream os;
+  char line[256];
+  os << title << "\n";
+  std::snprintf(line, sizeof line, "layer time %.3f us   compute (busiest GPU) %.3f us\n", us(r.layer_ns),
+                us(r.compute_ns_max));
+  os << line;
+  os << "\n";
+  std::snprintf(line, sizeof line, "%-9s %10s %10s %10s %9s %11s %11s %11s %9s\n", "phase", "end_us", "data_us",
+                "recv_GB/s", "nvl_util", "sig_p50_us", "sig_p99_us", "compl_max", "chunks");
+  os << line;
+  for (int ph = 0; ph < 2; ++ph) {
+    const PhaseResult& p = ph == 0 ? r.dispatch : r.combine;
+    if (!p.simulated) continue;
+    std::snprintf(line, sizeof line, "%-9s %10.3f %10.3f %10.1f %9.3f %11.3f %11.3f %11.3f %9lld\n",
+                  ph == 0 ? "dispatch" : "combine", us(p.end_ns), us(p.data_end_ns), p.recv_gbps_per_gpu,
+                  p.nvlink_utilization, us(p.chunk_signal.p50_ns), us(p.chunk_signal.p99_ns),
+                  us(p.completion_signal.max_ns), static_cast<long long>(p.num_chunks));
+    os << line;
+  }
+  os << "\n";
+  std::snprintf(line, sizeof line, "%-13s %10s %10s %10s %8s\n", "load", "mean", "max", "p99", "gini");
+  os << line;
+  std::snprintf(line, sizeof line, "%-13s %10.1f %10.0f %10.0f %8.3f\n", "expert rows", r.expert_load.mean,
+                r.expert_load.max, r.expert_load.p99, r.expert_load.gini);
+  os << line;
+  std::snprintf(line, sizeof line, "%-13s %10.1f %10.0f %10.0f %8.3f\n", "GPU rows", r.gpu_load.mean,
+                r.gpu_load.max, r.gpu_load.p99, r.gpu_load.gini);
+  os << line;
+  os << "\ncritical path\n";
+  for (const auto& s : r.critical_path) {
+    std::snprintf(line, sizeof line, "  %10.3f .. %10.3f us  (%9.3f)  ", us(s.start_ns), us(s.end_ns),
+                  us(s.end_ns - s.start_ns));
+    os << line << s.what << "\n";
+  }
+  os << "\n";
+  std::snprintf(line, sizeof line, "%-11s %6s %10s %9s %9s  %s\n", "resource", "count", "GB/s each", "util_mean",
+                "util_max", "busiest");
+  os << line;
+  for (const auto& s : r.resources) {
+    std::snprintf(line, sizeof line, "%-11s %6d %10.1f %9.3f %9.3f  ", s.kind.c_str(), s.count, s.capacity_gbps,
+                  s.mean_utilization, s.max_utilization);
+    os << line << s.busiest << "\n";
+  }
+  return os.str();
+}
+
+std::string chrome_trace_json(const LayerResult& r) {
+  nlohmann::json events = nlohmann::json::array();
+  int max_gpu = -1;
+  for (const auto& s : r.trace) max_gpu = std::max(max_gpu, s.gpu);
+  for (int g = 0; g <= max_gpu; ++g) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", g}, {"args", {{"name", "gpu" + std::to_string(g)}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", g}, {"tid", 100000},
+                      {"args", {{"name", "expert GEMMs"}}}});
+  }
+  for (const auto& s : r.trace) {
+    nlohmann::json e{{"ph", "X"},
+                     {"name", s.name},
+                     {"pid", s.gpu},
+                     {"tid", s.lane < 0 ? 100000 : s.lane},
+                     {"ts", static_cast<double>(s.start_ns) / 1000.0},
+                     {"dur", static_cast<double>(s.end_ns - s.start_ns) / 1000.0}};
+    if (s.bytes > 0) e["args"] = {{"bytes", s.bytes}};
+    events.push_back(std::move(e));
+  }
+  for (size_t g = 0; g < r.gpus.size() && static_cast<int>(g) <= max_gpu; ++g) {
+    const auto& t = r.gpus[g];
+    auto instant = [&](const char* name, int64_t ns) {
+      events.push_back({{"ph", "i"}, {"s", "p"}, {"name", name}, {"pid", g}, {"tid", 100000},
+                        {"ts", static_cast<double>(ns) / 1000.0}});
+    };
+    if (r.dispatch.simulated) instant("dispatch known complete", t.dispatch_known_ns);
+    if (r.combine.simulated) instant("combine known complete", t.combine_known_ns);
+    instant("layer done", t.done_ns);
+  }
+  nlohmann::json doc{{"traceEvents", events}, {"displayTimeUnit", "ns"}};
+  return doc.dump() + "\n";
+}
+
+}  // namespace mok::sim

@@ -1,0 +1,247 @@
+// Scenario parsing, sweep expansion, Monte-Carlo trials and their CSV outputs.
+#include "mok/sim/scenario.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "mok/sim/error.hpp"
+#include "mok/sim/report.hpp"
+#include "mok/sim/rng.hpp"
+
+namespace mok::sim {
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot open '" + path + "'; check the path");
+  try {
+    return nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error("'" + path + "' is not valid JSON: " + e.what());
+  }
+}
+
+namespace {
+
+spec::LayerConfig layer_from_json(const nlohmann::json& j, const Topology& topo, const std::string& origin) {
+  if (!j.is_object()) throw Error(origin + ": \"layer\" must be an object with hidden, intermediate, ...");
+  spec::LayerConfig cfg;
+  cfg.num_ranks = topo.num_gpus();
+  int64_t experts_per_rank = 0;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (!it->is_number_integer()) throw Error(origin + ": layer." + k + " must be an integer");
+    const int64_t v = it->get<int64_t>();
+    if (k == "hidden") cfg.hidden = v;
+    else if (k == "intermediate") cfg.intermediate = v;
+    else if (k == "shared_intermediate") cfg.shared_intermediate = v;
+    else if (k == "num_experts") cfg.num_experts = v;
+    else if (k == "experts_per_rank") experts_per_rank = v;
+    else if (k == "top_k") cfg.top_k = v;
+    else if (k == "num_ranks") cfg.num_ranks = v;
+    else if (k == "tokens_per_rank") cfg.tokens_per_rank = v;
+    else
+      throw Error(origin + ": layer." + k + " is unknown; known: hidden, intermediate, shared_intermediate, " +
+                  "num_experts, experts_per_rank, top_k, num_ranks (default: all GPUs), tokens_per_rank");
+  }
+  if (experts_per_rank > 0) {
+    if (cfg.num_experts > 0 && cfg.num_experts != experts_per_rank * cfg.num_ranks)
+      throw Error(origin + ": give layer.num_experts or layer.experts_per_rank, not both");
+    cfg.num_experts = experts_per_rank * cfg.num_ranks;
+  }
+  const spec::Status st = cfg.validate();
+  if (!st.ok) throw Error(origin + ": " + st.message);
+  return cfg;
+}
+
+Topology topology_of(const nlohmann::json& j, const std::string& origin) {
+  if (j.is_string()) return resolve_topology(j.get<std::string>());
+  if (j.is_object()) {
+    if (!j.contains("preset") || !j["preset"].is_string())
+      throw Error(origin + ": topology object needs \"preset\" (a preset name, multi-rack:N or a file path)");
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (it.key() != "preset" && it.key() != "overrides")
+        throw Error(origin + ": topology." + it.key() + " is unknown; use {\"preset\": ..., \"overrides\": {...}}");
+    Topology t = resolve_topology(j["preset"].get<std::string>());
+    if (j.contains("overrides")) t = apply_overrides(t, j["overrides"], origin);
+    return t;
+  }
+  throw Error(origin + ": \"topology\" must be a name (\"hgx-h200\") or {\"preset\": ..., \"overrides\": {...}}");
+}
+
+}  // namespace
+
+Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin) {
+  if (!doc.is_object()) throw Error(origin + ": a scenario must be a JSON object");
+  Scenario s;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "name" && k != "topology" && k != "layer" && k != "workload" && k != "protocol" && k != "trials" &&
+        k != "sweep" && k != "plots" && k != "notes" && k != "$comment")
+      throw Error(origin + ": top-level key '" + k +
+                  "' is unknown; known: name, topology, layer, workload, protocol, trials, sweep, plots, notes");
+  }
+  for (const char* required : {"topology", "layer"})
+    if (!doc.contains(required)) throw Error(origin + ": missing \"" + std::string(required) + "\"");
+  s.name = doc.value("name", std::string("scenario"));
+  s.topo = topology_of(doc["topology"], origin);
+  s.cfg = layer_from_json(doc["layer"], s.topo, origin);
+  if (doc.contains("workload")) s.routing = routing_spec_from_json(doc["workload"], origin);
+  if (doc.contains("protocol")) s.proto = protocol_from_json(doc["protocol"], origin);
+  if (doc.contains("trials")) {
+    if (!doc["trials"].is_number_integer() || doc["trials"].get<int64_t>() < 1 ||
+        doc["trials"].get<int64_t>() > 1000000)
+      throw Error(origin + ": trials must be an integer in [1, 1000000]");
+    s.trials = doc["trials"].get<int64_t>();
+  }
+  return s;
+}
+
+std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::string& origin) {
+  std::vector<SweepPoint> points{SweepPoint{{}, doc}};
+  if (!doc.contains("sweep")) return points;
+  const auto& axes = doc["sweep"];
+  if (!axes.is_array())
+    throw Error(origin + ": \"sweep\" must be a list of {\"path\": \"/protocol/dispatch\", \"values\": [...]}");
+  for (size_t a = 0; a < axes.size(); ++a) {
+    const auto& axis = axes[a];
+    if (!axis.is_object() || !axis.contains("path") || !axis["path"].is_string() || !axis.contains("values") ||
+        !axis["values"].is_array() || axis["values"].empty())
+      throw Error(origin + ": sweep[" + std::to_string(a) +
+                  "] must be {\"path\": \"/json/pointer\", \"values\": [v1, v2, ...]} with at least one value");
+    const std::string path = axis["path"].get<std::string>();
+    nlohmann::json::json_pointer ptr;
+    try {
+      ptr = nlohmann::json::json_pointer(path);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(origin + ": sweep[" + std::to_string(a) + "].path '" + path +
+                  "' is not a JSON pointer (write it like /workload/exponent)");
+    }
+    if (path.rfind("/sweep", 0) == 0 || path.rfind("/trials", 0) == 0)
+      throw Error(origin + ": sweep[" + std::to_string(a) + "].path cannot change the sweep or trials");
+    std::vector<SweepPoint> next;
+    for (const auto& p : points) {
+      for (const auto& v : axis["values"]) {
+        SweepPoint q = p;
+        q.settings.emplace_back(path, v);
+        q.doc[ptr] = v;
+        next.push_back(std::move(q));
+      }
+    }
+    points = std::move(next);
+  }
+  for (auto& p : points) p.doc.erase("sweep");
+  return points;
+}
+
+uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx) {
+  if (trial_idx == 0) return base_seed;
+  return Rng::derive(base_seed, 1000003ull + static_cast<uint64_t>(trial_idx)).next_u64() >> 1;
+}
+
+std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads) {
+  // Parse every point first, so a bad value stops the run before any work.
+  std::vector<Scenario> scenarios;
+  for (size_t i = 0; i < points.size(); ++i) {
+    std::string where = origin;
+    for (const auto& [path, v] : points[i].settings) where += " [" + path + "=" + v.dump() + "]";
+    scenarios.push_back(scenario_from_json(points[i].doc, where));
+  }
+  std::vector<std::pair<size_t, int64_t>> jobs;
+  for (size_t i = 0; i < scenarios.size(); ++i)
+    for (int64_t t = 0; t < scenarios[i].trials; ++t) jobs.emplace_back(i, t);
+  std::vector<RunRow> rows(jobs.size());
+  std::atomic<size_t> next{0};
+  std::string first_error;
+  std::atomic<bool> failed{false};
+  auto worker = [&] {
+    for (;;) {
+      const size_t j = next.fetch_add(1);
+      if (j >= jobs.size() || failed.load()) return;
+      const auto [pi, trial] = jobs[j];
+      try {
+        RoutingSpec routing = scenarios[pi].routing;
+        routing.seed = trial_seed(routing.seed, trial);
+        const Workload w = generate_workload(scenarios[pi].cfg, routing);
+        const LayerResult r = simulate_layer(scenarios[pi].topo, w, scenarios[pi].proto);
+        rows[j] = RunRow{pi, trial, routing.seed, flat_metrics(r)};
+      } catch (const std::exception& e) {
+        if (!failed.exchange(true)) first_error = e.what();
+        return;
+      }
+    }
+  };
+  const int n = std::max(1, std::min<int>(num_threads, static_cast<int>(jobs.size())));
+  std::vector<std::thread> threads;
+  for (int i = 1; i < n; ++i) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  if (failed) throw Error(first_error);
+  return rows;
+}
+
+namespace {
+std::string csv_cell(const nlohmann::json& v) {
+  std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+  if (s.find_first_of(",\"\n") != std::string::npos) {
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  }
+  return s;
+}
+}  // namespace
+
+std::string rows_to_csv(const std::vector<SweepPoint>& points, const std::vector<RunRow>& rows) {
+  std::ostringstream os;
+  if (rows.empty()) return "";
+  for (const auto& [path, v] : points[0].settings) os << csv_cell(path) << ",";
+  os << "trial,workload_seed";
+  for (const auto& [name, v] : rows[0].metrics) os << "," << name;
+  os << "\n";
+  for (const auto& r : rows) {
+    for (const auto& [path, v] : points[r.point_idx].settings) os << csv_cell(v) << ",";
+    os << r.trial_idx << "," << r.workload_seed;
+    for (const auto& [name, v] : r.metrics) os << "," << format_number(v);
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string summary_csv(const std::vector<SweepPoint>& points, const std::vector<RunRow>& rows) {
+  std::ostringstream os;
+  if (rows.empty()) return "";
+  for (const auto& [path, v] : points[0].settings) os << csv_cell(path) << ",";
+  os << "trials";
+  for (const auto& [name, v] : rows[0].metrics)
+    for (const char* stat : {"mean", "p50", "p99", "min", "max"}) os << "," << name << "_" << stat;
+  os << "\n";
+  for (size_t p = 0; p < points.size(); ++p) {
+    std::vector<const RunRow*> mine;
+    for (const auto& r : rows)
+      if (r.point_idx == p) mine.push_back(&r);
+    if (mine.empty()) continue;
+    for (const auto& [path, v] : points[p].settings) os << csv_cell(v) << ",";
+    os << mine.size();
+    for (size_t m = 0; m < mine[0]->metrics.size(); ++m) {
+      std::vector<double> xs;
+      for (const RunRow* r : mine) xs.push_back(r->metrics[m].second);
+      std::sort(xs.begin(), xs.end());
+      double sum = 0;
+      for (double x : xs) sum += x;
+      auto nth = [&](double q) {
+        size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(xs.size())));
+        return xs[std::max<size_t>(rank, 1) - 1];
+      };
+      os << "," << format_number(sum / static_cast<double>(xs.size())) << "," << format_number(nth(0.5)) << ","
+         << format_number(nth(0.99)) << "," << format_number(xs.front()) << "," << format_number(xs.back());
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace mok::sim

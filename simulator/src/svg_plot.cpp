@@ -1,0 +1,157 @@
+// SVG line plots of sweep results.
+#include "mok/sim/svg_plot.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "mok/sim/error.hpp"
+#include "mok/sim/report.hpp"
+
+namespace mok::sim {
+
+namespace {
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else if (c == '&') o += "&amp;";
+    else o += c;
+  }
+  return o;
+}
+// "Nice" tick step for a range: 1, 2 or 5 times a power of ten.
+double tick_step(double span) {
+  if (span <= 0) return 1;
+  const double raw = span / 5.0;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / mag;
+  return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
+}
+}  // namespace
+
+std::string svg_line_plot(const std::string& title, const std::string& x_label, const std::string& y_label,
+                          std::vector<PlotSeries> series) {
+  const double W = 720, H = 440, left = 80, right = 190, top = 40, bottom = 60;
+  double x0 = 1e300, x1 = -1e300, y0 = 0, y1 = -1e300;
+  for (auto& s : series) {
+    std::sort(s.points.begin(), s.points.end());
+    for (auto [x, y] : s.points) {
+      x0 = std::min(x0, x), x1 = std::max(x1, x);
+      y0 = std::min(y0, y), y1 = std::max(y1, y);
+    }
+  }
+  if (x0 > x1) x0 = 0, x1 = 1;
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 <= y0) y1 = y0 + 1;
+  const double ys = tick_step(y1 - y0);
+  y1 = std::ceil(y1 / ys) * ys;
+  const double pw = W - left - right, ph = H - top - bottom;
+  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return top + ph - (y - y0) / (y1 - y0) * ph; };
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  std::ostringstream os;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" "
+                "font-size=\"12\">\n",
+                W, H);
+  os << buf << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  os << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << esc(title) << "</text>\n";
+  std::snprintf(buf, sizeof buf, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"black\"/>\n",
+                left, top, pw, ph);
+  os << buf;
+  for (double y = y0; y <= y1 + ys * 1e-9; y += ys) {
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%g\" y1=\"%.2f\" x2=\"%g\" y2=\"%.2f\" stroke=\"#ddd\"/><text x=\"%g\" y=\"%.2f\" "
+                  "text-anchor=\"end\">%s</text>\n",
+                  left, py(y), left + pw, py(y), left - 6, py(y) + 4, format_number(y).c_str());
+    os << buf;
+  }
+  const double xs = tick_step(x1 - x0);
+  for (double x = std::ceil(x0 / xs) * xs; x <= x1 + xs * 1e-9; x += xs) {
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%.2f\" y1=\"%g\" x2=\"%.2f\" y2=\"%g\" stroke=\"#ddd\"/><text x=\"%.2f\" y=\"%g\" "
+                  "text-anchor=\"middle\">%s</text>\n",
+                  px(x), top, px(x), top + ph, px(x), top + ph + 18, format_number(x).c_str());
+    os << buf;
+  }
+  os << "<text x=\"" << left + pw / 2 << "\" y=\"" << H - 15 << "\" text-anchor=\"middle\">" << esc(x_label)
+     << "</text>\n";
+  std::snprintf(buf, sizeof buf, "<text transform=\"translate(18,%g) rotate(-90)\" text-anchor=\"middle\">",
+                top + ph / 2);
+  os << buf << esc(y_label) << "</text>\n";
+  for (size_t i = 0; i < series.size(); ++i) {
+    const char* color = kColors[i % 8];
+    os << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\" points=\"";
+    for (auto [x, y] : series[i].points) {
+      std::snprintf(buf, sizeof buf, "%.2f,%.2f ", px(x), py(y));
+      os << buf;
+    }
+    os << "\"/>\n";
+    for (auto [x, y] : series[i].points) {
+      std::snprintf(buf, sizeof buf, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"3\" fill=\"%s\"/>\n", px(x), py(y), color);
+      os << buf;
+    }
+    const double ly = top + 14 + 18.0 * static_cast<double>(i);
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"%s\" stroke-width=\"2\"/><text x=\"%g\" "
+                  "y=\"%g\">",
+                  left + pw + 12, ly, left + pw + 32, ly, color, left + pw + 38, ly + 4);
+    os << buf << esc(series[i].label) << "</text>\n";
+  }
+  os << "</svg>\n";
+  return os.str();
+}
+
+std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, const std::vector<SweepPoint>& points,
+                                                   const std::vector<RunRow>& rows, const std::string& origin) {
+  if (!req.is_object() || !req.contains("file") || !req.contains("x") || !req.contains("y"))
+    throw Error(origin + ": each plot needs \"file\", \"x\" (a sweep path) and \"y\" (a metric name)");
+  const std::string file = req["file"].get<std::string>();
+  const std::string x_path = req["x"].get<std::string>();
+  const std::string y_name = req["y"].get<std::string>();
+  const std::string s_path = req.value("series", std::string());
+  if (file.find('/') != std::string::npos || file.size() < 5 || file.substr(file.size() - 4) != ".svg")
+    throw Error(origin + ": plot file '" + file + "' must be a plain name ending in .svg (written to --out)");
+  auto setting = [&](const SweepPoint& p, const std::string& path) -> const nlohmann::json* {
+    for (const auto& [k, v] : p.settings)
+      if (k == path) return &v;
+    return nullptr;
+  };
+  if (points.empty() || !setting(points[0], x_path))
+    throw Error(origin + ": plot x '" + x_path + "' is not a sweep path of this scenario");
+  if (!s_path.empty() && !setting(points[0], s_path))
+    throw Error(origin + ": plot series '" + s_path + "' is not a sweep path of this scenario");
+  size_t metric = SIZE_MAX;
+  for (size_t m = 0; m < rows[0].metrics.size(); ++m)
+    if (rows[0].metrics[m].first == y_name) metric = m;
+  if (metric == SIZE_MAX) {
+    std::string names;
+    for (const auto& [n, v] : rows[0].metrics) names += " " + n;
+    throw Error(origin + ": plot y '" + y_name + "' is not a metric; metrics:" + names);
+  }
+  std::map<std::string, std::map<double, std::pair<double, int>>> acc;  // series -> x -> (sum, n)
+  for (const auto& r : rows) {
+    const SweepPoint& p = points[r.point_idx];
+    const nlohmann::json* xv = setting(p, x_path);
+    if (!xv->is_number()) throw Error(origin + ": plot x '" + x_path + "' must sweep numbers");
+    const std::string label = s_path.empty() ? y_name : s_path + " = " + setting(p, s_path)->dump();
+    auto& cell = acc[label][xv->get<double>()];
+    cell.first += r.metrics[metric].second;
+    cell.second += 1;
+  }
+  std::vector<PlotSeries> series;
+  for (const auto& [label, xs] : acc) {
+    PlotSeries s{label, {}};
+    for (const auto& [x, sn] : xs) s.points.emplace_back(x, sn.first / sn.second);
+    series.push_back(std::move(s));
+  }
+  const std::string title = req.value("title", y_name + " vs " + x_path);
+  return {file, svg_line_plot(title, x_path, y_name + (rows.size() > points.size() ? " (mean over trials)" : ""), series)};
+}
+
+}  // namespace mok::sim

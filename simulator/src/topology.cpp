@@ -1,0 +1,260 @@
+// Topology file parsing, validation, overrides and the preset registry.
+#include "mok/sim/topology.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <variant>
+
+#include "mok/sim/error.hpp"
+
+namespace mok::sim {
+
+// Embedded copies of simulator/topologies/*.json, generated at build time.
+namespace detail {
+struct EmbeddedPreset {
+  const char* name;
+  const char* json_text;
+};
+extern const EmbeddedPreset kEmbeddedPresets[];
+extern const int kNumEmbeddedPresets;
+}  // namespace detail
+
+namespace {
+
+using FieldPtr = std::variant<double Topology::*, int Topology::*>;
+struct FieldDef {
+  const char* key;  // "section.field"
+  FieldPtr ptr;
+  double min_value;
+  double max_value;
+  const char* meaning;
+};
+
+const std::vector<FieldDef>& field_table() {
+  static const std::vector<FieldDef> table = {
+      {"gpu.num_sms", &Topology::num_sms, 1, 1e4, "SMs per GPU"},
+      {"gpu.hbm_gbps", &Topology::hbm_gbps, 1, 1e6, "HBM bandwidth, GB/s"},
+      {"gpu.bf16_dense_tflops", &Topology::bf16_dense_tflops, 1, 1e6, "dense BF16 peak, TFLOP/s"},
+      {"gpu.gemm_efficiency", &Topology::gemm_efficiency, 0.01, 1, "fraction of peak the expert GEMMs reach"},
+      {"gpu.sm_store_gbps", &Topology::sm_store_gbps, 0.1, 1e4, "remote-store issue rate per SM (LD/ST), GB/s"},
+      {"gpu.sm_tma_store_gbps", &Topology::sm_tma_store_gbps, 0.1, 1e4, "remote-store issue rate per SM (TMA), GB/s"},
+      {"gpu.sm_store_inflight_bytes", &Topology::sm_store_inflight_bytes, 0, 1e9, "unacknowledged remote writes per SM, bytes"},
+      {"gpu.sm_load_inflight_bytes", &Topology::sm_load_inflight_bytes, 1, 1e9, "remote loads in flight per SM (LD/ST), bytes"},
+      {"gpu.sm_tma_load_inflight_bytes", &Topology::sm_tma_load_inflight_bytes, 1, 1e9, "remote loads in flight per SM (TMA), bytes"},
+      {"scale_up.gpus_per_domain", &Topology::gpus_per_domain, 1, 4096, "GPUs per NVLink domain"},
+      {"scale_up.num_switch_chips", &Topology::num_switch_chips, 0, 1e4, "NVSwitch chips per domain"},
+      {"scale_up.nvlink_gbps", &Topology::nvlink_gbps, 0.1, 1e6, "NVLink bandwidth per GPU per direction, GB/s"},
+      {"scale_up.nvlink_efficiency", &Topology::nvlink_efficiency, 0.01, 1, "achievable payload fraction of nvlink_gbps"},
+      {"scale_up.nvlink_latency_ns", &Topology::nvlink_latency_ns, 0, 1e7, "one-way small-write latency, ns"},
+      {"scale_out.num_domains", &Topology::num_domains, 1, 4096, "number of NVLink domains (nodes or racks)"},
+      {"scale_out.nic_gbps", &Topology::nic_gbps, 0.1, 1e6, "NIC bandwidth per GPU per direction, GB/s"},
+      {"scale_out.nic_efficiency", &Topology::nic_efficiency, 0.01, 1, "achievable payload fraction of nic_gbps"},
+      {"scale_out.nic_latency_ns", &Topology::nic_latency_ns, 0, 1e8, "one-way latency across the scale-out fabric, ns"},
+      {"scale_out.uplink_oversubscription", &Topology::uplink_oversubscription, 1, 1e3, "domain uplink oversubscription (1 = non-blocking)"},
+      {"signaling.fence_overhead_ns", &Topology::fence_overhead_ns, 0, 1e7, "fixed system-fence cost beyond the ack wait, ns"},
+      {"signaling.local_fence_ns", &Topology::local_fence_ns, 0, 1e7, "release fence over local stores only, ns"},
+      {"signaling.atomic_service_ns", &Topology::atomic_service_ns, 0, 1e7, "service time of one remote atomic at its target, ns"},
+      {"signaling.local_poll_ns", &Topology::local_poll_ns, 0, 1e7, "one read of a local flag, ns"},
+  };
+  return table;
+}
+
+const FieldDef* find_field(const std::string& key) {
+  for (const auto& f : field_table())
+    if (key == f.key) return &f;
+  return nullptr;
+}
+
+std::string known_fields() {
+  std::string s;
+  for (const auto& f : field_table()) s += std::string(s.empty() ? "" : ", ") + f.key;
+  return s;
+}
+
+void set_field(Topology& topo, const FieldDef& def, const nlohmann::json& v, const std::string& origin) {
+  double x = 0;
+  std::string source;
+  if (v.is_number()) {
+    x = v.get<double>();
+  } else if (v.is_object() && v.contains("value") && v["value"].is_number()) {
+    x = v["value"].get<double>();
+    if (v.contains("source")) {
+      if (!v["source"].is_string())
+        throw Error(origin + ": field '" + def.key + "': \"source\" must be a string");
+      source = v["source"].get<std::string>();
+    }
+  } else {
+    throw Error(origin + ": field '" + def.key + "' must be a number or {\"value\": number, \"source\": \"...\"} (" +
+                def.meaning + ")");
+  }
+  if (!(x >= def.min_value && x <= def.max_value)) {
+    std::ostringstream os;
+    os << origin << ": field '" << def.key << "' = " << x << " is out of range [" << def.min_value << ", "
+       << def.max_value << "] (" << def.meaning << ")";
+    throw Error(os.str());
+  }
+  if (std::holds_alternative<int Topology::*>(def.ptr)) {
+    if (x != static_cast<double>(static_cast<int>(x)))
+      throw Error(origin + ": field '" + def.key + "' must be an integer (" + def.meaning + ")");
+    topo.*std::get<int Topology::*>(def.ptr) = static_cast<int>(x);
+  } else {
+    topo.*std::get<double Topology::*>(def.ptr) = x;
+  }
+  if (!source.empty()) topo.sources[def.key] = source;
+}
+
+}  // namespace
+
+void validate_topology(const Topology& topo, const std::string& origin) {
+  for (const auto& def : field_table()) {
+    double x = std::holds_alternative<int Topology::*>(def.ptr)
+                   ? static_cast<double>(topo.*std::get<int Topology::*>(def.ptr))
+                   : topo.*std::get<double Topology::*>(def.ptr);
+    if (!(x >= def.min_value && x <= def.max_value)) {
+      std::ostringstream os;
+      os << origin << ": field '" << def.key << "' = " << x << " is missing or out of range [" << def.min_value
+         << ", " << def.max_value << "] (" << def.meaning << "); set it in the topology file";
+      throw Error(os.str());
+    }
+  }
+  if (static_cast<long long>(topo.gpus_per_domain) * topo.num_domains > 65536)
+    throw Error(origin + ": gpus_per_domain * num_domains must be at most 65536");
+}
+
+Topology topology_from_json(const nlohmann::json& doc, const std::string& origin) {
+  if (!doc.is_object()) throw Error(origin + ": a topology must be a JSON object");
+  Topology topo;
+  static const char* kSections[] = {"gpu", "scale_up", "scale_out", "signaling"};
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "name") {
+      if (!it->is_string()) throw Error(origin + ": \"name\" must be a string");
+      topo.name = it->get<std::string>();
+    } else if (key == "description") {
+      if (!it->is_string()) throw Error(origin + ": \"description\" must be a string");
+      topo.description = it->get<std::string>();
+    } else if (key == "gpu_name") {
+      topo.gpu_name = it->get<std::string>();
+    } else if (key == "notes" || key == "$comment") {
+      continue;
+    } else {
+      bool is_section = false;
+      for (const char* s : kSections) is_section |= key == s;
+      if (!is_section)
+        throw Error(origin + ": unknown top-level key '" + key +
+                    "' (expected name, description, gpu_name, notes, gpu, scale_up, scale_out, signaling)");
+      if (!it->is_object()) throw Error(origin + ": section '" + key + "' must be an object");
+      for (auto f = it->begin(); f != it->end(); ++f) {
+        if (f.key() == "notes" || f.key() == "$comment") continue;
+        const std::string full = key + "." + f.key();
+        const FieldDef* def = find_field(full);
+        if (!def) throw Error(origin + ": unknown field '" + full + "'; known fields: " + known_fields());
+        set_field(topo, *def, *f, origin);
+      }
+    }
+  }
+  if (topo.name.empty()) throw Error(origin + ": missing \"name\"");
+  validate_topology(topo, origin);
+  return topo;
+}
+
+nlohmann::json topology_to_json(const Topology& topo) {
+  nlohmann::json doc;
+  doc["name"] = topo.name;
+  doc["description"] = topo.description;
+  doc["gpu_name"] = topo.gpu_name;
+  for (const auto& def : field_table()) {
+    const std::string key = def.key;
+    const auto dot = key.find('.');
+    const std::string section = key.substr(0, dot), field = key.substr(dot + 1);
+    nlohmann::json value;
+    if (std::holds_alternative<int Topology::*>(def.ptr))
+      value = topo.*std::get<int Topology::*>(def.ptr);
+    else
+      value = topo.*std::get<double Topology::*>(def.ptr);
+    auto src = topo.sources.find(key);
+    if (src != topo.sources.end())
+      doc[section][field] = {{"value", value}, {"source", src->second}};
+    else
+      doc[section][field] = value;
+  }
+  return doc;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < detail::kNumEmbeddedPresets; ++i) names.emplace_back(detail::kEmbeddedPresets[i].name);
+  return names;
+}
+
+nlohmann::json preset_json(const std::string& name) {
+  for (int i = 0; i < detail::kNumEmbeddedPresets; ++i)
+    if (name == detail::kEmbeddedPresets[i].name)
+      return nlohmann::json::parse(detail::kEmbeddedPresets[i].json_text);
+  std::string names;
+  for (const auto& n : preset_names()) names += " " + n;
+  throw Error("unknown topology preset '" + name + "'; presets:" + names +
+              ", multi-rack:N[:400|800], or a path to a .json file");
+}
+
+Topology apply_overrides(Topology topo, const nlohmann::json& overrides, const std::string& origin) {
+  if (overrides.is_null()) return topo;
+  if (!overrides.is_object())
+    throw Error(origin + ": topology overrides must be an object like {\"scale_up.nvlink_gbps\": 900}");
+  for (auto it = overrides.begin(); it != overrides.end(); ++it) {
+    const FieldDef* def = find_field(it.key());
+    if (!def) throw Error(origin + ": unknown topology override '" + it.key() + "'; known fields: " + known_fields());
+    set_field(topo, *def, *it, origin + " (override)");
+    if (it->is_number()) topo.sources[it.key()] = "override in " + origin;
+  }
+  validate_topology(topo, origin);
+  return topo;
+}
+
+Topology resolve_topology(const std::string& spec) {
+  const std::string kMulti = "multi-rack:";
+  if (spec.rfind(kMulti, 0) == 0) {
+    const std::string rest = spec.substr(kMulti.size());
+    const auto colon = rest.find(':');
+    const std::string racks_text = rest.substr(0, colon);
+    const std::string gbps_text = colon == std::string::npos ? "400" : rest.substr(colon + 1);
+    int racks = 0, gbits = 0;
+    try {
+      size_t used = 0;
+      racks = std::stoi(racks_text, &used);
+      if (used != racks_text.size()) racks = 0;
+      gbits = std::stoi(gbps_text, &used);
+      if (used != gbps_text.size()) gbits = 0;
+    } catch (const std::exception&) {
+      racks = 0;
+    }
+    if (racks < 1 || racks > 56 || (gbits != 400 && gbits != 800))
+      throw Error("topology '" + spec + "': expected multi-rack:N or multi-rack:N:400|800 with 1 <= N <= 56 " +
+                  "(N gb200-nvl72 racks; NIC Gb/s per GPU, default 400)");
+    Topology topo = topology_from_json(preset_json("gb200-nvl72"), "preset gb200-nvl72");
+    topo.name = spec;
+    topo.description = std::to_string(racks) + " GB200 NVL72 racks joined by " + std::to_string(gbits) +
+                       " Gb/s scale-out NICs (one per GPU), non-blocking spine";
+    topo.num_domains = racks;
+    topo.nic_gbps = gbits / 8.0;
+    topo.sources["scale_out.num_domains"] = "from the topology name";
+    topo.sources["scale_out.nic_gbps"] = std::to_string(gbits) +
+                                         " Gb/s per GPU: ConnectX-7 (400) or ConnectX-8 (800) datasheet line rate";
+    validate_topology(topo, spec);
+    return topo;
+  }
+  if (spec.find('/') != std::string::npos || spec.find(".json") != std::string::npos) {
+    std::ifstream in(spec);
+    if (!in) throw Error("topology file '" + spec + "' cannot be opened; check the path");
+    nlohmann::json doc;
+    try {
+      doc = nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error("topology file '" + spec + "' is not valid JSON: " + e.what());
+    }
+    return topology_from_json(doc, spec);
+  }
+  return topology_from_json(preset_json(spec), "preset " + spec);
+}
+
+}  // namespace mok::sim

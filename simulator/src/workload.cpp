@@ -1,0 +1,292 @@
+// Workload construction from topk_experts via the spec's routing plan, and routing generators.
+#include "mok/sim/workload.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "mok/sim/error.hpp"
+#include "mok/sim/rng.hpp"
+
+namespace mok::sim {
+
+Workload Workload::from_topk(const spec::LayerConfig& cfg, std::vector<int32_t> topk_experts,
+                             std::string description) {
+  const spec::Status cfg_status = cfg.validate();
+  if (!cfg_status.ok) throw Error(std::string("layer: ") + cfg_status.message);
+  if (static_cast<int64_t>(topk_experts.size()) != cfg.num_slots()) {
+    std::ostringstream os;
+    os << "topk_experts has " << topk_experts.size() << " entries but R*T*K = " << cfg.num_slots();
+    throw Error(os.str());
+  }
+  int64_t bad_token = -1, bad_slot = -1;
+  const spec::Status st = spec::validate_routing(cfg, topk_experts.data(), &bad_token, &bad_slot);
+  if (!st.ok) {
+    std::ostringstream os;
+    os << st.message << " (global token " << bad_token << ", slot " << bad_slot << ", expert id "
+       << topk_experts[bad_token * cfg.top_k + bad_slot] << ")";
+    throw Error(os.str());
+  }
+  Workload w;
+  w.cfg = cfg;
+  w.topk_experts = std::move(topk_experts);
+  w.description = std::move(description);
+  w.expert_offsets.assign(cfg.num_experts + 1, 0);
+  w.rows.resize(cfg.num_slots());
+  std::vector<int32_t> slot_row(cfg.num_slots());
+  spec::build_routing_plan(cfg, w.topk_experts.data(),
+                           spec::RoutingPlanView{w.expert_offsets.data(), w.rows.data(), slot_row.data()});
+  w.rows.resize(w.expert_offsets[cfg.num_experts]);
+  w.rows.shrink_to_fit();
+  return w;
+}
+
+namespace {
+
+// Walker's alias table for O(1) weighted draws; built with a fixed visiting order.
+struct AliasTable {
+  std::vector<double> prob;
+  std::vector<int32_t> alias;
+  explicit AliasTable(const std::vector<double>& weights) {
+    const size_t n = weights.size();
+    prob.assign(n, 0);
+    alias.assign(n, 0);
+    double total = 0;
+    for (double w : weights) total += w;
+    std::vector<double> scaled(n);
+    std::vector<int32_t> small, large;
+    for (size_t i = 0; i < n; ++i) {
+      scaled[i] = weights[i] * static_cast<double>(n) / total;
+      (scaled[i] < 1.0 ? small : large).push_back(static_cast<int32_t>(i));
+    }
+    while (!small.empty() && !large.empty()) {
+      const int32_t s = small.back(), l = large.back();
+      small.pop_back();
+      prob[s] = scaled[s];
+      alias[s] = l;
+      scaled[l] = (scaled[l] + scaled[s]) - 1.0;
+      if (scaled[l] < 1.0) {
+        large.pop_back();
+        small.push_back(l);
+      }
+    }
+    for (int32_t i : large) prob[i] = 1.0;
+    for (int32_t i : small) prob[i] = 1.0;
+  }
+  int32_t draw(Rng& rng) const {
+    const uint64_t i = rng.below(prob.size());
+    return rng.uniform() < prob[i] ? static_cast<int32_t>(i) : alias[i];
+  }
+};
+
+std::vector<double> global_popularity(const spec::LayerConfig& cfg, const RoutingSpec& s, Rng& rng) {
+  const int64_t E = cfg.num_experts;
+  std::vector<double> p(E, 1.0);
+  switch (s.kind) {
+    case RoutingKind::kUniform:
+      break;
+    case RoutingKind::kPowerLaw:
+      for (int64_t e = 0; e < E; ++e) p[e] = 1.0 / std::pow(static_cast<double>(e + 1), s.exponent);
+      break;
+    case RoutingKind::kHot:
+      for (int64_t e = 0; e < std::min(E, s.num_hot); ++e) p[e] = s.hot_factor;
+      break;
+    case RoutingKind::kDirichlet:
+      for (int64_t e = 0; e < E; ++e) p[e] = std::max(rng.gamma(s.alpha), 1e-300);
+      break;
+    case RoutingKind::kTopkFile:
+      break;
+  }
+  if (s.shuffle_experts && s.kind != RoutingKind::kUniform && s.kind != RoutingKind::kDirichlet) {
+    for (int64_t i = E - 1; i > 0; --i) std::swap(p[i], p[rng.below(static_cast<uint64_t>(i + 1))]);
+  }
+  const double total = std::accumulate(p.begin(), p.end(), 0.0);
+  for (double& x : p) x /= total;
+  return p;
+}
+
+std::vector<int32_t> read_topk_file(const spec::LayerConfig& cfg, const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw Error("workload.topk_file '" + path + "' cannot be opened; check the path");
+  const auto size = static_cast<int64_t>(in.tellg());
+  if (size != cfg.num_slots() * 4) {
+    std::ostringstream os;
+    os << "workload.topk_file '" << path << "' has " << size << " bytes; R*T*K*4 = " << cfg.num_slots() * 4
+       << " bytes expected (raw little-endian int32 topk_experts in global token order)";
+    throw Error(os.str());
+  }
+  std::vector<int32_t> topk(cfg.num_slots());
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(topk.data()), size);
+  return topk;
+}
+
+}  // namespace
+
+Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
+  const spec::Status cfg_status = cfg.validate();
+  if (!cfg_status.ok) throw Error(std::string("layer: ") + cfg_status.message);
+  if (s.kind == RoutingKind::kTopkFile)
+    return Workload::from_topk(cfg, read_topk_file(cfg, s.topk_file), "topk_file " + s.topk_file);
+  Rng rng = Rng::derive(s.seed, 0);
+  const std::vector<double> p_global = global_popularity(cfg, s, rng);
+  const int64_t E = cfg.num_experts, K = cfg.top_k, R = cfg.num_ranks, T = cfg.tokens_per_rank;
+  std::vector<int32_t> topk(cfg.num_slots());
+  std::vector<char> taken(E, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
+    std::vector<double> p = p_global;
+    if (s.per_rank_skew > 0) {
+      std::vector<double> local(E);
+      double total = 0;
+      for (int64_t e = 0; e < E; ++e) total += (local[e] = rank_rng.gamma(0.2));
+      for (int64_t e = 0; e < E; ++e)
+        p[e] = (1.0 - s.per_rank_skew) * p_global[e] + s.per_rank_skew * (local[e] / total);
+    }
+    // Experts with zero weight can never be drawn; successive sampling needs K positive ones.
+    int64_t positive = 0;
+    for (double x : p) positive += x > 0;
+    if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
+    const AliasTable table(p);
+    for (int64_t t = 0; t < T; ++t) {
+      int32_t* row = &topk[(r * T + t) * K];
+      for (int64_t k = 0; k < K; ++k) {
+        // Draw with replacement and reject repeats: the same law as successive sampling
+        // without replacement; after many rejections fall back to an exact scan.
+        int32_t e = -1;
+        for (int attempt = 0; attempt < 64 && e < 0; ++attempt) {
+          const int32_t c = table.draw(rank_rng);
+          if (!taken[c]) e = c;
+        }
+        if (e < 0) {
+          double free_mass = 0;
+          for (int64_t x = 0; x < E; ++x) free_mass += taken[x] ? 0.0 : p[x];
+          double u = rank_rng.uniform() * free_mass;
+          for (int64_t x = 0; x < E; ++x) {
+            if (taken[x] || p[x] <= 0) continue;
+            e = static_cast<int32_t>(x);
+            u -= p[x];
+            if (u < 0) break;
+          }
+        }
+        taken[e] = 1;
+        row[k] = e;
+      }
+      for (int64_t k = 0; k < K; ++k) taken[row[k]] = 0;
+      if (s.empty_slot_fraction > 0)
+        for (int64_t k = 0; k < K; ++k)
+          if (rank_rng.uniform() < s.empty_slot_fraction) row[k] = -1;
+    }
+  }
+  return Workload::from_topk(cfg, std::move(topk), routing_spec_to_json(s).dump());
+}
+
+namespace {
+const char* kind_name(RoutingKind k) {
+  switch (k) {
+    case RoutingKind::kUniform: return "uniform";
+    case RoutingKind::kPowerLaw: return "power_law";
+    case RoutingKind::kHot: return "hot";
+    case RoutingKind::kDirichlet: return "dirichlet";
+    case RoutingKind::kTopkFile: return "topk_file";
+  }
+  return "?";
+}
+}  // namespace
+
+nlohmann::json routing_spec_to_json(const RoutingSpec& s) {
+  nlohmann::json j{{"kind", kind_name(s.kind)}, {"seed", s.seed}};
+  switch (s.kind) {
+    case RoutingKind::kPowerLaw: j["exponent"] = s.exponent; break;
+    case RoutingKind::kHot: j["num_hot"] = s.num_hot; j["hot_factor"] = s.hot_factor; break;
+    case RoutingKind::kDirichlet: j["alpha"] = s.alpha; break;
+    case RoutingKind::kTopkFile: j["topk_file"] = s.topk_file; break;
+    default: break;
+  }
+  if (s.per_rank_skew > 0) j["per_rank_skew"] = s.per_rank_skew;
+  if (s.empty_slot_fraction > 0) j["empty_slot_fraction"] = s.empty_slot_fraction;
+  if (!s.shuffle_experts) j["shuffle_experts"] = false;
+  return j;
+}
+
+RoutingSpec routing_spec_from_json(const nlohmann::json& doc, const std::string& origin) {
+  if (!doc.is_object()) throw Error(origin + ": \"workload\" must be an object like {\"kind\": \"uniform\"}");
+  RoutingSpec s;
+  const std::string where = origin + ": workload.";
+  auto number = [&](const char* key, double lo, double hi) {
+    const auto& v = doc.at(key);
+    if (!v.is_number()) throw Error(where + key + " must be a number");
+    const double x = v.get<double>();
+    if (!(x >= lo && x <= hi)) {
+      std::ostringstream os;
+      os << where << key << " = " << x << " is out of range [" << lo << ", " << hi << "]";
+      throw Error(os.str());
+    }
+    return x;
+  };
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "kind") {
+      const std::string k = it->is_string() ? it->get<std::string>() : "";
+      if (k == "uniform") s.kind = RoutingKind::kUniform;
+      else if (k == "power_law" || k == "zipf") s.kind = RoutingKind::kPowerLaw;
+      else if (k == "hot") s.kind = RoutingKind::kHot;
+      else if (k == "dirichlet") s.kind = RoutingKind::kDirichlet;
+      else if (k == "topk_file") s.kind = RoutingKind::kTopkFile;
+      else throw Error(where + "kind must be one of uniform, power_law (alias zipf), hot, dirichlet, topk_file");
+    } else if (key == "exponent") {
+      s.exponent = number("exponent", 0, 10);
+    } else if (key == "num_hot") {
+      s.num_hot = static_cast<int64_t>(number("num_hot", 1, 1 << 20));
+    } else if (key == "hot_factor") {
+      s.hot_factor = number("hot_factor", 1e-6, 1e9);
+    } else if (key == "alpha") {
+      s.alpha = number("alpha", 1e-3, 1e6);
+    } else if (key == "per_rank_skew") {
+      s.per_rank_skew = number("per_rank_skew", 0, 1);
+    } else if (key == "empty_slot_fraction") {
+      s.empty_slot_fraction = number("empty_slot_fraction", 0, 1);
+    } else if (key == "shuffle_experts") {
+      if (!it->is_boolean()) throw Error(where + "shuffle_experts must be true or false");
+      s.shuffle_experts = it->get<bool>();
+    } else if (key == "seed") {
+      if (!it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0))
+        throw Error(where + "seed must be a non-negative integer");
+      s.seed = it->get<uint64_t>();
+    } else if (key == "topk_file") {
+      if (!it->is_string()) throw Error(where + "topk_file must be a path string");
+      s.topk_file = it->get<std::string>();
+    } else {
+      throw Error(where + key + " is unknown; known: kind, exponent, num_hot, hot_factor, alpha, per_rank_skew, " +
+                  "empty_slot_fraction, shuffle_experts, seed, topk_file");
+    }
+  }
+  if (s.kind == RoutingKind::kTopkFile && s.topk_file.empty())
+    throw Error(where + "topk_file is required when kind is topk_file");
+  return s;
+}
+
+LoadStats load_stats(const std::vector<int64_t>& counts) {
+  LoadStats st;
+  if (counts.empty()) return st;
+  std::vector<int64_t> v(counts);
+  std::sort(v.begin(), v.end());
+  const double n = static_cast<double>(v.size());
+  double sum = 0, weighted = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    sum += static_cast<double>(v[i]);
+    weighted += static_cast<double>(i + 1) * static_cast<double>(v[i]);
+  }
+  st.mean = sum / n;
+  st.max = static_cast<double>(v.back());
+  // Nearest-rank p99.
+  const size_t rank = static_cast<size_t>(std::ceil(0.99 * n));
+  st.p99 = static_cast<double>(v[std::max<size_t>(rank, 1) - 1]);
+  st.gini = sum > 0 ? (2.0 * weighted) / (n * sum) - (n + 1.0) / n : 0.0;
+  st.max_over_mean = st.mean > 0 ? st.max / st.mean : 0.0;
+  return st;
+}
+
+}  // namespace mok::sim

@@ -1,0 +1,52 @@
+// Shared helpers for simulator tests: a simple topology with round numbers and small layers.
+#pragma once
+
+#include "mok/sim/layer_sim.hpp"
+#include "mok/sim/topology.hpp"
+#include "mok/sim/workload.hpp"
+
+namespace mok::sim::testing {
+
+// 100 GB/s ports, 1 us one-way latency, fast SMs: the port is the only bottleneck.
+inline Topology simple_topology(int gpus) {
+  Topology t;
+  t.name = "test";
+  t.num_sms = 100;
+  t.hbm_gbps = 1e5;
+  t.bf16_dense_tflops = 1000;
+  t.gemm_efficiency = 0.5;
+  t.sm_store_gbps = 1000;
+  t.sm_tma_store_gbps = 1000;
+  t.sm_store_inflight_bytes = 1e9;
+  t.sm_load_inflight_bytes = 1e9;
+  t.sm_tma_load_inflight_bytes = 1e9;
+  t.gpus_per_domain = gpus;
+  t.num_switch_chips = 4;
+  t.nvlink_gbps = 100;
+  t.nvlink_efficiency = 1.0;
+  t.nvlink_latency_ns = 1000;
+  t.num_domains = 1;
+  t.nic_gbps = 50;
+  t.nic_efficiency = 1.0;
+  t.nic_latency_ns = 3000;
+  t.uplink_oversubscription = 1;
+  t.fence_overhead_ns = 100;
+  t.local_fence_ns = 50;
+  t.atomic_service_ns = 10;
+  t.local_poll_ns = 100;
+  validate_topology(t, "simple_topology");
+  return t;
+}
+
+inline spec::LayerConfig layer(int64_t ranks, int64_t tokens, int64_t experts_per_rank, int64_t top_k) {
+  spec::LayerConfig cfg;
+  cfg.hidden = 1024;
+  cfg.intermediate = 256;
+  cfg.num_experts = experts_per_rank * ranks;
+  cfg.top_k = top_k;
+  cfg.num_ranks = ranks;
+  cfg.tokens_per_rank = tokens;
+  return cfg;
+}
+
+}  // namespace mok::sim::testing

@@ -1,0 +1,73 @@
+// Bad inputs get errors that name the file, the field and the fix; presets all load.
+#include <gtest/gtest.h>
+
+#include "mok/sim/error.hpp"
+#include "mok/sim/scenario.hpp"
+#include "mok/sim/topology.hpp"
+
+namespace mok::sim {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Inputs, EveryPresetLoadsAndHasSources) {
+  for (const auto& name : preset_names()) {
+    const Topology t = resolve_topology(name);
+    EXPECT_EQ(t.name, name);
+    EXPECT_GE(t.sources.size(), 20u) << name;  // every number says where it comes from
+  }
+  const Topology racks = resolve_topology("multi-rack:8:800");
+  EXPECT_EQ(racks.num_gpus(), 576);
+  EXPECT_DOUBLE_EQ(racks.nic_gbps, 100.0);
+}
+
+TEST(Inputs, TopologyErrorsNameTheField) {
+  nlohmann::json doc = preset_json("hgx-h200");
+  doc["scale_up"]["nvlink_gbs"] = 450;
+  EXPECT_NE(error_of([&] { topology_from_json(doc, "my.json"); }).find("my.json: unknown field 'scale_up.nvlink_gbs'"),
+            std::string::npos);
+  doc = preset_json("hgx-h200");
+  doc["gpu"]["gemm_efficiency"] = 1.5;
+  EXPECT_NE(error_of([&] { topology_from_json(doc, "my.json"); }).find("'gpu.gemm_efficiency' = 1.5 is out of range"),
+            std::string::npos);
+  doc = preset_json("hgx-h200");
+  doc["scale_up"].erase("nvlink_gbps");
+  EXPECT_NE(error_of([&] { topology_from_json(doc, "my.json"); }).find("'scale_up.nvlink_gbps'"), std::string::npos);
+  EXPECT_NE(error_of([] { resolve_topology("multi-rack:0"); }).find("multi-rack:N"), std::string::npos);
+  EXPECT_NE(error_of([] { resolve_topology("dgx-z9"); }).find("unknown topology preset 'dgx-z9'"), std::string::npos);
+}
+
+TEST(Inputs, ScenarioErrorsNameTheField) {
+  nlohmann::json doc = {{"topology", "hgx-h200"},
+                        {"layer", {{"hidden", 7168}, {"intermediate", 2048}, {"num_experts", 30}, {"top_k", 8},
+                                   {"tokens_per_rank", 64}}}};
+  EXPECT_NE(error_of([&] { scenario_from_json(doc, "s.json"); }).find("divisible by config.R"), std::string::npos);
+  doc["layer"]["num_experts"] = 32;
+  doc["protocol"] = {{"dispatch", "shove"}};
+  EXPECT_NE(error_of([&] { scenario_from_json(doc, "s.json"); }).find("s.json: protocol.dispatch = \"shove\""),
+            std::string::npos);
+  doc["protocol"] = {{"comm_sms", 0}};
+  EXPECT_NE(error_of([&] { scenario_from_json(doc, "s.json"); }).find("protocol.comm_sms = 0 is out of range"),
+            std::string::npos);
+  doc.erase("protocol");
+  doc["workload"] = {{"kind", "zipf"}, {"exponnent", 1.2}};
+  EXPECT_NE(error_of([&] { scenario_from_json(doc, "s.json"); }).find("workload.exponnent is unknown"),
+            std::string::npos);
+  doc.erase("workload");
+  doc["sweep"] = {{{"path", "protocol/dispatch"}, {"values", {"push"}}}};
+  EXPECT_NE(error_of([&] { expand_sweep(doc, "s.json"); }).find("not a JSON pointer"), std::string::npos);
+  doc["sweep"] = {{{"path", "/protocol/dispatch"}, {"values", {"push", "pul"}}}};
+  const auto points = expand_sweep(doc, "s.json");
+  EXPECT_NE(error_of([&] { run_points(points, "s.json", 1); }).find("[/protocol/dispatch=\"pul\"]"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mok::sim

@@ -1,0 +1,210 @@
+// Layer simulation: exact analytic cases, conservation of bytes, signaling mechanisms, determinism.
+#include <gtest/gtest.h>
+
+#include "mok/sim/error.hpp"
+#include "mok/sim/report.hpp"
+#include "sim_test_util.hpp"
+
+namespace mok::sim {
+namespace {
+
+using testing::layer;
+using testing::simple_topology;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+TEST(LayerSim, OnePulledFlowTakesBytesOverBandwidthPlusARoundTrip) {
+  // Rank 0's tokens all go to the expert on rank 1; rank 1's slots are empty.
+  const auto cfg = layer(2, 512, 1, 1);
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int t = 0; t < 512; ++t) topk[t] = 1;
+  const Workload w = Workload::from_topk(cfg, topk, "one flow");
+  ProtocolConfig p;
+  p.dispatch = Direction::kPull;
+  p.phases = Phases::kDispatch;
+  p.comm_sms = 1;
+  const Topology topo = simple_topology(2);
+  const LayerResult r = simulate_layer(topo, w, p);
+  const int64_t bytes = 512 * 1024 * 2;
+  EXPECT_EQ(r.dispatch.data_end_ns, ceil_div(bytes, 100) + 2 * 1000);
+  EXPECT_EQ(r.dispatch.scaleup_bytes, bytes);
+}
+
+TEST(LayerSim, IncastSharesTheReceiverPort) {
+  // Every rank's tokens go to the single expert on rank 0: N-1 pushers share rank 0's in-port.
+  for (int n : {2, 4, 8}) {
+    const auto cfg = layer(n, 256, 1, 1);
+    std::vector<int32_t> topk(cfg.num_slots(), 0);
+    const Workload w = Workload::from_topk(cfg, topk, "incast");
+    ProtocolConfig p;
+    p.dispatch = Direction::kPush;
+    p.signaling = Signaling::kFlagInData;
+    p.phases = Phases::kDispatch;
+    p.comm_sms = 4;
+    const LayerResult r = simulate_layer(simple_topology(n), w, p);
+    const int64_t remote_wire = r.dispatch.scaleup_bytes;
+    EXPECT_EQ(remote_wire, (n - 1) * ceil_div(int64_t{128} * 1024 * 2 * 128, 120) * 2) << n;
+    // All senders finish together: total remote bytes over the one port, plus one-way latency.
+    EXPECT_NEAR(static_cast<double>(r.dispatch.data_end_ns), static_cast<double>(ceil_div(remote_wire, 100) + 1000), 1.0)
+        << n;
+  }
+}
+
+TEST(LayerSim, AllToAllOnANonBlockingSwitchIsPortBound) {
+  // Token t of rank r goes to every other rank (E = R, K = R-1): each GPU sends T rows to each peer.
+  const int n = 6;
+  const auto cfg = layer(n, 128, 1, n - 1);
+  std::vector<int32_t> topk(cfg.num_slots());
+  for (int r = 0; r < n; ++r)
+    for (int t = 0; t < 128; ++t) {
+      int k = 0;
+      for (int e = 0; e < n; ++e)
+        if (e != r) topk[(r * 128 + t) * (n - 1) + k++] = e;
+    }
+  const Workload w = Workload::from_topk(cfg, topk, "all-to-all");
+  ProtocolConfig p;
+  p.dispatch = Direction::kPush;
+  p.signaling = Signaling::kFlagInData;
+  p.phases = Phases::kDispatch;
+  p.comm_sms = n;  // one SM per peer, all concurrent
+  const LayerResult r = simulate_layer(simple_topology(n), w, p);
+  const int64_t per_pair = ceil_div(int64_t{128} * 1024 * 2 * 128, 120);
+  EXPECT_NEAR(static_cast<double>(r.dispatch.data_end_ns), static_cast<double>(ceil_div((n - 1) * per_pair, 100) + 1000),
+              1.0);
+  EXPECT_NEAR(r.dispatch.nvlink_utilization * r.dispatch.end_ns, static_cast<double>((n - 1) * per_pair) / 100, 1e-6 * r.dispatch.end_ns);
+}
+
+Workload random_workload(int ranks, uint64_t seed, double exponent = 1.2) {
+  RoutingSpec s;
+  s.kind = RoutingKind::kPowerLaw;
+  s.exponent = exponent;
+  s.seed = seed;
+  return generate_workload(layer(ranks, 512, 4, 4), s);
+}
+
+TEST(LayerSim, EveryByteSentArrivesOnce) {
+  const Workload w = random_workload(8, 3);
+  for (auto dir : {Direction::kPush, Direction::kPull}) {
+    for (auto sig : {Signaling::kFenceFlag, Signaling::kCounter, Signaling::kFlagInData, Signaling::kBarrier}) {
+      ProtocolConfig p;
+      p.dispatch = dir;
+      p.combine = dir;
+      p.signaling = sig;
+      p.comm_sms = 5;
+      const LayerResult r = simulate_layer(simple_topology(8), w, p);
+      for (const PhaseResult* ph : {&r.dispatch, &r.combine}) {
+        EXPECT_EQ(ph->scaleout_bytes, 0);
+        EXPECT_LE(ph->scaleup_bytes, ph->wire_bytes);
+        EXPECT_EQ(ph->chunk_signal.count, ph->num_chunks) << to_string(dir) << " " << to_string(sig);
+      }
+      // The payload that arrives is exactly what the routing plan asks for (dedup per GPU for x,
+      // one y row per slot).
+      int64_t dispatch_payload = 0, combine_payload = 0;
+      for (const auto& g : r.gpus) {
+        dispatch_payload += g.recv_payload_bytes_dispatch;
+        combine_payload += g.recv_payload_bytes_combine;
+      }
+      EXPECT_EQ(combine_payload, w.expert_offsets.back() * 1024 * 2);
+      int64_t token_gpu_pairs = 0;
+      for (int64_t g = 0; g < w.cfg.num_tokens(); ++g) {
+        std::vector<char> seen(8, 0);
+        for (int k = 0; k < 4; ++k) {
+          const int32_t e = w.topk_experts[g * 4 + k];
+          if (e >= 0 && !seen[w.cfg.owner_rank(e)]) seen[w.cfg.owner_rank(e)] = 1, ++token_gpu_pairs;
+        }
+      }
+      EXPECT_EQ(dispatch_payload, token_gpu_pairs * 1024 * 2);
+      int64_t nvl_out = -1, nvl_in = -2, hbm = 0;
+      for (const auto& s : r.resources) {
+        if (s.kind == "nvlink_out") nvl_out = s.bytes;
+        if (s.kind == "nvlink_in") nvl_in = s.bytes;
+        if (s.kind == "hbm") hbm = s.bytes;
+      }
+      EXPECT_EQ(nvl_out, nvl_in);
+      EXPECT_EQ(nvl_out, r.dispatch.scaleup_bytes + r.combine.scaleup_bytes);
+      // Every byte is read from one HBM and written to one HBM (local copies: the same one twice).
+      EXPECT_EQ(hbm, 2 * (r.dispatch.wire_bytes + r.combine.wire_bytes));
+      EXPECT_GT(r.layer_ns, 0);
+    }
+  }
+}
+
+TEST(LayerSim, PullKnowsArrivalSoonerThanFencedPush) {
+  const Workload w = random_workload(8, 5, 0.0);
+  ProtocolConfig push;
+  push.dispatch = Direction::kPush;
+  push.signaling = Signaling::kFenceFlag;
+  push.phases = Phases::kDispatch;
+  ProtocolConfig pull = push;
+  pull.dispatch = Direction::kPull;
+  const Topology topo = simple_topology(8);
+  const LayerResult a = simulate_layer(topo, w, push);
+  const LayerResult b = simulate_layer(topo, w, pull);
+  // fence_flag: acks back (+L), fence overhead, flag write (+L) after the data lands.
+  EXPECT_GE(a.dispatch.chunk_signal.p50_ns, 2 * 1000 + 100);
+  EXPECT_LT(b.dispatch.chunk_signal.p99_ns, a.dispatch.chunk_signal.p50_ns);
+}
+
+TEST(LayerSim, BarrierAndCounterDelayKnowledgeToTheEnd) {
+  const Workload w = random_workload(8, 9, 0.0);
+  ProtocolConfig p;
+  p.dispatch = Direction::kPush;
+  p.phases = Phases::kDispatch;
+  const Topology topo = simple_topology(8);
+  p.signaling = Signaling::kFlagInData;
+  const LayerResult flags = simulate_layer(topo, w, p);
+  p.signaling = Signaling::kBarrier;
+  const LayerResult barrier = simulate_layer(topo, w, p);
+  p.signaling = Signaling::kCounter;
+  const LayerResult counter = simulate_layer(topo, w, p);
+  // With a barrier a chunk is known only after the last one everywhere: log2(8) = 3 rounds.
+  EXPECT_GE(barrier.dispatch.end_ns - barrier.dispatch.data_end_ns, 3 * 1000);
+  EXPECT_GT(barrier.dispatch.chunk_signal.p50_ns, flags.dispatch.chunk_signal.p99_ns);
+  EXPECT_GT(counter.dispatch.chunk_signal.p50_ns, flags.dispatch.chunk_signal.p50_ns);
+}
+
+TEST(LayerSim, SameInputsGiveTheSameBytes) {
+  const Workload w1 = random_workload(8, 21);
+  const Workload w2 = random_workload(8, 21);
+  ProtocolConfig p;
+  p.comm_sms = 3;
+  SimOptions opt;
+  opt.record_trace = true;
+  const LayerResult a = simulate_layer(simple_topology(8), w1, p, opt);
+  const LayerResult b = simulate_layer(simple_topology(8), w2, p, opt);
+  EXPECT_EQ(result_to_json(a, true).dump(), result_to_json(b, true).dump());
+  EXPECT_EQ(chrome_trace_json(a), chrome_trace_json(b));
+}
+
+TEST(LayerSim, RateQuantumApproximationStaysClose) {
+  const Workload w = random_workload(8, 4, 1.01);
+  ProtocolConfig p;
+  p.comm_sms = 4;
+  SimOptions exact, fast;
+  fast.rate_quantum_ns = 1000;
+  const LayerResult a = simulate_layer(simple_topology(8), w, p, exact);
+  const LayerResult b = simulate_layer(simple_topology(8), w, p, fast);
+  EXPECT_NEAR(static_cast<double>(b.dispatch.end_ns), static_cast<double>(a.dispatch.end_ns), 0.05 * a.dispatch.end_ns);
+  EXPECT_NEAR(static_cast<double>(b.layer_ns), static_cast<double>(a.layer_ns), 0.05 * a.layer_ns);
+}
+
+TEST(LayerSim, RejectsMoreRanksThanGpusAndTooManyCommSms) {
+  const Workload w = random_workload(8, 1);
+  ProtocolConfig p;
+  EXPECT_THROW(simulate_layer(simple_topology(4), w, p), Error);
+  p.comm_sms = 100;
+  EXPECT_THROW(simulate_layer(simple_topology(8), w, p), Error);
+}
+
+TEST(LayerSim, MultiRackTrafficCrossesTheNics) {
+  Topology t = simple_topology(4);
+  t.num_domains = 2;
+  const Workload w = random_workload(8, 2, 0.0);
+  ProtocolConfig p;
+  const LayerResult r = simulate_layer(t, w, p);
+  EXPECT_GT(r.dispatch.scaleout_bytes, 0);
+  EXPECT_GT(r.dispatch.scaleup_bytes, 0);
+}
+
+}  // namespace
+}  // namespace mok::sim

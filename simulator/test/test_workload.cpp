@@ -1,0 +1,110 @@
+// Workload generators and the routing plan: validity, skew ordering, statistics, file input.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "mok/sim/error.hpp"
+#include "mok/sim/workload.hpp"
+
+namespace mok::sim {
+namespace {
+
+spec::LayerConfig small_cfg(int64_t ranks = 4, int64_t tokens = 512) {
+  spec::LayerConfig cfg;
+  cfg.hidden = 64;
+  cfg.intermediate = 32;
+  cfg.num_experts = 8 * ranks;
+  cfg.top_k = 4;
+  cfg.num_ranks = ranks;
+  cfg.tokens_per_rank = tokens;
+  return cfg;
+}
+
+TEST(Workload, GeneratedRoutingIsValidAndThePlanHoldsEverySlot) {
+  for (auto kind : {RoutingKind::kUniform, RoutingKind::kPowerLaw, RoutingKind::kHot, RoutingKind::kDirichlet}) {
+    RoutingSpec s;
+    s.kind = kind;
+    s.exponent = 1.5;
+    s.per_rank_skew = 0.3;
+    s.seed = 7;
+    const Workload w = generate_workload(small_cfg(), s);
+    EXPECT_EQ(w.expert_offsets.back(), w.cfg.num_slots());
+    // canonical order inside each expert: ascending token, then slot
+    for (int64_t e = 0; e < w.cfg.num_experts; ++e)
+      for (int64_t r = w.expert_offsets[e] + 1; r < w.expert_offsets[e + 1]; ++r)
+        EXPECT_LT(w.rows[r - 1].token_idx, w.rows[r].token_idx);
+  }
+}
+
+TEST(Workload, PowerLawSkewGrowsWithTheExponent) {
+  double last_gini = -1;
+  for (double exponent : {0.0, 0.6, 1.01, 1.2, 1.5}) {
+    RoutingSpec s;
+    s.kind = RoutingKind::kPowerLaw;
+    s.exponent = exponent;
+    const Workload w = generate_workload(small_cfg(8, 1024), s);
+    std::vector<int64_t> rows(w.cfg.num_experts);
+    for (int64_t e = 0; e < w.cfg.num_experts; ++e) rows[e] = w.expert_rows(e);
+    const double gini = load_stats(rows).gini;
+    EXPECT_GT(gini, last_gini) << "exponent " << exponent;
+    last_gini = gini;
+  }
+}
+
+TEST(Workload, SameSeedSameRoutingDifferentSeedDifferentRouting) {
+  RoutingSpec s;
+  s.kind = RoutingKind::kDirichlet;
+  s.alpha = 0.5;
+  s.seed = 11;
+  const Workload a = generate_workload(small_cfg(), s);
+  const Workload b = generate_workload(small_cfg(), s);
+  EXPECT_EQ(a.topk_experts, b.topk_experts);
+  s.seed = 12;
+  EXPECT_NE(generate_workload(small_cfg(), s).topk_experts, a.topk_experts);
+}
+
+TEST(Workload, FromTopkNamesTheBadTokenAndSlot) {
+  spec::LayerConfig cfg = small_cfg(2, 4);
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  topk[5 * 4 + 2] = 3;
+  topk[5 * 4 + 3] = 3;  // duplicate in token 5
+  try {
+    Workload::from_topk(cfg, topk, "test");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global token 5, slot 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Workload::from_topk(cfg, std::vector<int32_t>(3, 0), "short"), Error);
+}
+
+TEST(Workload, TopkFileRoundTrips) {
+  spec::LayerConfig cfg = small_cfg(2, 16);
+  RoutingSpec s;
+  const Workload w = generate_workload(cfg, s);
+  const std::string path = ::testing::TempDir() + "/topk.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(w.topk_experts.data()), w.topk_experts.size() * 4);
+  }
+  RoutingSpec f;
+  f.kind = RoutingKind::kTopkFile;
+  f.topk_file = path;
+  EXPECT_EQ(generate_workload(cfg, f).topk_experts, w.topk_experts);
+  cfg.tokens_per_rank = 17;
+  EXPECT_THROW(generate_workload(cfg, f), Error);
+  std::remove(path.c_str());
+}
+
+TEST(LoadStats, KnownValues) {
+  const LoadStats even = load_stats({5, 5, 5, 5});
+  EXPECT_DOUBLE_EQ(even.gini, 0.0);
+  EXPECT_DOUBLE_EQ(even.max_over_mean, 1.0);
+  const LoadStats one = load_stats({0, 0, 0, 8});
+  EXPECT_DOUBLE_EQ(one.gini, 0.75);
+  EXPECT_DOUBLE_EQ(one.max_over_mean, 4.0);
+  EXPECT_DOUBLE_EQ(one.p99, 8.0);
+}
+
+}  // namespace
+}  // namespace mok::sim

@@ -7,20 +7,62 @@
 
 namespace mok::kernel::device {
 
-// Block shape of every GEMM in the kernel: 4 warps, each owning 16 rows x 64 columns of the
-// tile (8 accumulators of m16n8). ORDER: dot-chain: K advances 16 at a time in increasing
-// order (one mma.sync.m16n8k16 per step, which rounds exactly like spec::mma_bf16_step), so a
-// tile's shape never changes an element's chain.
+// Block shape of every GEMM in the kernel: 4 warps (one warpgroup), each owning 16 rows x 64
+// columns of the tile. ORDER: dot-chain: K advances 16 at a time in increasing order, one MMA
+// step per 16 K-elements: wgmma.m64n64k16 on sm_90a, 8 x mma.sync.m16n8k16 elsewhere; both
+// round exactly like spec::mma_bf16_step (the probes check it), so neither the path nor the
+// tile's shape changes an element's chain.
 constexpr int kThreads = 128;
 constexpr int kTileM = 64;
 constexpr int kTileN = 64;
 constexpr int kStepK = spec::kMmaK;
 static_assert(kTileM == 16 * (kThreads / 32), "one m16 slab per warp");
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MOK_WGMMA 1  // sm_90a: the tile's MMA is one wgmma.m64n64k16 per K step
+#endif
+
 struct TileSmem {
+#if defined(MOK_WGMMA)
+  // Operands in wgmma's no-swizzle canonical layout: 8x8 core matrices of 128 contiguous
+  // bytes; core (row/8, k/8) at byte (row/8)*256 + (k/8)*128 (so LBO = 128, SBO = 256).
+  alignas(128) uint16_t a[kTileM * kStepK];
+  alignas(128) uint16_t b[kTileN * kStepK];  // B^T: row = n
+#else
   uint16_t a[kTileM][kStepK + 8];  // +8 bf16 of padding against bank conflicts
   uint16_t b[kTileN][kStepK + 8];  // stored [n][k]: the col-major B fragment reads rows of it
+#endif
 };
+
+#if defined(MOK_WGMMA)
+__device__ __forceinline__ int core_offset(int row, int k) {
+  return (row >> 3) * 128 + (k >> 3) * 64 + (row & 7) * 8 + (k & 7);
+}
+
+__device__ __forceinline__ uint64_t smem_descriptor(const void* p) {
+  const uint64_t addr = static_cast<uint64_t>(__cvta_generic_to_shared(p));
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t{128} >> 4) << 16) | ((uint64_t{256} >> 4) << 32);
+}
+
+// acc[j][0..3] is the m16n8 fragment of columns 8j..8j+7 of this warp's 16 rows, which is
+// exactly wgmma's accumulator layout for m64n64 (4 registers per 8 columns).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(desc_a), "l"(desc_b)
+      : "memory");
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+#endif
 
 __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
@@ -55,6 +97,20 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
   // ORDER: dot-chain, one MMA step per 16 K-elements, increasing k.
   for (int64_t k0 = 0; k0 < K; k0 += kStepK) {
     __syncthreads();
+#if defined(MOK_WGMMA)
+    for (int idx = threadIdx.x; idx < kTileM * kStepK; idx += kThreads) {
+      const int r = idx / kStepK, kk = idx % kStepK;
+      const int64_t m = m0 + r, k = k0 + kk, n = n0 + r;
+      smem.a[core_offset(r, kk)] = (m < M && k < K) ? load_a(m, k) : uint16_t{0};
+      smem.b[core_offset(r, kk)] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
+    }
+    // Ordinary stores that the tensor cores read next need the async-proxy fence.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    wgmma_m64n64k16_bf16(acc, smem_descriptor(smem.a), smem_descriptor(smem.b));
+    (void)g;
+    (void)c;
+#else
     for (int idx = threadIdx.x; idx < kTileM * kStepK; idx += kThreads) {
       const int r = idx / kStepK, kk = idx % kStepK;
       const int64_t m = m0 + r, k = k0 + kk, n = n0 + r;
@@ -76,6 +132,7 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
       b[1] = pack2(smem.b[bn][2 * c + 8], smem.b[bn][2 * c + 9]);
       mma_m16n8k16_bf16(acc[j], a, b);
     }
+#endif
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {

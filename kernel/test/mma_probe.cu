@@ -47,6 +47,53 @@ __global__ void probe_kernel(const Instr* in, float* out, int n) {
   o[(g + 8) * 8 + 2 * c + 1] = d3;
 }
 
+// One wgmma instruction: A [64][16] and B [16 k][8 n] from shared memory, C [64][8].
+struct WInstr {
+  uint16_t a[64][16];
+  uint16_t b[16][8];
+  float c[64][8];
+};
+
+// wgmma.m64n8k16 bf16 -> f32 with both operands in shared memory (no-swizzle canonical
+// layout: 8x8 core matrices, LBO 128 bytes along K, SBO 256 bytes along M/N).
+__global__ void wgmma_probe_kernel(const WInstr* in, float* out, int n) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ alignas(128) uint16_t a_s[64 * 16];
+  __shared__ alignas(128) uint16_t b_s[8 * 16];
+  const int i = blockIdx.x;
+  if (i >= n) return;
+  const WInstr& p = in[i];
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane >> 2, c = lane & 3;
+  auto off = [](int row, int k) { return (row >> 3) * 128 + (k >> 3) * 64 + (row & 7) * 8 + (k & 7); };
+  for (int idx = t; idx < 64 * 16; idx += 128) a_s[off(idx / 16, idx % 16)] = p.a[idx / 16][idx % 16];
+  for (int idx = t; idx < 8 * 16; idx += 128) b_s[off(idx / 16, idx % 16)] = p.b[idx % 16][idx / 16];
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  auto desc = [](const void* ptr) {
+    const uint64_t addr = static_cast<uint64_t>(__cvta_generic_to_shared(ptr));
+    return ((addr & 0x3FFFF) >> 4) | ((uint64_t{128} >> 4) << 16) | ((uint64_t{256} >> 4) << 32);
+  };
+  const int r = warp * 16 + g;
+  float d0 = p.c[r][2 * c], d1 = p.c[r][2 * c + 1], d2 = p.c[r + 8][2 * c], d3 = p.c[r + 8][2 * c + 1];
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, 1, 1, 1, 0, 0;\n"
+               : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+               : "l"(desc(a_s)), "l"(desc(b_s))
+               : "memory");
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  float* o = out + static_cast<int64_t>(i) * 512;
+  o[r * 8 + 2 * c] = d0;
+  o[r * 8 + 2 * c + 1] = d1;
+  o[(r + 8) * 8 + 2 * c] = d2;
+  o[(r + 8) * 8 + 2 * c + 1] = d3;
+#else
+  (void)in;
+  (void)out;
+  (void)n;
+#endif
+}
+
 uint16_t random_bf16(std::mt19937_64& rng, int center) {
   const uint64_t r = rng();
   switch (r % 32) {
@@ -112,6 +159,12 @@ void crafted(std::vector<Instr>& out, std::mt19937_64& rng) {
   }
 }
 
+float wmodel(const WInstr& p, int m, int n) {
+  uint16_t b_col[16];
+  for (int k = 0; k < 16; ++k) b_col[k] = p.b[k][n];
+  return mok::spec::mma_bf16_step(mok::spec::kHopperBf16Mma, p.c[m][n], p.a[m], 1, b_col, 1, 16);
+}
+
 float model(const Instr& p, int m, int n) {
   uint16_t b_col[16];
   for (int k = 0; k < 16; ++k) b_col[k] = p.b[k][n];
@@ -127,17 +180,19 @@ uint32_t bits(float f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t count = 1000000;
+  int64_t count = 1000000, wgmma_count = 250000;
   uint64_t seed = 20261202;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--count" && i + 1 < argc) count = std::atoll(argv[++i]);
+    else if (a == "--wgmma-count" && i + 1 < argc) wgmma_count = std::atoll(argv[++i]);
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else {
       std::fprintf(stderr,
-                   "usage: mok-mma-probe [--count N] [--seed S]\n"
-                   "Runs N random mma.sync.m16n8k16 bf16->f32 instructions (plus crafted edge cases) on the\n"
-                   "GPU and compares all 128 outputs of each with the spec's Hopper MMA model, bit for bit.\n"
+                   "usage: mok-mma-probe [--count N] [--wgmma-count W] [--seed S]\n"
+                   "Runs N random mma.sync.m16n8k16 and W random wgmma.m64n8k16 (A, B in shared memory) bf16->f32\n"
+                   "instructions, plus crafted edge cases, on the GPU and compares every output element with the\n"
+                   "spec's Hopper MMA model, bit for bit. wgmma runs only on compute capability 9.0.\n"
                    "Exit 0: all agree; 1: a mismatch (the first ones are printed); 3: no GPU.\n");
       return 2;
     }
@@ -216,5 +271,81 @@ int main(int argc, char** argv) {
               static_cast<long long>(mismatches), mok::spec::kHopperBf16Mma.name);
   cudaFree(d_in);
   cudaFree(d_out);
-  return mismatches == 0 ? 0 : 1;
+  if (prop.major != 9) {
+    std::printf("mok-mma-probe: wgmma needs compute capability 9.0 (sm_90a); skipped on %d.%d\n", prop.major, prop.minor);
+    return mismatches == 0 ? 0 : 1;
+  }
+  // wgmma.m64n8k16: the crafted cases sit in row 0 / column 0 of the first instructions.
+  int64_t w_done = 0, w_elems = 0, w_bad_total = 0;
+  const int64_t w_count = wgmma_count;
+  const int64_t w_chunk = 1 << 14;
+  WInstr* dw_in = nullptr;
+  float* dw_out = nullptr;
+  cudaMalloc(&dw_in, w_chunk * sizeof(WInstr));
+  cudaMalloc(&dw_out, w_chunk * 512 * sizeof(float));
+  std::vector<WInstr> winstrs;
+  std::vector<float> wout(w_chunk * 512);
+  {
+    std::vector<Instr> seeds;
+    crafted(seeds, rng);
+    for (const Instr& cp : seeds) {  // widen each crafted m16 case into the first rows of an m64 one
+      WInstr w;
+      for (int m = 0; m < 64; ++m)
+        for (int k = 0; k < 16; ++k) w.a[m][k] = m < 16 ? cp.a[m][k] : random_bf16(rng, 0);
+      for (int k = 0; k < 16; ++k)
+        for (int nn = 0; nn < 8; ++nn) w.b[k][nn] = cp.b[k][nn];
+      for (int m = 0; m < 64; ++m)
+        for (int nn = 0; nn < 8; ++nn) w.c[m][nn] = m < 16 ? cp.c[m][nn] : random_acc(rng, 0);
+      winstrs.push_back(w);
+    }
+  }
+  std::atomic<int> printed_w{0};
+  while (w_done < w_count + static_cast<int64_t>(num_crafted)) {
+    while (static_cast<int64_t>(winstrs.size()) < w_chunk &&
+           w_done + static_cast<int64_t>(winstrs.size()) < w_count + static_cast<int64_t>(num_crafted)) {
+      WInstr p;
+      const int center = static_cast<int>(rng() % 200) - 100;
+      for (auto& row : p.a) for (auto& v : row) v = random_bf16(rng, center / 2);
+      for (auto& row : p.b) for (auto& v : row) v = random_bf16(rng, center / 2);
+      for (auto& row : p.c) for (auto& v : row) v = random_acc(rng, center);
+      winstrs.push_back(p);
+    }
+    const int n = static_cast<int>(winstrs.size());
+    cudaMemcpy(dw_in, winstrs.data(), n * sizeof(WInstr), cudaMemcpyHostToDevice);
+    wgmma_probe_kernel<<<n, 128>>>(dw_in, dw_out, n);
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      std::fprintf(stderr, "mok-mma-probe: wgmma kernel failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+      return 1;
+    }
+    cudaMemcpy(wout.data(), dw_out, static_cast<size_t>(n) * 512 * sizeof(float), cudaMemcpyDeviceToHost);
+    std::atomic<int64_t> bad{0};
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        for (int i = static_cast<int>(t); i < n; i += static_cast<int>(threads))
+          for (int e = 0; e < 512; ++e) {
+            const float want = wmodel(winstrs[i], e / 8, e % 8);
+            const float got = wout[static_cast<int64_t>(i) * 512 + e];
+            if (bits(want) != bits(got)) {
+              ++bad;
+              if (printed_w.fetch_add(1) < 8) {
+                std::printf("WGMMA MISMATCH instr %lld element (%d,%d): gpu 0x%08x model 0x%08x\n",
+                            static_cast<long long>(w_done + i), e / 8, e % 8, bits(got), bits(want));
+              }
+            }
+          }
+      });
+    for (auto& th : pool) th.join();
+    w_bad_total += bad;
+    w_elems += static_cast<int64_t>(n) * 512;
+    w_done += n;
+    winstrs.clear();
+  }
+  std::printf("mok-mma-probe: %s, wgmma.m64n8k16 bf16 (A and B in shared memory): %lld instructions (%zu crafted), "
+              "%lld elements, %lld disagree with %s\n",
+              prop.name, static_cast<long long>(w_done), num_crafted, static_cast<long long>(w_elems),
+              static_cast<long long>(w_bad_total), mok::spec::kHopperBf16Mma.name);
+  cudaFree(dw_in);
+  cudaFree(dw_out);
+  return mismatches == 0 && w_bad_total == 0 ? 0 : 1;
 }

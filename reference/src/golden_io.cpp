@@ -1,5 +1,6 @@
 // Golden file I/O over the HDF5 C API: byte-reproducible atomic writer and fully validating reader.
 #include "mok/reference/golden.hpp"
+#include "mok/reference/validate.hpp"
 
 #include "mok/reference/error.hpp"
 #include "mok/spec/bf16.hpp"
@@ -169,6 +170,7 @@ hid_t memory_type_of(DType dtype) {
 class Context {
  public:
   explicit Context(std::string origin) : origin_(std::move(origin)) {}
+  const std::string& origin() const { return origin_; }
 
   [[noreturn]] void fail(const std::string& where, const std::string& what) const {
     throw Error(origin_ + ": " + where + (where.empty() ? "" : ": ") + what);
@@ -700,56 +702,8 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
 // ---------------------------------------------------------------------------------------------
 // Value checks.
 
-const char* nonfinite_name(float v) {
-  if (std::isnan(v)) return "NaN";
-  return v > 0 ? "+Inf" : "-Inf";
-}
-
-void check_finite_bf16(const Context& ctx, const Golden& golden, const std::string& path) {
-  const auto it = golden.tensors.find(path);
-  if (it == golden.tensors.end()) return;
-  const Tensor& t = it->second;
-  const uint16_t* data = t.data<uint16_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (spec::bf16_is_finite(data[i])) continue;
-    char bits[16];
-    std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(data[i]));
-    const auto topk = golden.tensors.find("inputs/topk_experts");
-    ctx.fail(dataset_where(path),
-             "element " +
-                 locate(*find_spec(path), golden.cfg, i,
-                        topk == golden.tensors.end() ? nullptr : &topk->second) +
-                 " is " + nonfinite_name(spec::f32_from_bf16(data[i])) + " (bf16 bits " + bits +
-                 "); inputs must be finite" + kFixHint);
-  }
-}
-
 void check_values(const Context& ctx, const Golden& golden) {
-  for (const char* path :
-       {"inputs/x", "inputs/w_shared_gate", "inputs/w_shared_up", "inputs/w_shared_down",
-        "inputs/w_routed_gate", "inputs/w_routed_up", "inputs/w_routed_down", "inputs/d_output"}) {
-    check_finite_bf16(ctx, golden, path);
-  }
-  const Tensor& topk = at(golden.tensors, "inputs/topk_experts");
-  const Tensor& weights = at(golden.tensors, "inputs/router_weights");
-  const float* w = weights.data<float>();
-  for (int64_t i = 0; i < weights.numel(); ++i) {
-    if (std::isfinite(w[i])) continue;
-    ctx.fail(dataset_where("inputs/router_weights"),
-             "element " + locate(*find_spec("inputs/router_weights"), golden.cfg, i, &topk) +
-                 " is " + nonfinite_name(w[i]) + "; router weights must be finite" + kFixHint);
-  }
-  int64_t bad_token = -1;
-  int64_t bad_slot = -1;
-  const spec::Status routing =
-      spec::validate_routing(golden.cfg, topk.data<int32_t>(), &bad_token, &bad_slot);
-  if (!routing.ok) {
-    const int32_t e = topk.data<int32_t>()[bad_token * golden.cfg.top_k + bad_slot];
-    ctx.fail(dataset_where("inputs/topk_experts"),
-             "token " + std::to_string(bad_token) + " slot " + std::to_string(bad_slot) +
-                 " holds expert " + std::to_string(e) + " (E = " +
-                 std::to_string(golden.cfg.num_experts) + "): " + routing.message + kFixHint);
-  }
+  check_input_values(golden.cfg, golden.tensors, ctx.origin(), kFixHint);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Input validation shared by every backend: schema presence, shapes, dtypes, finite values, routing.
-#include "mok/reference/emulate.hpp"
+#include "mok/reference/validate.hpp"
 
 #include "mok/reference/error.hpp"
 #include "mok/reference/schema.hpp"
@@ -7,7 +7,7 @@
 #include "mok/spec/routing_plan.hpp"
 
 #include <cmath>
-#include <sstream>
+#include <cstdio>
 
 namespace mok::ref {
 namespace {
@@ -42,31 +42,45 @@ void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool
       throw Error(origin + ": dataset /" + path + ": expected shape " + probe.shape_string() + " " +
                   dims_string(s) + " but found " + t.shape_string());
     }
-    // Values: every bf16 input and the router weights must be finite.
-    if (s.dtype == DType::kBf16) {
-      const uint16_t* v = t.data<uint16_t>();
-      for (int64_t i = 0; i < t.numel(); ++i)
-        if (!spec::bf16_is_finite(v[i]))
-          throw Error(origin + ": dataset /" + path + ": non-finite value (" +
-                      (std::isnan(t.value_at(i)) ? "NaN" : "Inf") + ") at " + locate(s, cfg, i) +
-                      "; inputs must be finite");
-    } else if (s.dtype == DType::kF32) {
-      const float* v = t.data<float>();
-      for (int64_t i = 0; i < t.numel(); ++i)
-        if (!std::isfinite(v[i]))
-          throw Error(origin + ": dataset /" + path + ": non-finite value at " + locate(s, cfg, i) +
-                      "; router weights must be finite");
+  }
+  check_input_values(cfg, inputs, origin);
+}
+
+void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, const std::string& origin,
+                        const std::string& hint) {
+  const auto topk_it = inputs.find("inputs/topk_experts");
+  const Tensor* topk = topk_it == inputs.end() ? nullptr : &topk_it->second;
+  auto nonfinite_name = [](float v) { return std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; };
+  for (const char* path : {"inputs/x", "inputs/w_shared_gate", "inputs/w_shared_up", "inputs/w_shared_down",
+                           "inputs/w_routed_gate", "inputs/w_routed_up", "inputs/w_routed_down", "inputs/d_output"}) {
+    const auto it = inputs.find(path);
+    if (it == inputs.end()) continue;
+    const uint16_t* v = it->second.data<uint16_t>();
+    for (int64_t i = 0; i < it->second.numel(); ++i) {
+      if (spec::bf16_is_finite(v[i])) continue;
+      char bits[16];
+      std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(v[i]));
+      throw Error(origin + ": dataset /" + path + ": element " + locate(*find_spec(path), cfg, i, topk) + " is " +
+                  nonfinite_name(spec::f32_from_bf16(v[i])) + " (bf16 bits " + bits + "); inputs must be finite" +
+                  hint);
     }
   }
+  if (const auto it = inputs.find("inputs/router_weights"); it != inputs.end()) {
+    const float* w = it->second.data<float>();
+    for (int64_t i = 0; i < it->second.numel(); ++i)
+      if (!std::isfinite(w[i]))
+        throw Error(origin + ": dataset /inputs/router_weights: element " +
+                    locate(*find_spec("inputs/router_weights"), cfg, i, topk) + " is " + nonfinite_name(w[i]) +
+                    "; router weights must be finite" + hint);
+  }
+  if (!topk) return;
   int64_t bad_token = -1, bad_slot = -1;
-  const spec::Status routing = spec::validate_routing(
-      cfg, at(inputs, "inputs/topk_experts").data<int32_t>(), &bad_token, &bad_slot);
+  const spec::Status routing = spec::validate_routing(cfg, topk->data<int32_t>(), &bad_token, &bad_slot);
   if (!routing.ok) {
-    const int32_t id = at(inputs, "inputs/topk_experts").data<int32_t>()[bad_token * cfg.top_k + bad_slot];
-    std::ostringstream msg;
-    msg << origin << ": dataset /inputs/topk_experts: " << routing.message << " at token=" << bad_token
-        << " slot=" << bad_slot << " (expert id " << id << ", E=" << cfg.num_experts << ")";
-    throw Error(msg.str());
+    const int32_t id = topk->data<int32_t>()[bad_token * cfg.top_k + bad_slot];
+    throw Error(origin + ": dataset /inputs/topk_experts: token " + std::to_string(bad_token) + " slot " +
+                std::to_string(bad_slot) + " holds expert " + std::to_string(id) + " (E = " +
+                std::to_string(cfg.num_experts) + "): " + routing.message + hint);
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include "mok/reference/sample.hpp"
 #include "mok/reference/tensor.hpp"
+#include "mok/reference/validate.hpp"
 #include "mok/spec/config.hpp"
 #include "mok/spec/mma_model.hpp"
 
@@ -25,10 +26,6 @@ struct EmulateOptions {
 TensorMap emulate(const spec::LayerConfig& cfg, const TensorMap& inputs,
                   const EmulateOptions& options = {});
 
-// Checks inputs against the schema for cfg (presence, shape, dtype, finite values, routing);
-// throws mok::Error naming `origin` (a file, or "inputs") and the dataset. Every backend and
-// the golden reader call it before any work starts.
-void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool need_backward,
-                     const std::string& origin = "inputs");
+
 
 }  // namespace mok::ref

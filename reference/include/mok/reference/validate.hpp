@@ -1,0 +1,23 @@
+// Input validation shared by every backend and the golden reader: structure, then values.
+#pragma once
+
+#include "mok/reference/tensor.hpp"
+#include "mok/spec/config.hpp"
+
+#include <string>
+
+namespace mok::ref {
+
+// Value checks of the inputs that are present: every bf16 input (x, weights, d_output) and the
+// router weights finite, topk_experts valid (ids in [-1, E), distinct in a row). Throws
+// mok::Error "ORIGIN: dataset /inputs/x: element token=3 h=7 is NaN (bf16 bits 0x7fc0); inputs
+// must be finite" + `hint`.
+void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, const std::string& origin,
+                        const std::string& hint = "");
+
+// Structure (presence, dtype, shape of every input the config needs) and then values, for the
+// backends. Throws mok::Error naming `origin` and the dataset.
+void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool need_backward,
+                     const std::string& origin = "inputs");
+
+}  // namespace mok::ref

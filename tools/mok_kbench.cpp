@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str();
   app.add_option("--comm-sms", comm, "communication blocks per rank")->capture_default_str();
   app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str();
+  bool no_tma = false;
+  app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
   CLI11_PARSE(app, argc, argv);
   try {
     std::string why;
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
     mok::kernel::KernelOptions ko;
     ko.comm_blocks_per_rank = comm;
     ko.blocks_per_rank = blocks;
+    ko.disable_tma = no_tma;
     mok::kernel::Layer layer(cfg, ko);
     int64_t rows = 0;
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
@@ -134,9 +137,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# mok-kbench %s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
-                "(%d comm), median of %d after %d warm-up\n",
+                "(%d comm), TMA %s, median of %d after %d warm-up\n",
                 prop.name, (long long)G, (long long)H, (long long)I, (long long)Is, (long long)E, (long long)K,
-                (long long)Rn, (long long)rows, layer.blocks_per_rank(), comm, reps, warmup);
+                (long long)Rn, (long long)rows, layer.blocks_per_rank(), comm, layer.uses_tma() ? "on" : "off", reps,
+                warmup);
     std::printf("%-10s %10s %12s\n", "pass", "ms", "TFLOP/s");
     std::printf("%-10s %10.3f %12.2f\n", "forward", f_ms, fwd_flops / (f_ms * 1e-3) / 1e12);
     if (b_ms > 0) std::printf("%-10s %10.3f %12.2f\n", "backward", b_ms, bwd_flops / (b_ms * 1e-3) / 1e12);

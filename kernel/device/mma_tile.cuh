@@ -1,6 +1,7 @@
 // Tensor-core tile engine: a block computes a [64 x 64] fp32 tile as one mma.sync chain per element.
 #pragma once
 
+#include "mok/kernel/params.hpp"
 #include "mok/spec/config.hpp"
 
 #include <cstdint>
@@ -25,9 +26,12 @@ static_assert(kTileM == 16 * (kThreads / 32), "one m16 slab per warp");
 struct TileSmem {
 #if defined(MOK_WGMMA)
   // Operands in wgmma's no-swizzle canonical layout: 8x8 core matrices of 128 contiguous
-  // bytes; core (row/8, k/8) at byte (row/8)*256 + (k/8)*128 (so LBO = 128, SBO = 256).
+  // bytes. Filled by threads: core (row/8, k/8) at byte (row/8)*256 + (k/8)*128 (LBO 128,
+  // SBO 256). Filled by TMA: each K half is a 64-row box of 16-byte rows, so core (row/8, k/8)
+  // is at byte (k/8)*1024 + (row/8)*128 (LBO 1024, SBO 128).
   alignas(128) uint16_t a[kTileM * kStepK];
   alignas(128) uint16_t b[kTileN * kStepK];  // B^T: row = n
+  alignas(8) uint64_t bar;                    // TMA completion
 #else
   uint16_t a[kTileM][kStepK + 8];  // +8 bf16 of padding against bank conflicts
   uint16_t b[kTileN][kStepK + 8];  // stored [n][k]: the col-major B fragment reads rows of it
@@ -39,9 +43,34 @@ __device__ __forceinline__ int core_offset(int row, int k) {
   return (row >> 3) * 128 + (k >> 3) * 64 + (row & 7) * 8 + (k & 7);
 }
 
-__device__ __forceinline__ uint64_t smem_descriptor(const void* p) {
+__device__ __forceinline__ uint64_t smem_descriptor(const void* p, uint64_t lbo = 128, uint64_t sbo = 256) {
   const uint64_t addr = static_cast<uint64_t>(__cvta_generic_to_shared(p));
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t{128} >> 4) << 16) | ((uint64_t{256} >> 4) << 32);
+  return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Loads the 8 x 64 box at (col, row) of a 2D bf16 tensor map into shared memory, completing
+// on the mbarrier (out-of-range elements read as zero).
+__device__ __forceinline__ void tma_load_box(void* dst, const TensorMapBytes& map, int32_t col, int32_t row,
+                                             uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      :
+      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(smem_u32(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(phase)
+        : "memory");
 }
 
 // acc[j][0..3] is the m16n8 fragment of columns 8j..8j+7 of this warp's 16 rows, which is
@@ -142,6 +171,75 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
     if (r0 + 8 < M && col < N) epilogue(r0 + 8, col, acc[j][2]);
     if (r0 + 8 < M && col + 1 < N) epilogue(r0 + 8, col + 1, acc[j][3]);
   }
+}
+
+// The same tile as gemm_tile for K-major operands held in tensor maps: A(m, k) is element
+// (a_row0 + m, k) of a_map and B(k, n) is element (b_row0 + n, k) of b_map. On sm_90a the
+// tiles arrive by TMA; elsewhere a_ptr/b_ptr (the same tensors, row-major with leading
+// dimensions lda/ldb, already offset to a_row0/b_row0) feed the thread-filled path. Rows past
+// M or N read neighbouring rows (or zeros past the tensor) and are never stored.
+template <class Init, class Epilogue>
+__device__ void gemm_tile_kmajor(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64_t m0, int64_t n0, Init init,
+                                 const TensorMapBytes& a_map, int64_t a_row0, const uint16_t* a_ptr, int64_t lda,
+                                 const TensorMapBytes& b_map, int64_t b_row0, const uint16_t* b_ptr, int64_t ldb,
+                                 bool use_tma, Epilogue epilogue) {
+#if defined(MOK_WGMMA)
+  if (use_tma) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane >> 2, c = lane & 3;
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
+      acc[j][0] = r0 < M && col < N ? init(r0, col) : 0.0f;
+      acc[j][1] = r0 < M && col + 1 < N ? init(r0, col + 1) : 0.0f;
+      acc[j][2] = r0 + 8 < M && col < N ? init(r0 + 8, col) : 0.0f;
+      acc[j][3] = r0 + 8 < M && col + 1 < N ? init(r0 + 8, col + 1) : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&smem.bar)) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    uint32_t phase = 0;
+    // ORDER: dot-chain, one wgmma per 16 K-elements, increasing k.
+    for (int64_t k0 = 0; k0 < K; k0 += kStepK) {
+      if (threadIdx.x == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.bar)),
+                     "r"(4 * 1024)
+                     : "memory");
+        for (int h = 0; h < 2; ++h) {
+          tma_load_box(smem.a + h * 512, a_map, static_cast<int32_t>(k0 + 8 * h), static_cast<int32_t>(a_row0 + m0),
+                       &smem.bar);
+          tma_load_box(smem.b + h * 512, b_map, static_cast<int32_t>(k0 + 8 * h), static_cast<int32_t>(b_row0 + n0),
+                       &smem.bar);
+        }
+      }
+      mbar_wait(&smem.bar, phase);
+      phase ^= 1;
+      wgmma_m64n64k16_bf16(acc, smem_descriptor(smem.a, 1024, 128), smem_descriptor(smem.b, 1024, 128));
+      __syncthreads();  // every warp's wgmma has read the tile before the next load overwrites it
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
+      if (r0 < M && col < N) epilogue(r0, col, acc[j][0]);
+      if (r0 < M && col + 1 < N) epilogue(r0, col + 1, acc[j][1]);
+      if (r0 + 8 < M && col < N) epilogue(r0 + 8, col, acc[j][2]);
+      if (r0 + 8 < M && col + 1 < N) epilogue(r0 + 8, col + 1, acc[j][3]);
+    }
+    return;
+  }
+#else
+  (void)a_map;
+  (void)b_map;
+  (void)a_row0;
+  (void)b_row0;
+  (void)use_tma;
+#endif
+  gemm_tile(smem, M, N, K, m0, n0, init, [&](int64_t m, int64_t k) { return a_ptr[m * lda + k]; },
+            [&](int64_t k, int64_t n) { return b_ptr[n * ldb + k]; }, epilogue);
 }
 
 }  // namespace mok::kernel::device

@@ -172,22 +172,21 @@ __device__ inline bool forward_expert_tile(const LaunchParams& P, const Role& ro
   float* up = S.up + p0 * I;
   uint16_t* act = S.act + p0 * I;
   auto zero = [] __device__(int64_t, int64_t) { return 0.0f; };
+  const RankTensorMaps& maps = P.maps[role.rank];
+  const bool tma = P.use_tma != 0;
   for (int64_t n0 = 0; n0 < I; n0 += kTileN) {
     // ORDER: dot-chain over H for g and u.
-    gemm_tile(smem, n, I, H, 0, n0, zero, [&](int64_t m, int64_t k) { return xd[m * H + k]; },
-              [&](int64_t k, int64_t col) { return wg[col * H + k]; },
-              [&](int64_t m, int64_t col, float v) { gate[m * I + col] = v; });
-    gemm_tile(smem, n, I, H, 0, n0, zero, [&](int64_t m, int64_t k) { return xd[m * H + k]; },
-              [&](int64_t k, int64_t col) { return wu[col * H + k]; },
-              [&](int64_t m, int64_t col, float v) { up[m * I + col] = v; });
+    gemm_tile_kmajor(smem, n, I, H, 0, n0, zero, maps.xd, p0, xd, H, maps.w_routed_gate, e_local * I, wg, H, tma,
+                     [&](int64_t m, int64_t col, float v) { gate[m * I + col] = v; });
+    gemm_tile_kmajor(smem, n, I, H, 0, n0, zero, maps.xd, p0, xd, H, maps.w_routed_up, e_local * I, wu, H, tma,
+                     [&](int64_t m, int64_t col, float v) { up[m * I + col] = v; });
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n * I; i += kThreads) act[i] = spec::swiglu_act(gate[i], up[i]);
   __syncthreads();
   for (int64_t n0 = 0; n0 < H; n0 += kTileN) {
     // ORDER: dot-chain over I; the result is pushed into the token owner's slot buffer.
-    gemm_tile(smem, n, H, I, 0, n0, zero, [&](int64_t m, int64_t k) { return act[m * I + k]; },
-              [&](int64_t k, int64_t col) { return wd[col * I + k]; },
+    gemm_tile_kmajor(smem, n, H, I, 0, n0, zero, maps.act, p0, act, I, maps.w_routed_down, e_local * H, wd, I, tma,
               [&](int64_t m, int64_t col, float v) {
                 const RowRef row = S.rows[p0 + m];
                 uint16_t* dst = P.peers[row.token_idx / T].y_slots;
@@ -213,22 +212,21 @@ __device__ inline void forward_shared_tile(const LaunchParams& P, const Role& ro
   float* sg = S.shared_gate + t0 * Is;
   float* su = S.shared_up + t0 * Is;
   uint16_t* sa = S.shared_act + t0 * Is;
+  const RankTensorMaps& maps = P.maps[role.rank];
+  const bool tma = P.use_tma != 0;
   for (int64_t n0 = 0; n0 < Is; n0 += kTileN) {
-    gemm_tile(smem, n, Is, H, 0, n0, zero, [&](int64_t m, int64_t k) { return x[m * H + k]; },
-              [&](int64_t k, int64_t col) { return W.w_shared_gate[col * H + k]; },
-              [&](int64_t m, int64_t col, float v) { sg[m * Is + col] = v; });
-    gemm_tile(smem, n, Is, H, 0, n0, zero, [&](int64_t m, int64_t k) { return x[m * H + k]; },
-              [&](int64_t k, int64_t col) { return W.w_shared_up[col * H + k]; },
-              [&](int64_t m, int64_t col, float v) { su[m * Is + col] = v; });
+    gemm_tile_kmajor(smem, n, Is, H, 0, n0, zero, maps.x, t0, x, H, maps.w_shared_gate, 0, W.w_shared_gate, H, tma,
+                     [&](int64_t m, int64_t col, float v) { sg[m * Is + col] = v; });
+    gemm_tile_kmajor(smem, n, Is, H, 0, n0, zero, maps.x, t0, x, H, maps.w_shared_up, 0, W.w_shared_up, H, tma,
+                     [&](int64_t m, int64_t col, float v) { su[m * Is + col] = v; });
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n * Is; i += kThreads) sa[i] = spec::swiglu_act(sg[i], su[i]);
   __syncthreads();
   float* so = S.shared_out + t0 * H;
   for (int64_t n0 = 0; n0 < H; n0 += kTileN)
-    gemm_tile(smem, n, H, Is, 0, n0, zero, [&](int64_t m, int64_t k) { return sa[m * Is + k]; },
-              [&](int64_t k, int64_t col) { return W.w_shared_down[col * Is + k]; },
-              [&](int64_t m, int64_t col, float v) { so[m * H + col] = v; });
+    gemm_tile_kmajor(smem, n, H, Is, 0, n0, zero, maps.shared_act, t0, sa, Is, maps.w_shared_down, 0, W.w_shared_down,
+                     Is, tma, [&](int64_t m, int64_t col, float v) { so[m * H + col] = v; });
   publish(&S.counters[2], 1);
 }
 

@@ -6,7 +6,9 @@
 #include "mok/reference/error.hpp"
 #include "mok/reference/schema.hpp"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <sstream>
@@ -32,12 +34,40 @@ T* device_alloc(std::vector<void*>& owned, int64_t count) {
   return static_cast<T*>(p);
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A 2D bf16 [rows, cols] row-major tensor as a TMA map with 8 x 64 boxes (16 bytes of K x 64 rows).
+bool encode_map(TensorMapBytes* out, const void* base, int64_t rows, int64_t cols) {
+  static_assert(sizeof(TensorMapBytes) == sizeof(CUtensorMap), "opaque tensor map must match CUtensorMap");
+  auto encode = tensor_map_encoder();
+  if (!encode || !base || rows <= 0 || cols <= 0) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {8, 64};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(reinterpret_cast<CUtensorMap*>(out), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base),
+                dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace
 
 struct Layer::Impl {
   spec::LayerConfig cfg;
   KernelOptions options;
   int blocks_per_rank = 0;
+  bool hopper = false;  // compute capability 9.x: the sm_90a code path (wgmma, TMA) runs
   uint32_t epoch = 0;
   std::vector<void*> owned;
   LaunchParams host{};
@@ -81,6 +111,22 @@ struct Layer::Impl {
       t.d_w_shared_up = out.d_w_shared_up ? out.d_w_shared_up + r * Is * H : nullptr;
       t.d_w_shared_down = out.d_w_shared_down ? out.d_w_shared_down + r * H * Is : nullptr;
     }
+    // TMA maps of every K-major operand (sm_90a); any failure falls back to thread-filled tiles.
+    bool maps_ok = hopper && tensor_map_encoder() != nullptr;
+    for (int r = 0; r < R && maps_ok; ++r) {
+      RankTensorMaps& m = host.maps[r];
+      const RankState& s = host.state[r];
+      const RankTensors& t = host.tensors[r];
+      const int64_t cap = host.row_capacity;
+      maps_ok = encode_map(&m.xd, s.xd, cap, H) && encode_map(&m.act, s.act, cap, I) &&
+                encode_map(&m.dy, s.dy, cap, H) && encode_map(&m.w_routed_gate, t.w_routed_gate, El * I, H) &&
+                encode_map(&m.w_routed_up, t.w_routed_up, El * I, H) &&
+                encode_map(&m.w_routed_down, t.w_routed_down, El * H, I) && encode_map(&m.x, host.peers[r].x, T, H);
+      if (maps_ok && Is > 0)
+        maps_ok = encode_map(&m.shared_act, s.shared_act, T, Is) && encode_map(&m.w_shared_gate, t.w_shared_gate, Is, H) &&
+                  encode_map(&m.w_shared_up, t.w_shared_up, Is, H) && encode_map(&m.w_shared_down, t.w_shared_down, H, Is);
+    }
+    host.use_tma = maps_ok && !options.disable_tma ? 1 : 0;
     MOK_CUDA(cudaMemcpyAsync(device_params, &host, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
     MOK_CUDA(cudaMemsetAsync(control, 0, control_words * sizeof(uint32_t), stream));
     MOK_CUDA(cudaMemsetAsync(error, 0, sizeof(ErrorRecord), stream));
@@ -102,6 +148,9 @@ Layer::Layer(const spec::LayerConfig& cfg, const KernelOptions& options) : impl_
   MOK_CUDA(cudaGetDevice(&device));
   MOK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   MOK_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
+  int major = 0;
+  MOK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  m.hopper = major == 9;
   if (!coop) throw Error("kernel: this GPU does not support cooperative launches", ErrorKind::kUnsupported);
   MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_fwd, device::moe_forward_kernel, device::kThreads, 0));
   MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_bwd, device::moe_backward_kernel, device::kThreads, 0));
@@ -211,6 +260,7 @@ void Layer::check_errors(void* stream) {
 
 int Layer::blocks_per_rank() const { return impl_->blocks_per_rank; }
 int Layer::comm_blocks_per_rank() const { return impl_->options.comm_blocks_per_rank; }
+bool Layer::uses_tma() const { return impl_->host.use_tma != 0; }
 const uint16_t* Layer::y_slots() const { return impl_->y_slots; }
 const uint16_t* Layer::dx_slots() const { return impl_->dx_slots; }
 

@@ -78,6 +78,7 @@ float brute_force(float acc, const std::vector<uint16_t>& a, const std::vector<u
   const int e = floor_log2(mag);
   const cpp_rational t = trunc_to_multiple(mag, pow2(std::max(e - 23, -149)));
   const float r = static_cast<float>(static_cast<double>(t));  // exact: t is an fp32 value
+  if (r == 0.0f) return 0.0f;  // a result that truncates to zero is +0
   return neg ? -r : r;
 }
 

@@ -16,6 +16,7 @@ struct KernelOptions {
   int comm_blocks_per_rank = 1;  // communication blocks of each rank (>= 1, < blocks_per_rank)
   double wait_timeout_s = 10.0;  // bound on every wait for a flag; a timeout ends the pass with a diagnostic
   int silent_rank = -1;          // testing only: this rank never runs (its peers must time out)
+  bool disable_tma = false;      // sm_90a: fill every tile with threads instead of TMA (same bits)
 };
 
 // Global arrays on the device, in global token order (rank r's tokens are rows r*T .. r*T+T-1,
@@ -67,6 +68,7 @@ class Layer {
 
   int blocks_per_rank() const;
   int comm_blocks_per_rank() const;
+  bool uses_tma() const;  // true after a launch on sm_90a whose tensor maps could be encoded
   // Device pointers of the slot buffers [G, K, H] (intermediates y and dx_slot, for checking).
   const uint16_t* y_slots() const;
   const uint16_t* dx_slots() const;

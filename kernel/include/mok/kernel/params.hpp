@@ -47,6 +47,30 @@ struct ErrorRecord {
   int64_t index;          // flag index (row, token) or the bad (token * K + slot)
 };
 
+// A CUDA tensor map (CUtensorMap, 128 bytes, 64-byte aligned) kept opaque so that this header
+// needs no CUDA types. The host encodes them (src/layer.cu); sm_90a code loads tiles with TMA.
+struct alignas(64) TensorMapBytes {
+  uint64_t bytes[16];
+};
+
+// Tensor maps of the K-major operands, all 2D bf16 [rows, cols] with 8 x 64 boxes (16 bytes
+// of K by 64 rows): A operands (rows = tokens or routed rows) and weight matrices viewed as
+// [out-features of every local expert, in-features].
+struct RankTensorMaps {
+  TensorMapBytes xd;             // [capacity, H] gathered x rows
+  TensorMapBytes act;            // [capacity, I]
+  TensorMapBytes dy;             // [capacity, H]
+  TensorMapBytes w_routed_gate;  // [E_local * I, H]
+  TensorMapBytes w_routed_up;    // [E_local * I, H]
+  TensorMapBytes w_routed_down;  // [E_local * H, I]
+  TensorMapBytes x;              // [T, H] this rank's tokens
+  TensorMapBytes d_output;       // [T, H]
+  TensorMapBytes shared_act;     // [T, Is]
+  TensorMapBytes w_shared_gate;  // [Is, H]
+  TensorMapBytes w_shared_up;    // [Is, H]
+  TensorMapBytes w_shared_down;  // [H, Is]
+};
+
 // One rank's private state (workspace), written only by that rank's blocks.
 struct RankState {
   int64_t* expert_offsets;    // [E_local + 1]
@@ -102,6 +126,8 @@ struct LaunchParams {
   PeerBuffers peers[kMaxRanks];
   RankState state[kMaxRanks];
   RankTensors tensors[kMaxRanks];
+  RankTensorMaps maps[kMaxRanks];
+  int32_t use_tma;                // 1 when the maps are valid (sm_90a code uses them)
   ErrorRecord* error;
   uint32_t* abort;
 };

@@ -41,7 +41,7 @@ void* zeros(size_t bytes) {
 int main(int argc, char** argv) {
   CLI::App app{"mok-kbench: time the fused MoE kernel (forward, backward) with CUDA events; median of --reps.", "mok-kbench"};
   std::string preset = "dsv3-mini", file, routing = "uniform";
-  int reps = 20, warmup = 3, comm = 1, blocks = 0;
+  int reps = 20, warmup = 3, comm = 0, blocks = 0;
   int64_t R = 0, T = 0;
   app.add_option("--preset,-p", preset, "configuration preset (ignored with --file)")->capture_default_str();
   app.add_option("--file,-f", file, "take config and inputs from a golden file instead");
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   app.add_option("--T", T, "tokens per rank (overrides the preset)");
   app.add_option("--reps", reps, "timed repetitions")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str();
-  app.add_option("--comm-sms", comm, "communication blocks per rank")->capture_default_str();
+  app.add_option("--comm-sms", comm, "communication blocks per rank (0: blocks per rank / 8)")->capture_default_str();
   app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str();
   bool no_tma = false;
   app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     std::printf("# mok-kbench %s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
                 "(%d comm), TMA %s, median of %d after %d warm-up\n",
                 prop.name, (long long)G, (long long)H, (long long)I, (long long)Is, (long long)E, (long long)K,
-                (long long)Rn, (long long)rows, layer.blocks_per_rank(), comm, layer.uses_tma() ? "on" : "off", reps,
+                (long long)Rn, (long long)rows, layer.blocks_per_rank(), layer.comm_blocks_per_rank(), layer.uses_tma() ? "on" : "off", reps,
                 warmup);
     std::printf("%-10s %10s %12s\n", "pass", "ms", "TFLOP/s");
     std::printf("%-10s %10.3f %12.2f\n", "forward", f_ms, fwd_flops / (f_ms * 1e-3) / 1e12);

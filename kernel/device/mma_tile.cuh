@@ -23,20 +23,38 @@ static_assert(kTileM == 16 * (kThreads / 32), "one m16 slab per warp");
 #define MOK_WGMMA 1  // sm_90a: the tile's MMA is one wgmma.m64n64k16 per K step
 #endif
 
-struct TileSmem {
-#if defined(MOK_WGMMA)
-  // Operands in wgmma's no-swizzle canonical layout: 8x8 core matrices of 128 contiguous
-  // bytes. Filled by threads: core (row/8, k/8) at byte (row/8)*256 + (k/8)*128 (LBO 128,
-  // SBO 256). Filled by TMA: each K half is a 64-row box of 16-byte rows, so core (row/8, k/8)
-  // is at byte (k/8)*1024 + (row/8)*128 (LBO 1024, SBO 128).
-  alignas(128) uint16_t a[kTileM * kStepK];
-  alignas(128) uint16_t b[kTileN * kStepK];  // B^T: row = n
-  alignas(8) uint64_t bar;                    // TMA completion
-#else
-  uint16_t a[kTileM][kStepK + 8];  // +8 bf16 of padding against bank conflicts
-  uint16_t b[kTileN][kStepK + 8];  // stored [n][k]: the col-major B fragment reads rows of it
-#endif
+// The TMA pipeline (sm_90a): kStages buffers of kChunkK K-elements for A and B, each filled by
+// kChunkK / 8 boxes of 64 rows x 16 bytes, completing on that stage's mbarrier.
+constexpr int kStages = 4;
+constexpr int kChunkK = 64;
+
+// Shared memory of one block. Operands sit in wgmma's no-swizzle canonical layout: 8x8 core
+// matrices of 128 contiguous bytes. Filled by threads (16 K-elements): core (row/8, k/8) at
+// byte (row/8)*256 + (k/8)*128 (LBO 128, SBO 256). Filled by TMA: each 8-wide K column is a
+// box of 64 16-byte rows, so core (row/8, k/8) is at byte (k/8)*1024 + (row/8)*128 (LBO 1024,
+// SBO 128).
+struct TileSmemWgmma {
+  alignas(1024) uint16_t a[kStages][kTileM * kChunkK];
+  alignas(1024) uint16_t b[kStages][kTileN * kChunkK];  // B^T: row = n
+  alignas(8) uint64_t full[kStages];
 };
+
+// mma.sync path: one 16-wide K step, rows padded by 8 bf16 against bank conflicts.
+struct TileSmemMma {
+  uint16_t a[kTileM][kStepK + 8];
+  uint16_t b[kTileN][kStepK + 8];  // stored [n][k]: the col-major B fragment reads rows of it
+};
+
+#if defined(MOK_WGMMA)
+using TileSmem = TileSmemWgmma;
+#else
+using TileSmem = TileSmemMma;
+#endif
+
+// Dynamic shared memory a launch needs on a device of this compute capability.
+constexpr size_t smem_bytes_for(int cc_major) {
+  return cc_major == 9 ? sizeof(TileSmemWgmma) : sizeof(TileSmemMma);
+}
 
 #if defined(MOK_WGMMA)
 __device__ __forceinline__ int core_offset(int row, int k) {
@@ -75,8 +93,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
 
 // acc[j][0..3] is the m16n8 fragment of columns 8j..8j+7 of this warp's 16 rows, which is
 // exactly wgmma's accumulator layout for m64n64 (4 registers per 8 columns).
-__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+__device__ __forceinline__ void wgmma_issue_m64n64k16_bf16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
@@ -88,6 +105,11 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[8][4], uint64_t 
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(desc_a), "l"(desc_b)
       : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  wgmma_issue_m64n64k16_bf16(d, desc_a, desc_b);
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
@@ -130,13 +152,13 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
     for (int idx = threadIdx.x; idx < kTileM * kStepK; idx += kThreads) {
       const int r = idx / kStepK, kk = idx % kStepK;
       const int64_t m = m0 + r, k = k0 + kk, n = n0 + r;
-      smem.a[core_offset(r, kk)] = (m < M && k < K) ? load_a(m, k) : uint16_t{0};
-      smem.b[core_offset(r, kk)] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
+      smem.a[0][core_offset(r, kk)] = (m < M && k < K) ? load_a(m, k) : uint16_t{0};
+      smem.b[0][core_offset(r, kk)] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
     }
     // Ordinary stores that the tensor cores read next need the async-proxy fence.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    wgmma_m64n64k16_bf16(acc, smem_descriptor(smem.a), smem_descriptor(smem.b));
+    wgmma_m64n64k16_bf16(acc, smem_descriptor(smem.a[0]), smem_descriptor(smem.b[0]));
     (void)g;
     (void)c;
 #else
@@ -198,28 +220,43 @@ __device__ void gemm_tile_kmajor(TileSmem& smem, int64_t M, int64_t N, int64_t K
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&smem.bar)) : "memory");
+      for (int st = 0; st < kStages; ++st)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    uint32_t phase = 0;
-    // ORDER: dot-chain, one wgmma per 16 K-elements, increasing k.
-    for (int64_t k0 = 0; k0 < K; k0 += kStepK) {
-      if (threadIdx.x == 0) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.bar)),
-                     "r"(4 * 1024)
-                     : "memory");
-        for (int h = 0; h < 2; ++h) {
-          tma_load_box(smem.a + h * 512, a_map, static_cast<int32_t>(k0 + 8 * h), static_cast<int32_t>(a_row0 + m0),
-                       &smem.bar);
-          tma_load_box(smem.b + h * 512, b_map, static_cast<int32_t>(k0 + 8 * h), static_cast<int32_t>(b_row0 + n0),
-                       &smem.bar);
-        }
+    const int64_t num_chunks = (K + kChunkK - 1) / kChunkK;
+    // One thread fills stage `chunk % kStages` with chunk `chunk` (boxes past K read zeros).
+    auto load_chunk = [&](int64_t chunk) {
+      const int st = static_cast<int>(chunk % kStages);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.full[st])),
+                   "r"(2 * kTileM * kChunkK * 2)
+                   : "memory");
+      for (int col = 0; col < kChunkK / 8; ++col) {
+        const int32_t k = static_cast<int32_t>(chunk * kChunkK + 8 * col);
+        tma_load_box(smem.a[st] + col * 512, a_map, k, static_cast<int32_t>(a_row0 + m0), &smem.full[st]);
+        tma_load_box(smem.b[st] + col * 512, b_map, k, static_cast<int32_t>(b_row0 + n0), &smem.full[st]);
       }
-      mbar_wait(&smem.bar, phase);
-      phase ^= 1;
-      wgmma_m64n64k16_bf16(acc, smem_descriptor(smem.a, 1024, 128), smem_descriptor(smem.b, 1024, 128));
-      __syncthreads();  // every warp's wgmma has read the tile before the next load overwrites it
+    };
+    if (threadIdx.x == 0)
+      for (int64_t chunk = 0; chunk < kStages - 1 && chunk < num_chunks; ++chunk) load_chunk(chunk);
+    // ORDER: dot-chain: chunks in increasing k, and inside a chunk one wgmma per 16 K-elements
+    // in increasing k, all on the same accumulators (wgmma executes them in issue order).
+    for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+      // The stage refilled here was consumed in the previous iteration (ended by a barrier).
+      if (threadIdx.x == 0 && chunk + kStages - 1 < num_chunks) load_chunk(chunk + kStages - 1);
+      const int st = static_cast<int>(chunk % kStages);
+      mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < kChunkK / kStepK; ++j) {
+        if (chunk * kChunkK + j * kStepK >= K) break;  // no empty steps past K
+        wgmma_issue_m64n64k16_bf16(acc, smem_descriptor(smem.a[st] + 2 * j * 512, 1024, 128),
+                                   smem_descriptor(smem.b[st] + 2 * j * 512, 1024, 128));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      __syncthreads();
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

@@ -12,8 +12,9 @@ namespace mok::kernel::device {
 using spec::RowRef;
 
 // Which rank a block serves and its role: blocks [0, comm) of a rank communicate (gather rows
-// from peers, then combine results for the rank's own tokens); the rest compute (expert and
-// shared-expert GEMMs, weight gradients). Roles change who does the work, never its order.
+// from peers); the rest compute (expert and shared-expert GEMMs, weight gradients). Every block
+// of the rank then takes a share of the combines for the rank's own tokens. Roles change who
+// does the work, never its order.
 struct Role {
   int rank;
   int block;         // within the rank
@@ -141,17 +142,13 @@ __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint
   }
 }
 
-// Waits until rows [p0, p0 + n) of a gathered tensor are ready.
+// Waits until rows [p0, p0 + n) of a gathered tensor are ready (thread i waits for row i).
 __device__ inline bool wait_rows(const LaunchParams& P, const Role& role, const uint32_t* ready, int64_t p0, int64_t n,
                                  int flag) {
-  __shared__ int ok;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    ok = 1;
-    for (int64_t i = 0; i < n && ok; ++i) ok = wait_at_least(P, &ready[p0 + i], P.epoch, role.rank, flag, p0 + i);
-  }
-  __syncthreads();
-  return ok != 0;
+  bool ok = true;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads)
+    ok = ok && wait_at_least(P, &ready[p0 + i], P.epoch, role.rank, flag, p0 + i);
+  return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -238,7 +235,8 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
   const LaunchParams& P = *params;
   const Role role = my_role(P);
   if (role.rank == P.silent_rank) return;
-  __shared__ TileSmem smem;
+  extern __shared__ __align__(1024) unsigned char dynamic_smem[];
+  TileSmem& smem = *reinterpret_cast<TileSmem*>(dynamic_smem);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
@@ -253,34 +251,35 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
 
   if (role.comm) {
     gather_rows(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
-    // Combine this rank's tokens once every slot has arrived and the shared expert is done.
-    if (!block_wait(P, &P.peers[role.rank].arrivals[0], S.counters[4], role.rank, kFlagForwardArrivals, -1)) return;
-    if (!block_wait(P, &S.counters[2], static_cast<uint32_t>(shared_tiles(c)), role.rank, kFlagSharedForward, -1))
-      return;
-    const uint16_t* y = P.peers[role.rank].y_slots;
-    const int32_t* topk = P.peers[role.rank].topk;
-    const float* w = P.peers[role.rank].router_weights;
-    uint16_t* out = P.tensors[role.rank].output;
-    for (int64_t i = role.index * kThreads + threadIdx.x; i < T * H; i += role.count * kThreads) {
-      const int64_t t = i / H, h = i % H;
-      float acc = c.has_shared() ? __ldcg(&S.shared_out[i]) : 0.0f;
-      for (int64_t k = 0; k < K; ++k)  // ORDER: combine-slots
-        if (topk[t * K + k] >= 0) acc = spec::combine_step(acc, w[t * K + k], __ldcg(&y[(t * K + k) * H + h]));
-      out[i] = spec::bf16_from_f32_rne(acc);
+  } else {
+    // Compute role: expert tiles (every local expert's rows in 64-row tiles), then shared tiles.
+    int64_t item = 0;
+    for (int64_t e = 0; e < E_local; ++e) {
+      const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
+      for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++item)
+        if (item % role.count == role.index)
+          if (!forward_expert_tile(P, role, smem, e, p0, min(static_cast<int64_t>(kTileM), hi - p0))) return;
     }
-    return;
-  }
-  // Compute role: expert tiles (every local expert's rows in 64-row tiles), then shared tiles.
-  int64_t item = 0;
-  for (int64_t e = 0; e < E_local; ++e) {
-    const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
-    for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++item)
+    for (int64_t j = 0; j < shared_tiles(c); ++j, ++item)
       if (item % role.count == role.index)
-        if (!forward_expert_tile(P, role, smem, e, p0, min(static_cast<int64_t>(kTileM), hi - p0))) return;
+        forward_shared_tile(P, role, smem, j * kTileM, min(static_cast<int64_t>(kTileM), T - j * kTileM));
   }
-  for (int64_t j = 0; j < shared_tiles(c); ++j, ++item)
-    if (item % role.count == role.index)
-      forward_shared_tile(P, role, smem, j * kTileM, min(static_cast<int64_t>(kTileM), T - j * kTileM));
+  // Every block of the rank combines a share of its tokens once every slot has arrived and the
+  // shared expert is done (the element partition changes who computes, never the order).
+  if (!block_wait(P, &P.peers[role.rank].arrivals[0], S.counters[4], role.rank, kFlagForwardArrivals, -1)) return;
+  if (!block_wait(P, &S.counters[2], static_cast<uint32_t>(shared_tiles(c)), role.rank, kFlagSharedForward, -1))
+    return;
+  const uint16_t* y = P.peers[role.rank].y_slots;
+  const int32_t* topk = P.peers[role.rank].topk;
+  const float* w = P.peers[role.rank].router_weights;
+  uint16_t* out = P.tensors[role.rank].output;
+  for (int64_t i = role.block * kThreads + threadIdx.x; i < T * H; i += P.blocks_per_rank * kThreads) {
+    const int64_t t = i / H, h = i % H;
+    float acc = c.has_shared() ? __ldcg(&S.shared_out[i]) : 0.0f;
+    for (int64_t k = 0; k < K; ++k)  // ORDER: combine-slots
+      if (topk[t * K + k] >= 0) acc = spec::combine_step(acc, w[t * K + k], __ldcg(&y[(t * K + k) * H + h]));
+    out[i] = spec::bf16_from_f32_rne(acc);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -419,7 +418,8 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   const LaunchParams& P = *params;
   const Role role = my_role(P);
   if (role.rank == P.silent_rank) return;
-  __shared__ TileSmem smem;
+  extern __shared__ __align__(1024) unsigned char dynamic_smem[];
+  TileSmem& smem = *reinterpret_cast<TileSmem*>(dynamic_smem);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
@@ -441,11 +441,8 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
         backward_shared_tile(P, role, smem, j * kTileM, min(static_cast<int64_t>(kTileM), T - j * kTileM));
   }
   if (!rank_barrier(P, role.rank)) return;
-  if (!role.comm) {
-    weight_grad_tiles(P, role, smem);
-    return;
-  }
-  // Communication role: d_x once every dx row has arrived, and d_router_weights.
+  // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then
+  // the compute blocks produce the weight gradients.
   if (!block_wait(P, &P.peers[role.rank].arrivals[1], S.counters[4], role.rank, kFlagBackwardArrivals, -1)) return;
   if (!block_wait(P, &S.counters[3], static_cast<uint32_t>(shared_tiles(c)), role.rank, kFlagSharedBackward, -1))
     return;
@@ -454,7 +451,7 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   const uint16_t* dout = P.peers[role.rank].d_output;
   const int32_t* topk = P.peers[role.rank].topk;
   const RankTensors& R = P.tensors[role.rank];
-  for (int64_t i = role.index * kThreads + threadIdx.x; i < T * H; i += role.count * kThreads) {
+  for (int64_t i = role.block * kThreads + threadIdx.x; i < T * H; i += P.blocks_per_rank * kThreads) {
     const int64_t t = i / H, h = i % H;
     float acc = c.has_shared() ? __ldcg(&S.dx_shared[i]) : 0.0f;
     for (int64_t k = 0; k < K; ++k)  // ORDER: dx-slots
@@ -463,7 +460,7 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   }
   // ORDER: router-grad-lanes: one warp per slot, lane j sums h = j mod 32, xor butterfly.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t s = role.index * (kThreads / 32) + warp; s < T * K; s += role.count * (kThreads / 32)) {
+  for (int64_t s = role.block * (kThreads / 32) + warp; s < T * K; s += P.blocks_per_rank * (kThreads / 32)) {
     if (topk[s] < 0) {
       if (lane == 0) R.d_router_weights[s] = 0.0f;
       continue;
@@ -475,6 +472,7 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
     for (int offset = 16; offset >= 1; offset /= 2) acc = spec::fadd(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
     if (lane == 0) R.d_router_weights[s] = acc;
   }
+  if (!role.comm) weight_grad_tiles(P, role, smem);
 }
 
 }  // namespace mok::kernel::device

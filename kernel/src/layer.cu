@@ -68,6 +68,7 @@ struct Layer::Impl {
   KernelOptions options;
   int blocks_per_rank = 0;
   bool hopper = false;  // compute capability 9.x: the sm_90a code path (wgmma, TMA) runs
+  size_t smem_bytes = 0;  // dynamic shared memory per block (the TMA pipeline's stages on sm_90a)
   uint32_t epoch = 0;
   std::vector<void*> owned;
   LaunchParams host{};
@@ -132,7 +133,8 @@ struct Layer::Impl {
     MOK_CUDA(cudaMemsetAsync(error, 0, sizeof(ErrorRecord), stream));
     const LaunchParams* arg = device_params;
     void* args[] = {&arg};
-    MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(R * blocks_per_rank), dim3(device::kThreads), args, 0, stream));
+    MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(R * blocks_per_rank), dim3(device::kThreads), args, smem_bytes,
+                                         stream));
   }
 };
 
@@ -152,16 +154,23 @@ Layer::Layer(const spec::LayerConfig& cfg, const KernelOptions& options) : impl_
   MOK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   m.hopper = major == 9;
   if (!coop) throw Error("kernel: this GPU does not support cooperative launches", ErrorKind::kUnsupported);
-  MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_fwd, device::moe_forward_kernel, device::kThreads, 0));
-  MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_bwd, device::moe_backward_kernel, device::kThreads, 0));
+  m.smem_bytes = device::smem_bytes_for(major);
+  for (const void* k : {reinterpret_cast<const void*>(device::moe_forward_kernel),
+                        reinterpret_cast<const void*>(device::moe_backward_kernel)})
+    MOK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(m.smem_bytes)));
+  MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_fwd, device::moe_forward_kernel, device::kThreads,
+                                                         m.smem_bytes));
+  MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_bwd, device::moe_backward_kernel, device::kThreads,
+                                                         m.smem_bytes));
   const int resident = sms * std::min(per_sm_fwd, per_sm_bwd);
   m.blocks_per_rank = options.blocks_per_rank > 0 ? options.blocks_per_rank : std::min(resident / R, 64);
   if (m.blocks_per_rank * R > resident)
     throw Error("kernel: " + std::to_string(m.blocks_per_rank) + " blocks per rank x " + std::to_string(R) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
-  if (options.comm_blocks_per_rank < 1 || options.comm_blocks_per_rank >= m.blocks_per_rank)
+  if (m.options.comm_blocks_per_rank == 0) m.options.comm_blocks_per_rank = std::max(1, m.blocks_per_rank / 8);
+  if (m.options.comm_blocks_per_rank < 1 || m.options.comm_blocks_per_rank >= m.blocks_per_rank)
     throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
-                std::to_string(m.blocks_per_rank) + ")");
+                std::to_string(m.blocks_per_rank) + "); 0 picks blocks_per_rank / 8");
 
   const int64_t T = cfg.tokens_per_rank, H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
                 K = cfg.top_k, G = cfg.num_tokens(), El = cfg.experts_per_rank();
@@ -170,7 +179,7 @@ Layer::Layer(const spec::LayerConfig& cfg, const KernelOptions& options) : impl_
   P.cfg = cfg;
   P.num_ranks = R;
   P.blocks_per_rank = m.blocks_per_rank;
-  P.comm_blocks_per_rank = options.comm_blocks_per_rank;
+  P.comm_blocks_per_rank = m.options.comm_blocks_per_rank;
   P.silent_rank = options.silent_rank;
   P.row_capacity = cap;
   P.timeout_ns = static_cast<uint64_t>(options.wait_timeout_s * 1e9);

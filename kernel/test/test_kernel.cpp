@@ -140,7 +140,10 @@ TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   in.at("inputs/topk_experts").data<int32_t>()[3] = 8;  // out of range
   EXPECT_THROW(kernel::run_layer(cfg, in, false), Error);
   kernel::KernelOptions o;
-  o.comm_blocks_per_rank = 0;
+  o.comm_blocks_per_rank = -1;
+  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  o.comm_blocks_per_rank = 4;
+  o.blocks_per_rank = 4;  // no block left to compute
   EXPECT_THROW(kernel::Layer(cfg, o), Error);
 }
 

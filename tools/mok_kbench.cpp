@@ -42,12 +42,17 @@ int main(int argc, char** argv) {
   CLI::App app{"mok-kbench: time the fused MoE kernel (forward, backward) with CUDA events; median of --reps.", "mok-kbench"};
   std::string preset = "dsv3-mini", file, routing = "uniform";
   int reps = 20, warmup = 3, comm = 0, blocks = 0;
-  int64_t R = 0, T = 0;
+  int64_t R = 0, T = 0, H = 0, I = 0, Is = -1, E = 0, K = 0;
   app.add_option("--preset,-p", preset, "configuration preset (ignored with --file)")->capture_default_str();
   app.add_option("--file,-f", file, "take config and inputs from a golden file instead");
   app.add_option("--routing", routing, "routing for generated inputs")->capture_default_str();
   app.add_option("--R", R, "virtual ranks (overrides the preset)");
   app.add_option("--T", T, "tokens per rank (overrides the preset)");
+  app.add_option("--H", H, "hidden size (overrides the preset)");
+  app.add_option("--I", I, "routed intermediate size");
+  app.add_option("--Is", Is, "shared intermediate size (0: none)");
+  app.add_option("--E", E, "experts (over all ranks)");
+  app.add_option("--K", K, "top-k");
   app.add_option("--reps", reps, "timed repetitions")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str();
   app.add_option("--comm-sms", comm, "communication blocks per rank (0: blocks per rank / 8)")->capture_default_str();
@@ -73,6 +78,13 @@ int main(int argc, char** argv) {
       cfg = mok::ref::preset_config(preset);
       if (R) cfg.num_ranks = R;
       if (T) cfg.tokens_per_rank = T;
+      if (H) cfg.hidden = H;
+      if (I) cfg.intermediate = I;
+      if (Is >= 0) cfg.shared_intermediate = Is;
+      if (E) cfg.num_experts = E;
+      if (K) cfg.top_k = K;
+      const mok::spec::Status st = cfg.validate();
+      if (!st.ok) throw mok::Error(st.message);
       in = mok::ref::generate_inputs(cfg, mok::ref::parse_routing(routing), 1);
     }
     mok::kernel::DeviceInputs di;
@@ -86,18 +98,18 @@ int main(int argc, char** argv) {
     di.w_routed_up = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_up"));
     di.w_routed_down = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_down"));
     di.d_output = static_cast<const uint16_t*>(upload(in, "inputs/d_output"));
-    const int64_t G = cfg.num_tokens(), H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
-                  E = cfg.num_experts, K = cfg.top_k, Rn = cfg.num_ranks;
+    const int64_t G = cfg.num_tokens(), Hc = cfg.hidden, Ic = cfg.intermediate, Isc = cfg.shared_intermediate,
+                  Ec = cfg.num_experts, Kc = cfg.top_k, Rn = cfg.num_ranks;
     mok::kernel::DeviceOutputs o;
-    o.output = static_cast<uint16_t*>(zeros(G * H * 2));
-    o.d_x = static_cast<uint16_t*>(zeros(G * H * 2));
-    o.d_router_weights = static_cast<float*>(zeros(G * K * 4));
-    o.d_w_routed_gate = static_cast<float*>(zeros(E * I * H * 4));
-    o.d_w_routed_up = static_cast<float*>(zeros(E * I * H * 4));
-    o.d_w_routed_down = static_cast<float*>(zeros(E * I * H * 4));
-    o.d_w_shared_gate = static_cast<float*>(zeros(Rn * Is * H * 4));
-    o.d_w_shared_up = static_cast<float*>(zeros(Rn * Is * H * 4));
-    o.d_w_shared_down = static_cast<float*>(zeros(Rn * Is * H * 4));
+    o.output = static_cast<uint16_t*>(zeros(G * Hc * 2));
+    o.d_x = static_cast<uint16_t*>(zeros(G * Hc * 2));
+    o.d_router_weights = static_cast<float*>(zeros(G * Kc * 4));
+    o.d_w_routed_gate = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
+    o.d_w_routed_up = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
+    o.d_w_routed_down = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
+    o.d_w_shared_gate = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
+    o.d_w_shared_up = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
+    o.d_w_shared_down = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
     mok::kernel::KernelOptions ko;
     ko.comm_blocks_per_rank = comm;
     ko.blocks_per_rank = blocks;
@@ -105,9 +117,9 @@ int main(int argc, char** argv) {
     mok::kernel::Layer layer(cfg, ko);
     int64_t rows = 0;
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
-    for (int64_t i = 0; i < G * K; ++i) rows += tk[i] >= 0;
-    const double fwd_flops = 6.0 * rows * H * I + 6.0 * G * H * Is;
-    const double bwd_flops = 12.0 * rows * H * I + 12.0 * G * H * Is;
+    for (int64_t i = 0; i < G * Kc; ++i) rows += tk[i] >= 0;
+    const double fwd_flops = 6.0 * rows * Hc * Ic + 6.0 * G * Hc * Isc;
+    const double bwd_flops = 12.0 * rows * Hc * Ic + 12.0 * G * Hc * Isc;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
@@ -136,9 +148,9 @@ int main(int argc, char** argv) {
     const auto [f_ms, b_ms] = time(di.d_output != nullptr);
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("# mok-kbench %s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
+    std::printf("# mok-kbench %s: G=%lld Hc=%lld Ic=%lld Isc=%lld Ec=%lld Kc=%lld R=%lld, %lld routed rows, %d blocks/rank "
                 "(%d comm), TMA %s, median of %d after %d warm-up\n",
-                prop.name, (long long)G, (long long)H, (long long)I, (long long)Is, (long long)E, (long long)K,
+                prop.name, (long long)G, (long long)Hc, (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc,
                 (long long)Rn, (long long)rows, layer.blocks_per_rank(), layer.comm_blocks_per_rank(), layer.uses_tma() ? "on" : "off", reps,
                 warmup);
     std::printf("%-10s %10s %12s\n", "pass", "ms", "TFLOP/s");

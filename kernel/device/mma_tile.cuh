@@ -127,6 +127,34 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The m16n8 accumulator fragments of this thread: acc[j] covers columns 8j..8j+7 of the warp's
+// 16 rows; element e of acc[j] is row g (+8 for e >= 2), column 8j + 2c + (e & 1).
+template <class Init>
+__device__ __forceinline__ void init_accumulators(float (&acc)[8][4], int64_t M, int64_t N, int64_t m0, int64_t n0,
+                                                  Init init) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = m0 + warp * 16 + g + (e >= 2 ? 8 : 0), col = n0 + j * 8 + 2 * c + (e & 1);
+      acc[j][e] = row < M && col < N ? init(row, col) : 0.0f;
+    }
+}
+
+template <class Epilogue>
+__device__ __forceinline__ void store_accumulators(const float (&acc)[8][4], int64_t M, int64_t N, int64_t m0,
+                                                   int64_t n0, Epilogue epilogue) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = m0 + warp * 16 + g + (e >= 2 ? 8 : 0), col = n0 + j * 8 + 2 * c + (e & 1);
+      if (row < M && col < N) epilogue(row, col, acc[j][e]);
+    }
+}
+
 // Computes C[m0:m0+64, n0:n0+64] = init(m, n) + sum_k A(m, k) * B(k, n) over k in [0, K) with
 // the accessors load_a(m, k) and load_b(k, n) returning bf16 bits (0 outside the problem), then
 // calls epilogue(m, n, value) for every m < M, n < N. `init(m, n)` gives the chain's starting
@@ -134,17 +162,8 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 template <class Init, class LoadA, class LoadB, class Epilogue>
 __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64_t m0, int64_t n0,
                           Init init, LoadA load_a, LoadB load_b, Epilogue epilogue) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane >> 2, c = lane & 3;
   float acc[8][4];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
-    acc[j][0] = r0 < M && col < N ? init(r0, col) : 0.0f;
-    acc[j][1] = r0 < M && col + 1 < N ? init(r0, col + 1) : 0.0f;
-    acc[j][2] = r0 + 8 < M && col < N ? init(r0 + 8, col) : 0.0f;
-    acc[j][3] = r0 + 8 < M && col + 1 < N ? init(r0 + 8, col + 1) : 0.0f;
-  }
+  init_accumulators(acc, M, N, m0, n0, init);
   // ORDER: dot-chain, one MMA step per 16 K-elements, increasing k.
   for (int64_t k0 = 0; k0 < K; k0 += kStepK) {
     __syncthreads();
@@ -159,8 +178,6 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     wgmma_m64n64k16_bf16(acc, smem_descriptor(smem.a[0]), smem_descriptor(smem.b[0]));
-    (void)g;
-    (void)c;
 #else
     for (int idx = threadIdx.x; idx < kTileM * kStepK; idx += kThreads) {
       const int r = idx / kStepK, kk = idx % kStepK;
@@ -169,6 +186,7 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
       smem.b[r][kk] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
     }
     __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
     const int ar = warp * 16 + g;
     uint32_t a[4];
     a[0] = pack2(smem.a[ar][2 * c], smem.a[ar][2 * c + 1]);
@@ -185,14 +203,7 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
     }
 #endif
   }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
-    if (r0 < M && col < N) epilogue(r0, col, acc[j][0]);
-    if (r0 < M && col + 1 < N) epilogue(r0, col + 1, acc[j][1]);
-    if (r0 + 8 < M && col < N) epilogue(r0 + 8, col, acc[j][2]);
-    if (r0 + 8 < M && col + 1 < N) epilogue(r0 + 8, col + 1, acc[j][3]);
-  }
+  store_accumulators(acc, M, N, m0, n0, epilogue);
 }
 
 // The same tile as gemm_tile for K-major operands held in tensor maps: A(m, k) is element
@@ -207,17 +218,8 @@ __device__ void gemm_tile_kmajor(TileSmem& smem, int64_t M, int64_t N, int64_t K
                                  bool use_tma, Epilogue epilogue) {
 #if defined(MOK_WGMMA)
   if (use_tma) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane >> 2, c = lane & 3;
     float acc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
-      acc[j][0] = r0 < M && col < N ? init(r0, col) : 0.0f;
-      acc[j][1] = r0 < M && col + 1 < N ? init(r0, col + 1) : 0.0f;
-      acc[j][2] = r0 + 8 < M && col < N ? init(r0 + 8, col) : 0.0f;
-      acc[j][3] = r0 + 8 < M && col + 1 < N ? init(r0 + 8, col + 1) : 0.0f;
-    }
+    init_accumulators(acc, M, N, m0, n0, init);
     __syncthreads();
     if (threadIdx.x == 0) {
       for (int st = 0; st < kStages; ++st)
@@ -258,14 +260,7 @@ __device__ void gemm_tile_kmajor(TileSmem& smem, int64_t M, int64_t N, int64_t K
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       __syncthreads();
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t r0 = m0 + warp * 16 + g, col = n0 + j * 8 + 2 * c;
-      if (r0 < M && col < N) epilogue(r0, col, acc[j][0]);
-      if (r0 < M && col + 1 < N) epilogue(r0, col + 1, acc[j][1]);
-      if (r0 + 8 < M && col < N) epilogue(r0 + 8, col, acc[j][2]);
-      if (r0 + 8 < M && col + 1 < N) epilogue(r0 + 8, col + 1, acc[j][3]);
-    }
+    store_accumulators(acc, M, N, m0, n0, epilogue);
     return;
   }
 #else

@@ -151,13 +151,32 @@ __device__ inline bool wait_rows(const LaunchParams& P, const Role& role, const 
   return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
+// Combine and backward push: row p's value at column `col`, rounded to bf16, goes straight into
+// the token owner's slot buffer (y_slots or dx_slots), where each (token, slot) is written once.
+__device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
+                                     int64_t p, int64_t col, float v) {
+  const spec::LayerConfig& c = P.cfg;
+  const RowRef row = S.rows[p];
+  uint16_t* dst = P.peers[row.token_idx / c.tokens_per_rank].*slots;
+  dst[((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden + col] = spec::bf16_from_f32_rne(v);
+}
+
+// After a tile's pushes: every thread fences its stores, then each row is counted at its owner
+// (arrivals[which]: 0 forward, 1 backward).
+__device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which) {
+  __threadfence();
+  __syncthreads();
+  for (int64_t m = threadIdx.x; m < n; m += kThreads)
+    atomicAdd(&P.peers[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank].arrivals[which], 1u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward.
 
 __device__ inline bool forward_expert_tile(const LaunchParams& P, const Role& role, TileSmem& smem, int64_t e_local,
                                            int64_t p0, int64_t n) {
   const spec::LayerConfig& c = P.cfg;
-  const int64_t H = c.hidden, I = c.intermediate, K = c.top_k, T = c.tokens_per_rank;
+  const int64_t H = c.hidden, I = c.intermediate;
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
   if (!wait_rows(P, role, S.row_ready, p0, n, kFlagDispatchRow)) return false;
@@ -184,17 +203,9 @@ __device__ inline bool forward_expert_tile(const LaunchParams& P, const Role& ro
   for (int64_t n0 = 0; n0 < H; n0 += kTileN) {
     // ORDER: dot-chain over I; the result is pushed into the token owner's slot buffer.
     gemm_tile_kmajor(smem, n, H, I, 0, n0, zero, maps.act, p0, act, I, maps.w_routed_down, e_local * H, wd, I, tma,
-              [&](int64_t m, int64_t col, float v) {
-                const RowRef row = S.rows[p0 + m];
-                uint16_t* dst = P.peers[row.token_idx / T].y_slots;
-                dst[((row.token_idx % T) * K + row.slot_idx) * H + col] = spec::bf16_from_f32_rne(v);
-              });
+                     [&](int64_t m, int64_t col, float v) { push_to_owner(P, S, &PeerBuffers::y_slots, p0 + m, col, v); });
   }
-  // Publish: each row to its owner's arrival counter (every thread fenced its stores first).
-  __threadfence();
-  __syncthreads();
-  for (int64_t m = threadIdx.x; m < n; m += kThreads)
-    atomicAdd(&P.peers[S.rows[p0 + m].token_idx / T].arrivals[0], 1u);
+  publish_rows(P, S, p0, n, 0);
   return true;
 }
 
@@ -320,15 +331,8 @@ __device__ inline bool backward_expert_tile(const LaunchParams& P, const Role& r
     gemm_tile(smem, n, H, 2 * I, 0, n0, zero,
               [&](int64_t m, int64_t k) { return k < I ? dg[m * I + k] : du[m * I + (k - I)]; },
               [&](int64_t k, int64_t col) { return k < I ? wg[k * H + col] : wu[(k - I) * H + col]; },
-              [&](int64_t m, int64_t col, float v) {
-                const RowRef row = S.rows[p0 + m];
-                uint16_t* dst = P.peers[row.token_idx / T].dx_slots;
-                dst[((row.token_idx % T) * K + row.slot_idx) * H + col] = spec::bf16_from_f32_rne(v);
-              });
-  __threadfence();
-  __syncthreads();
-  for (int64_t m = threadIdx.x; m < n; m += kThreads)
-    atomicAdd(&P.peers[S.rows[p0 + m].token_idx / T].arrivals[1], 1u);
+              [&](int64_t m, int64_t col, float v) { push_to_owner(P, S, &PeerBuffers::dx_slots, p0 + m, col, v); });
+  publish_rows(P, S, p0, n, 1);
   return true;
 }
 

@@ -70,6 +70,15 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   const bool intermediates = has_group(golden.tensors, "intermediates/");
   const ref::TensorMap inputs = inputs_of(golden);
   Report report;
+  // emulate and cuda: every tensor bit-identical to the golden (and within its bounds).
+  auto compare_bitwise = [&](const ref::TensorMap& candidate) {
+    say("comparing");
+    CompareOptions co;
+    co.criterion = Criterion::kBitwise;
+    co.check_bounds = options.check_bounds;
+    co.sample = options.sample;
+    return compare(golden, candidate, co);
+  };
   if (backend == Backend::kEmulate) {
     say("emulating the layer on the CPU" + std::string(backward ? " (forward and backward)" : " (forward)") +
         (options.sample ? ", " + options.sample->describe(golden.cfg) : std::string()));
@@ -78,13 +87,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     eo.intermediates = intermediates;
     eo.num_threads = options.num_threads;
     eo.sample = options.sample;
-    const ref::TensorMap candidate = ref::emulate(golden.cfg, inputs, eo);
-    say("comparing");
-    CompareOptions co;
-    co.criterion = Criterion::kBitwise;
-    co.check_bounds = options.check_bounds;
-    co.sample = options.sample;
-    report = compare(golden, candidate, co);
+    report = compare_bitwise(ref::emulate(golden.cfg, inputs, eo));
   } else if (backend == Backend::kOracle) {
     ref::TensorMap reference;
     if (intermediates) {
@@ -123,13 +126,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
 #if defined(MOK_HAVE_CUDA_KERNEL)
     say("running the CUDA kernel (R=" + std::to_string(golden.cfg.num_ranks) + " virtual ranks on one GPU)" +
         (backward ? ", forward and backward" : ", forward"));
-    const ref::TensorMap candidate = kernel::run_layer(golden.cfg, inputs, backward);
-    say("comparing");
-    CompareOptions co;
-    co.criterion = Criterion::kBitwise;
-    co.check_bounds = options.check_bounds;
-    co.sample = options.sample;
-    report = compare(golden, candidate, co);
+    report = compare_bitwise(kernel::run_layer(golden.cfg, inputs, backward));
 #else
     throw Error("backend cuda is not supported here: this build has no CUDA kernel", ErrorKind::kUnsupported);
 #endif

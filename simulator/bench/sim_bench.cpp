@@ -45,10 +45,10 @@ int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns) {
   const double t_sim = seconds_since(t0);
   std::printf("%-14s gpus=%d tokens/gpu=8192 experts=%d top-8 chunk=128 uniform, rate quantum %lld ns: "
               "workload %.3f s, simulate %.3f s, total %.3f s (layer %.1f us, %lld events, %lld rate recomputes, "
-              "%lld flows)\n",
+              "%lld flows, %lld chunk milestones)\n",
               topo_name.c_str(), gpus, 4 * gpus, static_cast<long long>(quantum_ns), t_gen, t_sim, t_gen + t_sim, r.layer_ns / 1000.0,
               static_cast<long long>(r.num_events), static_cast<long long>(r.num_rate_recomputes),
-              static_cast<long long>(r.num_flows));
+              static_cast<long long>(r.num_flows), static_cast<long long>(r.num_chunk_milestones));
   return 0;
 }
 
@@ -75,7 +75,11 @@ int main(int argc, char** argv) {
   const int64_t quantum = argc > 2 ? std::atoll(argv[2]) : 0;
   if (what == "nvl72") return one_layer("gb200-nvl72", 72, quantum);
   if (what == "racks8") return one_layer("multi-rack:8", 576, quantum);
+  if (what.rfind("racks", 0) == 0 && what.size() > 5) {
+    const int n = std::atoi(what.c_str() + 5);
+    return one_layer("multi-rack:" + std::to_string(n), 72 * n, quantum);
+  }
   if (what == "mc") return monte_carlo(argc > 2 ? std::atoi(argv[2]) : 1000, argc > 3 ? std::atoi(argv[3]) : 2);
-  std::fprintf(stderr, "usage: mok-sim-bench nvl72|racks8 [RATE_QUANTUM_NS] | mc [TRIALS [THREADS]]\n");
+  std::fprintf(stderr, "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS] | mc [TRIALS [THREADS]]\n");
   return 2;
 }

@@ -1,10 +1,12 @@
 // The event engine for one MoE layer: comm-SM programs issue transfers (flows), chunk arrivals
 // become signals, signals release expert GEMM tiles, finished experts release the combine.
+// Events are per flow (start, rate change, completion), not per chunk: a flow's chunk arrivals
+// inside a constant-rate segment follow from its rate, so they are evaluated in one batch.
 #include "mok/sim/layer_sim.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
+#include <iterator>
 #include <queue>
 #include <utility>
 #include <sstream>
@@ -22,6 +24,16 @@ const char* kPhaseName[2] = {"dispatch", "combine"};
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t ceil_ns(double x) { return static_cast<int64_t>(std::ceil(x)); }
+
+// Time for a flow at `rate_gbps` to deliver `need_bytes` more: at least 1 ns when anything is
+// left, 0 when nothing is; kNeverNs when the rate is so small that it would overflow.
+constexpr int64_t kNeverNs = int64_t{1} << 60;
+int64_t delivery_ns(double need_bytes, double rate_gbps) {
+  if (need_bytes <= 0) return 0;
+  const double dt = need_bytes / rate_gbps;
+  if (!(dt < 1e17)) return kNeverNs;
+  return std::max<int64_t>(1, ceil_ns(dt));
+}
 
 // Exact distribution of non-negative integer nanoseconds with bounded memory.
 class NsHistogram {
@@ -69,30 +81,34 @@ class NsHistogram {
   std::vector<int64_t> overflow_;
 };
 
-// One chunk of one (source, destination) pair in one phase: `rows` rows of the token owner's
-// chunk `chunk_idx`. Pieces are stored grouped by pair (src * R + dst), chunks ascending.
+// One chunk of one (token owner o, peer p) pair: the rows of owner o's chunk `chunk_idx` whose
+// experts live on p. Dispatch moves it o -> p, combine p -> o, so both phases share one table,
+// grouped by owner pair (o * R + p), chunks ascending. 12 bytes: 576 GPUs have ~18 M of them.
 struct Piece {
   int32_t chunk_idx;
-  int32_t rows;
-  int64_t wire_bytes;
+  int32_t tokens;  // distinct tokens (x rows when dispatch deduplicates per GPU)
+  int32_t slots;   // routed slots (y rows unless combine reduces per rank)
 };
 
-struct PhaseTraffic {
-  std::vector<int64_t> pair_offsets;  // [R*R + 1]
+struct Traffic {
+  std::vector<int64_t> pair_offsets;  // [R*R + 1], owner pair o * R + p
   std::vector<Piece> pieces;
-  std::vector<int64_t> recv_pieces;   // per destination GPU
-  std::vector<int64_t> recv_payload;  // per destination GPU, payload bytes
+  std::vector<int64_t> recv_pieces[2];         // per destination GPU and phase
+  std::vector<int64_t> recv_remote_pieces[2];  // the same without the GPU's own chunks
+  std::vector<int64_t> recv_payload[2];        // payload bytes per destination GPU and phase
 };
 
-// A transfer: one comm SM moves a list of pieces between itself and one peer.
+// A transfer: one comm SM moves pieces first, first + stride, ... (count of them) of one
+// owner pair between itself and one peer.
 struct Transfer {
   int32_t phase;
   int32_t initiator, sm;
   int32_t src, dst;        // data moves src -> dst
   bool is_read;            // pull: the destination reads
-  int64_t list_begin, list_end;  // into transfer_pieces
+  int64_t first, stride, count;
   int64_t bytes;
   double demand_gbps;
+  double window_bytes;     // bytes the initiating SM keeps in flight (0: not window-limited)
   int64_t latency_ns;      // one-way
   int64_t start_ns = -1;
 };
@@ -105,10 +121,9 @@ struct Op {
 
 enum EventKind : int32_t {
   kAgentStep,       // a: agent
-  kPieceKnown,      // a: phase, b: piece, c: data arrival ns
-  kAllKnown,        // a: phase, b: destination GPU
-  kCounterArrival,  // a: phase, b: destination GPU
-  kTileDone,        // b: GPU
+  kDstComplete,     // a: phase, b: destination GPU knows all its data
+  kAllKnown,        // a: phase, b: destination GPU (barrier)
+  kComputeDone,     // b: GPU
   kReadyVisible,    // b: GPU whose expert outputs are ready
   kGpuBarrierArrive,// a: phase, b: GPU
   kReduceDone,      // b: GPU
@@ -120,31 +135,28 @@ struct Event {
   uint64_t seq;
   int32_t kind;
   int32_t a;
-  int64_t b, c;
+  int64_t b;
 };
 struct EventLater {
   bool operator()(const Event& x, const Event& y) const {
     return x.time_ns != y.time_ns ? x.time_ns > y.time_ns : x.seq > y.seq;
   }
 };
-// Next milestone of every active flow, keyed (time, seq): an indexed binary heap, so a rate
+// Completion time of every active flow, keyed (time, seq): an indexed binary heap, so a rate
 // change moves the flow's entry instead of leaving stale copies behind.
 class CheckpointHeap {
  public:
   bool empty() const { return heap_.empty(); }
-  int top() const { return heap_[0]; }
-  int64_t top_time() const { return time_[heap_[0]]; }
+  int top() const { return heap_[0].flow; }
+  int64_t top_time() const { return heap_[0].time_ns; }
   void set(int flow, int64_t time_ns, uint64_t seq) {
-    if (static_cast<size_t>(flow) >= pos_.size()) {
-      pos_.resize(flow + 1, -1);
-      time_.resize(flow + 1);
-      seq_.resize(flow + 1);
-    }
-    time_[flow] = time_ns;
-    seq_[flow] = seq;
+    if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(flow + 1, -1);
     if (pos_[flow] < 0) {
       pos_[flow] = static_cast<int>(heap_.size());
-      heap_.push_back(flow);
+      heap_.push_back(Entry{time_ns, seq, flow});
+    } else {
+      heap_[pos_[flow]].time_ns = time_ns;
+      heap_[pos_[flow]].seq = seq;
     }
     sift_up(pos_[flow]);
     sift_down(pos_[flow]);
@@ -152,46 +164,56 @@ class CheckpointHeap {
   void erase(int flow) {
     if (static_cast<size_t>(flow) >= pos_.size() || pos_[flow] < 0) return;
     const int i = pos_[flow];
-    const int last = heap_.back();
+    const Entry last = heap_.back();
     heap_.pop_back();
     pos_[flow] = -1;
-    if (last == flow) return;
+    if (last.flow == flow) return;
     heap_[i] = last;
-    pos_[last] = i;
+    pos_[last.flow] = i;
     sift_up(i);
-    sift_down(pos_[last]);
+    sift_down(pos_[last.flow]);
   }
 
  private:
-  bool less(int a, int b) const { return time_[a] != time_[b] ? time_[a] < time_[b] : seq_[a] < seq_[b]; }
+  // Keys live in the heap entries (no indirection while sifting).
+  struct Entry {
+    int64_t time_ns;
+    uint64_t seq;
+    int flow;
+  };
+  static bool less(const Entry& a, const Entry& b) {
+    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.seq < b.seq;
+  }
   void sift_up(int i) {
+    const Entry e = heap_[i];
     while (i > 0) {
       const int parent = (i - 1) / 2;
-      if (!less(heap_[i], heap_[parent])) break;
-      swap_at(i, parent);
+      if (!less(e, heap_[parent])) break;
+      heap_[i] = heap_[parent];
+      pos_[heap_[i].flow] = i;
       i = parent;
     }
+    heap_[i] = e;
+    pos_[e.flow] = i;
   }
   void sift_down(int i) {
     const int n = static_cast<int>(heap_.size());
+    const Entry e = heap_[i];
     for (;;) {
-      int best = i;
+      int best = -1;
       const int l = 2 * i + 1, r = l + 1;
-      if (l < n && less(heap_[l], heap_[best])) best = l;
-      if (r < n && less(heap_[r], heap_[best])) best = r;
-      if (best == i) return;
-      swap_at(i, best);
+      if (l < n && less(heap_[l], e)) best = l;
+      if (r < n && less(heap_[r], best < 0 ? e : heap_[l])) best = r;
+      if (best < 0) break;
+      heap_[i] = heap_[best];
+      pos_[heap_[i].flow] = i;
       i = best;
     }
+    heap_[i] = e;
+    pos_[e.flow] = i;
   }
-  void swap_at(int i, int j) {
-    std::swap(heap_[i], heap_[j]);
-    pos_[heap_[i]] = i;
-    pos_[heap_[j]] = j;
-  }
-  std::vector<int> heap_, pos_;
-  std::vector<int64_t> time_;
-  std::vector<uint64_t> seq_;
+  std::vector<Entry> heap_;
+  std::vector<int> pos_;
 };
 
 class LayerSim {
@@ -206,7 +228,7 @@ class LayerSim {
   void check_inputs() const;
   void build_resources();
   void build_traffic();
-  void build_tiles();
+  void build_compute_model();
   void build_programs();
   void add_transfers(int phase, int initiator, Direction dir, std::vector<std::vector<Op>>& programs);
   int path_for(int src, int dst, int* path) const;
@@ -216,23 +238,45 @@ class LayerSim {
     return proto_.phases == Phases::kLayer || (phase == kDispatch ? proto_.phases == Phases::kDispatch
                                                                   : proto_.phases == Phases::kCombine);
   }
+  // Bytes a piece puts on the wire in a phase (payload, plus flag lines for flag_in_data).
+  int64_t piece_wire_bytes(int phase, int64_t piece, bool remote) const {
+    const Piece& p = traffic_.pieces[piece];
+    int64_t wire = static_cast<int64_t>(per_token_[phase] ? p.tokens : p.slots) * row_bytes_[phase];
+    if (remote && direction(phase) == Direction::kPush && proto_.signaling == Signaling::kFlagInData)
+      wire = ceil_div(wire * 128, 120);  // 8 flag bytes in every 128-byte line
+    return wire;
+  }
+  int64_t transfer_piece(const Transfer& tr, int64_t j) const { return tr.first + j * tr.stride; }
 
   // --- engine
-  void schedule(int64_t t, int32_t kind, int32_t a = 0, int64_t b = 0, int64_t c = 0) {
-    events_.push(Event{t, seq_++, kind, a, b, c});
+  void schedule(int64_t t, int32_t kind, int32_t a = 0, int64_t b = 0) {
+    events_.push(Event{t, seq_++, kind, a, b});
   }
   void step_agent(int agent, int64_t now);
   void start_transfer(int agent, int tid, int64_t now);
-  void schedule_checkpoint(int flow, int64_t now);
-  void on_checkpoint(int flow, int64_t now);
-  void on_piece_data(const Transfer& tr, int64_t piece_idx, int64_t t_fluid);
-  void on_piece_known(int phase, int64_t piece_idx, int64_t data_ns, int64_t now);
+  void replay_milestones(int flow, int64_t now);
+  void set_rate_segment(int flow, double rate_gbps, int64_t now);
+  void on_flow_complete(int flow, int64_t now);
+  void on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid);
+  void mark_known(int phase, int64_t piece, int src, int dst, int64_t data_ns, int64_t known_ns);
+  void on_counter_complete(int phase, int dst);
   void on_all_known(int phase, int gpu, int64_t now);
   void on_dst_complete(int phase, int gpu, int64_t now);
-  void on_tile_ready(int gpu, int32_t tile, int64_t now);
-  void start_compute(int gpu, int64_t now);
+  void run_compute_queue(int gpu, int64_t now);
   void on_compute_done(int gpu, int64_t now);
   void on_gpu_barrier(int phase, int gpu, int64_t now);
+  // Calls fn(piece, src) for every piece the phase moves into `dst` (owner pairs differ by phase).
+  template <typename Fn>
+  void for_each_piece_into(int phase, int dst, bool remote_only, Fn&& fn) const {
+    for (int s = 0; s < R_; ++s) {
+      if (remote_only && s == dst) continue;
+      const size_t pair = phase == kDispatch ? static_cast<size_t>(s) * R_ + dst : static_cast<size_t>(dst) * R_ + s;
+      for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i) fn(i, s);
+    }
+  }
+  int64_t local_poll_period() const {
+    return std::max<int64_t>(proto_.poll_interval_ns, static_cast<int64_t>(topo_.local_poll_ns));
+  }
   int64_t observe_local(int64_t visible_ns, int64_t period_ns) const {
     return ceil_div(visible_ns, period_ns) * period_ns + static_cast<int64_t>(topo_.local_poll_ns);
   }
@@ -261,38 +305,42 @@ class LayerSim {
   const spec::LayerConfig& cfg_;
   int R_ = 0;
   int S_ = 0;
+  int64_t num_chunks_ = 0;
+  int64_t row_bytes_[2] = {0, 0};
+  bool per_token_[2] = {false, false};
 
   FlowNetwork net_;
   std::vector<int> res_nvl_out_, res_nvl_in_, res_nic_out_, res_nic_in_, res_hbm_, res_up_out_, res_up_in_;
   std::vector<int> res_kind_;  // resource -> index into kResourceKinds
   std::vector<int64_t> res_bytes_phase_[2];
 
-  PhaseTraffic traffic_[2];
-  // Pieces known per destination and phase, and totals expected.
-  std::vector<int64_t> known_count_[2];
+  Traffic traffic_;
+  // Known pieces per destination and phase, and the latest time one of them became known.
+  std::vector<int64_t> known_count_[2], max_known_ns_[2];
   std::vector<int64_t> last_data_ns_[2];
   std::vector<int64_t> piece_data_ns_[2];  // only for counter and barrier signaling
-  std::vector<int64_t> counter_served_[2], counter_free_ns_[2];
+  std::vector<int64_t> counter_wait_ns_[2];  // counter with signal queueing: the atomic's port wait
+  std::vector<int64_t> counter_arrivals_[2];
   NsHistogram chunk_signal_[2];
   std::vector<int64_t> completion_signal_[2];
   int64_t signal_writes_[2] = {0, 0};
 
-  // Tiles: expert GEMM M-tiles; a tile is ready when every piece holding one of its rows is known.
-  std::vector<int64_t> expert_tile_offset_;  // [E+1]
-  std::vector<int32_t> tile_pending_;
-  std::vector<int64_t> piece_tile_offsets_;  // dispatch piece -> tiles it feeds (CSR)
-  std::vector<int32_t> piece_tiles_;
-  std::vector<int64_t> gpu_tiles_left_;
-  std::vector<std::deque<int32_t>> ready_tiles_;
-  std::vector<char> compute_busy_;
+  // Compute: expert GEMM M-tiles; a tile is ready when every piece holding one of its rows is
+  // known. Tiles only feed the GPU's own compute queue, so the queue runs once all of the GPU's
+  // dispatch pieces are known (then every tile's ready time is fixed).
+  struct PieceKnown {
+    int64_t known_ns;   // the destination knows the piece is there
+    int64_t signal_ns;  // known - last byte arrived
+  };
+  std::vector<PieceKnown> dispatch_known_;    // per piece (layer runs only)
   std::vector<int64_t> compute_busy_ns_;
   int64_t tile_ns_ = 0, shared_ns_ = 0, reduce_ns_ = 0;
-  std::vector<int64_t> last_tile_ready_ns_;
-  std::vector<int64_t> last_tile_piece_data_ns_, last_tile_piece_known_ns_, last_tile_transfer_;
+  std::vector<int64_t> last_tile_piece_data_ns_, last_tile_piece_known_ns_, last_tile_source_;
+  std::vector<int64_t> piece_lookup_;           // scratch: (source, chunk) -> piece
+  std::vector<std::pair<int64_t, int32_t>> tile_ready_;  // scratch: (ready ns, tile)
 
   // Programs
   std::vector<Transfer> transfers_;
-  std::vector<int64_t> transfer_pieces_;  // global piece indices (per phase numbering)
   std::vector<std::vector<Op>> programs_;  // agent = gpu * S + sm
   std::vector<int32_t> pc_;
   std::vector<int64_t> ready_visible_ns_;  // per GPU, -1 until expert outputs are ready
@@ -302,23 +350,43 @@ class LayerSim {
   std::vector<int64_t> barrier_gpu_ns_[2];
   int32_t barrier_gpus_[2] = {0, 0};
 
-  // Flow side data
-  std::vector<int32_t> flow_transfer_;
-  std::vector<int64_t> flow_next_piece_;
-  std::vector<double> flow_cum_next_;
-  std::vector<int32_t> flow_agent_;
-  std::vector<int64_t> combine_last_transfer_;  // per destination: transfer of its last known piece
+  // Per flow: its transfer and SM and its constant-rate segments (start, bytes delivered then,
+  // rate). Chunk milestones follow from the segments; they are evaluated in one batch when the
+  // flow completes, never as one event each.
+  struct FlowState {
+    int64_t seg_t0;      // current segment's start
+    double seg_d0;       // bytes delivered at seg_t0
+    double seg_rate;     // bytes per ns in this segment; -1 before the first assignment
+    int32_t transfer, agent;
+  };
+  struct Segment {
+    int64_t t0;
+    double d0, rate;
+  };
+  std::vector<FlowState> flow_state_;            // by flow index
+  std::vector<std::vector<Segment>> flow_segments_;  // by flow index: its earlier segments
+  std::vector<int64_t> combine_last_source_;  // per destination: producer of its latest combine data
   std::vector<int64_t> combine_last_data_ns_;
 
   std::vector<GpuTimeline> gpu_;
   std::priority_queue<Event, std::vector<Event>, EventLater> events_;
   CheckpointHeap checkpoints_;
-  std::vector<double> flow_rate_seen_;
   uint64_t seq_ = 0;
-  int64_t num_events_ = 0, num_flows_ = 0;
+  int64_t num_events_ = 0, num_flows_ = 0, num_milestones_ = 0;
   bool dirty_ = false;
   bool recompute_scheduled_ = false;
   std::vector<int> new_flows_;  // started since the last rate assignment
+  // Signal queueing: per resource, (from ns, queueing delay ns) whenever it changes.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> port_delay_history_;
+  std::vector<double> port_queue_bytes_;
+  void update_port_queues(int64_t now);
+  int64_t port_delay(int resource, int64_t t) const {
+    const auto& h = port_delay_history_[resource];
+    auto it = std::upper_bound(h.begin(), h.end(), std::make_pair(t, INT64_MAX));
+    return it == h.begin() ? 0 : std::prev(it)->second;
+  }
+  FlowNetwork::Departed departed_;  // exact mode: the flow whose SM is choosing its next transfer
+  int departed_agent_ = -1;
   int64_t last_recompute_ns_ = INT64_MIN / 2;
   std::vector<TraceSpan> trace_;
 };
@@ -410,140 +478,90 @@ void LayerSim::build_resources() {
 // (y rows, once per slot unless reduced per rank).
 void LayerSim::build_traffic() {
   const int64_t T = cfg_.tokens_per_rank, K = cfg_.top_k, C = proto_.chunk_tokens;
-  const int64_t num_chunks = ceil_div(T, C);
+  num_chunks_ = ceil_div(T, C);
   const int64_t H = cfg_.hidden;
-  const int64_t x_row_bytes = H * proto_.dispatch_bytes_per_element +
-                              (proto_.dispatch_bytes_per_element == 1 ? ceil_div(H, 128) * 4 : 0);
-  const int64_t y_row_bytes = H * proto_.combine_bytes_per_element;
-  const int64_t row_bytes[2] = {x_row_bytes, y_row_bytes};
-  const bool per_token[2] = {proto_.dispatch_dedup, proto_.combine_reduce_per_rank};
+  row_bytes_[kDispatch] = H * proto_.dispatch_bytes_per_element +
+                          (proto_.dispatch_bytes_per_element == 1 ? ceil_div(H, 128) * 4 : 0);
+  row_bytes_[kCombine] = H * proto_.combine_bytes_per_element;
+  per_token_[kDispatch] = proto_.dispatch_dedup;
+  per_token_[kCombine] = proto_.combine_reduce_per_rank;
+  auto& off = traffic_.pair_offsets;
+  off.assign(static_cast<size_t>(R_) * R_ + 1, 0);
   for (int ph = 0; ph < 2; ++ph) {
-    traffic_[ph].pair_offsets.assign(static_cast<size_t>(R_) * R_ + 1, 0);
-    traffic_[ph].recv_pieces.assign(R_, 0);
-    traffic_[ph].recv_payload.assign(R_, 0);
+    traffic_.recv_pieces[ph].assign(R_, 0);
+    traffic_.recv_remote_pieces[ph].assign(R_, 0);
+    traffic_.recv_payload[ph].assign(R_, 0);
   }
+  std::vector<int32_t> rank_of(cfg_.num_experts);
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) rank_of[e] = static_cast<int32_t>(cfg_.owner_rank(e));
   std::vector<int32_t> slots(R_, 0), tokens(R_, 0), last_token(R_, -1);
-  std::vector<int32_t> touched;
-  std::vector<int64_t> cursor[2];
-  for (int pass = 0; pass < 2; ++pass) {
-    if (pass == 1) {
-      for (int ph = 0; ph < 2; ++ph) {
-        auto& off = traffic_[ph].pair_offsets;
-        for (size_t i = 1; i < off.size(); ++i) off[i] += off[i - 1];
-        traffic_[ph].pieces.resize(off.back());
-        cursor[ph].assign(off.begin(), off.end() - 1);
+  std::vector<std::pair<int32_t, Piece>> found;  // one owner's pieces, chunk-major
+  std::vector<int64_t> per_peer(R_ + 1);
+  traffic_.pieces.clear();
+  traffic_.pieces.reserve(static_cast<size_t>(std::min<int64_t>(cfg_.num_slots(), int64_t{R_} * R_ * num_chunks_)));
+  for (int o = 0; o < R_; ++o) {
+    found.clear();
+    for (int64_t c = 0; c < num_chunks_; ++c) {
+      const int64_t t_end = std::min(T, (c + 1) * C);
+      for (int64_t t = c * C; t < t_end; ++t) {
+        const int32_t* row = &work_.topk_experts[(o * T + t) * K];
+        for (int64_t k = 0; k < K; ++k) {
+          if (row[k] < 0) continue;
+          const int p = rank_of[row[k]];
+          ++slots[p];
+          if (last_token[p] != t) {
+            last_token[p] = static_cast<int32_t>(t);
+            ++tokens[p];
+          }
+        }
+      }
+      for (int p = 0; p < R_; ++p) {
+        if (slots[p] == 0) continue;
+        found.emplace_back(p, Piece{static_cast<int32_t>(c), tokens[p], slots[p]});
+        slots[p] = 0;
+        tokens[p] = 0;
+        last_token[p] = -1;
       }
     }
-    for (int o = 0; o < R_; ++o) {
-      for (int64_t c = 0; c < num_chunks; ++c) {
-        touched.clear();
-        const int64_t t_end = std::min(T, (c + 1) * C);
-        for (int64_t t = c * C; t < t_end; ++t) {
-          const int64_t g = o * T + t;
-          for (int64_t k = 0; k < K; ++k) {
-            const int32_t e = work_.topk_experts[g * K + k];
-            if (e < 0) continue;
-            const int p = static_cast<int>(cfg_.owner_rank(e));
-            if (slots[p] == 0) touched.push_back(p);
-            ++slots[p];
-            if (last_token[p] != t) {
-              last_token[p] = static_cast<int32_t>(t);
-              ++tokens[p];
-            }
-          }
-        }
-        std::sort(touched.begin(), touched.end());
-        for (int p : touched) {
-          for (int ph = 0; ph < 2; ++ph) {
-            const int src = ph == kDispatch ? o : p, dst = ph == kDispatch ? p : o;
-            const size_t pair = static_cast<size_t>(src) * R_ + dst;
-            if (pass == 0) {
-              ++traffic_[ph].pair_offsets[pair + 1];
-              continue;
-            }
-            const int32_t rows = per_token[ph] ? tokens[p] : slots[p];
-            int64_t wire = rows * row_bytes[ph];
-            traffic_[ph].recv_payload[dst] += wire;
-            if (direction(ph) == Direction::kPush && proto_.signaling == Signaling::kFlagInData && src != dst)
-              wire = ceil_div(wire * 128, 120);  // 8 flag bytes in every 128-byte line
-            traffic_[ph].pieces[cursor[ph][pair]++] = Piece{static_cast<int32_t>(c), rows, wire};
-            ++traffic_[ph].recv_pieces[dst];
-          }
-        }
-        for (int p : touched) {
-          slots[p] = 0;
-          tokens[p] = 0;
-          last_token[p] = -1;
-        }
+    // Regroup by peer (stable, so chunks stay ascending): pair (o, p) is one contiguous run.
+    std::fill(per_peer.begin(), per_peer.end(), 0);
+    for (const auto& [p, piece] : found) ++per_peer[p + 1];
+    for (int p = 0; p < R_; ++p) per_peer[p + 1] += per_peer[p];
+    const int64_t base = static_cast<int64_t>(traffic_.pieces.size());
+    for (int p = 0; p < R_; ++p) off[static_cast<size_t>(o) * R_ + p + 1] = base + per_peer[p + 1];
+    traffic_.pieces.resize(base + found.size());
+    for (const auto& [p, piece] : found) {
+      const int64_t idx = base + per_peer[p]++;
+      traffic_.pieces[idx] = piece;
+      for (int ph = 0; ph < 2; ++ph) {
+        const int dst = ph == kDispatch ? p : o;
+        traffic_.recv_payload[ph][dst] += piece_wire_bytes(ph, idx, false);
+        ++traffic_.recv_pieces[ph][dst];
+        if (o != p) ++traffic_.recv_remote_pieces[ph][dst];
       }
     }
   }
 }
 
-void LayerSim::build_tiles() {
-  const int64_t E = cfg_.num_experts, TR = proto_.gemm_tile_rows;
-  expert_tile_offset_.assign(E + 1, 0);
-  for (int64_t e = 0; e < E; ++e) expert_tile_offset_[e + 1] = expert_tile_offset_[e] + ceil_div(work_.expert_rows(e), TR);
-  const int64_t num_tiles = expert_tile_offset_[E];
-  tile_pending_.assign(num_tiles, 0);
-  gpu_tiles_left_.assign(R_, 0);
-  const int64_t T = cfg_.tokens_per_rank, C = proto_.chunk_tokens, NC = ceil_div(T, C);
-  const auto& tr = traffic_[kDispatch];
-  // (tile, piece) edges, collected destination by destination with a (src, chunk) -> piece table.
-  std::vector<std::pair<int32_t, int64_t>> edges;
-  std::vector<int64_t> lookup(static_cast<size_t>(R_) * NC, -1);
-  for (int d = 0; d < R_; ++d) {
-    for (int s = 0; s < R_; ++s) {
-      const size_t pair = static_cast<size_t>(s) * R_ + d;
-      for (int64_t i = tr.pair_offsets[pair]; i < tr.pair_offsets[pair + 1]; ++i)
-        lookup[s * NC + tr.pieces[i].chunk_idx] = i;
-    }
-    const int64_t e_begin = cfg_.first_expert(d), e_end = e_begin + cfg_.experts_per_rank();
-    for (int64_t e = e_begin; e < e_end; ++e) {
-      gpu_tiles_left_[d] += expert_tile_offset_[e + 1] - expert_tile_offset_[e];
-      // ORDER: canonical rows (ascending global token, then slot) from spec::build_routing_plan;
-      // tile i holds rows [i*TR, (i+1)*TR) of that list, as in the kernel's GEMM.
-      for (int64_t r = work_.expert_offsets[e]; r < work_.expert_offsets[e + 1]; ++r) {
-        const int64_t g = work_.rows[r].token_idx;
-        const int64_t piece = lookup[(g / T) * NC + (g % T) / C];
-        const int32_t tile = static_cast<int32_t>(expert_tile_offset_[e] + (r - work_.expert_offsets[e]) / TR);
-        if (edges.empty() || edges.back().first != tile || edges.back().second != piece) {
-          // rows are sorted by token, so repeats of a (tile, piece) pair are adjacent
-          edges.emplace_back(tile, piece);
-          ++tile_pending_[tile];
-        }
-      }
-    }
-    for (int s = 0; s < R_; ++s) {
-      const size_t pair = static_cast<size_t>(s) * R_ + d;
-      for (int64_t i = tr.pair_offsets[pair]; i < tr.pair_offsets[pair + 1]; ++i)
-        lookup[s * NC + tr.pieces[i].chunk_idx] = -1;
-    }
-  }
-  piece_tile_offsets_.assign(tr.pieces.size() + 1, 0);
-  for (const auto& [tile, piece] : edges) ++piece_tile_offsets_[piece + 1];
-  for (size_t i = 1; i < piece_tile_offsets_.size(); ++i) piece_tile_offsets_[i] += piece_tile_offsets_[i - 1];
-  piece_tiles_.resize(edges.size());
-  std::vector<int64_t> cur(piece_tile_offsets_.begin(), piece_tile_offsets_.end() - 1);
-  for (const auto& [tile, piece] : edges) piece_tiles_[cur[piece]++] = tile;
-
+void LayerSim::build_compute_model() {
   // Compute model: the compute SMs run one tile at a time at their share of the GEMM rate.
   const double flops_per_ns = topo_.bf16_dense_tflops * 1e3 * topo_.gemm_efficiency *
                               static_cast<double>(topo_.num_sms - proto_.comm_sms) / topo_.num_sms;
   const double H = static_cast<double>(cfg_.hidden), I = static_cast<double>(cfg_.intermediate);
-  tile_ns_ = ceil_ns(2.0 * 3.0 * H * I * static_cast<double>(TR) / flops_per_ns);
+  tile_ns_ = ceil_ns(2.0 * 3.0 * H * I * static_cast<double>(proto_.gemm_tile_rows) / flops_per_ns);
   shared_ns_ = cfg_.has_shared()
                    ? ceil_ns(2.0 * 3.0 * H * static_cast<double>(cfg_.shared_intermediate) *
-                             static_cast<double>(T) / flops_per_ns)
+                             static_cast<double>(cfg_.tokens_per_rank) / flops_per_ns)
                    : 0;
   // Final combine sum on the token owner: read K slot rows and write one output row per token.
-  reduce_ns_ = ceil_ns(static_cast<double>(T * (cfg_.top_k + 1) * cfg_.hidden * 2) / topo_.hbm_gbps);
+  reduce_ns_ = ceil_ns(static_cast<double>(cfg_.tokens_per_rank * (cfg_.top_k + 1) * cfg_.hidden * 2) / topo_.hbm_gbps);
+  dispatch_known_.assign(traffic_.pieces.size(), PieceKnown{0, 0});
+  piece_lookup_.assign(static_cast<size_t>(R_) * num_chunks_, -1);
 }
 
 // Gives the initiator's comm SMs their transfers for one phase. Peers are visited in an order
 // rotated by the initiator's index, so that GPUs do not all start on the same peer.
 void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vector<std::vector<Op>>& programs) {
-  const auto& tr = traffic_[phase];
   const bool is_read = dir == Direction::kPull;
   auto demand_for = [&](int src, int dst, int64_t bytes, int64_t num_pieces) {
     const double L = static_cast<double>(latency(src, dst));
@@ -565,8 +583,8 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     }
     return d;
   };
-  auto make_transfer = [&](int sm, int peer, const std::vector<int64_t>& list) {
-    if (list.empty()) return;
+  auto make_transfer = [&](int sm, int peer, int64_t first, int64_t stride, int64_t count) {
+    if (count <= 0) return;
     Transfer t{};
     t.phase = phase;
     t.initiator = initiator;
@@ -574,42 +592,42 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     t.src = dir == Direction::kPush ? initiator : peer;
     t.dst = dir == Direction::kPush ? peer : initiator;
     t.is_read = is_read;
-    t.list_begin = static_cast<int64_t>(transfer_pieces_.size());
+    t.first = first;
+    t.stride = stride;
+    t.count = count;
     t.bytes = 0;
-    for (int64_t p : list) {
-      transfer_pieces_.push_back(p);
-      t.bytes += tr.pieces[p].wire_bytes;
-    }
-    t.list_end = static_cast<int64_t>(transfer_pieces_.size());
+    for (int64_t j = 0; j < count; ++j) t.bytes += piece_wire_bytes(phase, first + j * stride, t.src != t.dst);
     t.latency_ns = latency(t.src, t.dst);
-    t.demand_gbps = demand_for(t.src, t.dst, t.bytes, static_cast<int64_t>(list.size()));
+    t.demand_gbps = demand_for(t.src, t.dst, t.bytes, count);
+    const bool tma = proto_.copy_engine == CopyEngine::kTma;
+    t.window_bytes = t.src == t.dst || topo_.domain_of(t.src) != topo_.domain_of(t.dst)
+                         ? 0.0
+                         : (is_read ? (tma ? topo_.sm_tma_load_inflight_bytes : topo_.sm_load_inflight_bytes)
+                                    : topo_.sm_store_inflight_bytes);
     programs[sm].push_back(Op{OpKind::kTransfer, static_cast<int32_t>(transfers_.size())});
     transfers_.push_back(t);
   };
-  std::vector<int64_t> list;
   for (int k = 0; k < R_; ++k) {
     const int peer = (initiator + k) % R_;
     const int src = dir == Direction::kPush ? initiator : peer;
     const int dst = dir == Direction::kPush ? peer : initiator;
-    const size_t pair = static_cast<size_t>(src) * R_ + dst;
-    const int64_t b = tr.pair_offsets[pair], e = tr.pair_offsets[pair + 1];
+    const int owner = phase == kDispatch ? src : dst, other = phase == kDispatch ? dst : src;
+    const size_t pair = static_cast<size_t>(owner) * R_ + other;
+    const int64_t b = traffic_.pair_offsets[pair], e = traffic_.pair_offsets[pair + 1];
     if (S_ >= R_) {
       // Peer k is served by SMs k, k+R, k+2R, ...; they deal its chunks round-robin.
       const int lanes = (S_ - 1 - k) / R_ + 1;
       for (int lane = 0; lane < lanes; ++lane) {
-        list.clear();
-        for (int64_t i = b + lane; i < e; i += lanes) list.push_back(i);
-        if (phase == kCombine && dir == Direction::kPull && !list.empty())
+        const int64_t count = e - b > lane ? ceil_div(e - b - lane, lanes) : 0;
+        if (phase == kCombine && dir == Direction::kPull && count > 0)
           programs[k + lane * R_].push_back(Op{OpKind::kWaitRemoteReady, peer});
-        make_transfer(k + lane * R_, peer, list);
+        make_transfer(k + lane * R_, peer, b + lane, lanes, count);
       }
     } else {
       // SM j serves peers j, j+S, j+2S, ... one after the other.
-      list.clear();
-      for (int64_t i = b; i < e; ++i) list.push_back(i);
-      if (phase == kCombine && dir == Direction::kPull && !list.empty())
+      if (phase == kCombine && dir == Direction::kPull && e > b)
         programs[k % S_].push_back(Op{OpKind::kWaitRemoteReady, peer});
-      make_transfer(k % S_, peer, list);
+      make_transfer(k % S_, peer, b, 1, e - b);
     }
   }
 }
@@ -631,6 +649,10 @@ void LayerSim::build_programs() {
   }
   pc_.assign(programs_.size(), 0);
   wait_start_ns_.assign(programs_.size(), 0);
+  std::vector<double> demands;
+  demands.reserve(transfers_.size());
+  for (const Transfer& t : transfers_) demands.push_back(t.demand_gbps);
+  net_.declare_demands(std::move(demands));
 }
 
 void LayerSim::start_transfer(int agent, int tid, int64_t now) {
@@ -638,59 +660,122 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   tr.start_ns = now;
   int path[kMaxPathLen];
   const int n = path_for(tr.src, tr.dst, path);
-  const int f = net_.start_flow(now, path, n, tr.demand_gbps, tr.bytes);
+  const int f = net_.start_flow(path, n, tr.demand_gbps, tr.bytes);
   ++num_flows_;
-  if (static_cast<size_t>(f) >= flow_transfer_.size()) {
-    flow_transfer_.resize(f + 1);
-    flow_next_piece_.resize(f + 1);
-    flow_cum_next_.resize(f + 1);
-    flow_agent_.resize(f + 1);
-    flow_rate_seen_.resize(f + 1, -1.0);
+  if (static_cast<size_t>(f) >= flow_state_.size()) {
+    flow_state_.resize(f + 1);
+    flow_segments_.resize(f + 1);
   }
-  flow_transfer_[f] = tid;
-  flow_next_piece_[f] = tr.list_begin;
-  flow_cum_next_[f] = static_cast<double>(traffic_[tr.phase].pieces[transfer_pieces_[tr.list_begin]].wire_bytes);
-  flow_agent_[f] = agent;
-  flow_rate_seen_[f] = -1.0;
-  new_flows_.push_back(f);
+  flow_state_[f] = FlowState{now, 0.0, -1.0, tid, agent};
+  flow_segments_[f].clear();
   checkpoints_.erase(f);
-  dirty_ = true;
+  if (departed_agent_ == agent) {
+    departed_agent_ = -1;
+    if (!dirty_ && net_.admit_in_place_of(f, departed_)) {
+      set_rate_segment(f, net_.flow(f).rate_gbps, now);
+      return;
+    }
+    dirty_ = true;
+  }
+  new_flows_.push_back(f);
+  if (opt_.rate_quantum_ns > 0) dirty_ = true;
 }
 
-void LayerSim::schedule_checkpoint(int f, int64_t now) {
-  const Flow& fl = net_.flow(f);
-  if (fl.rate_gbps <= 0) {
+// A new constant-rate segment from `now`: the old one goes to the flow's log (chunk milestones
+// are evaluated from the log when the flow completes), then the completion is rescheduled.
+void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
+  const double total = static_cast<double>(net_.flow(f).total_bytes);
+  FlowState& fs = flow_state_[f];
+  double d = 0;
+  if (fs.seg_rate >= 0) {
+    d = fs.seg_d0;
+    if (fs.seg_rate > 0) d = std::min(d + fs.seg_rate * static_cast<double>(now - fs.seg_t0), total);
+    if (now > fs.seg_t0) flow_segments_[f].push_back(Segment{fs.seg_t0, fs.seg_d0, fs.seg_rate});
+  }
+  fs.seg_t0 = now;
+  fs.seg_d0 = d;
+  fs.seg_rate = rate;
+  const int64_t dt = rate > 0 ? delivery_ns(total - d, rate) : kNeverNs;
+  if (dt >= kNeverNs) {
     checkpoints_.erase(f);
     return;
   }
-  const double delivered = static_cast<double>(fl.total_bytes) - fl.remaining_bytes;
-  const double need = flow_cum_next_[f] - delivered;
-  const int64_t dt = need <= 0 ? 0 : std::max<int64_t>(1, ceil_ns(need / fl.rate_gbps));
   checkpoints_.set(f, now + dt, seq_++);
 }
 
-void LayerSim::on_checkpoint(int f, int64_t now) {
-  Flow& fl = net_.flow(f);
-  fl.remaining_bytes -= fl.rate_gbps * static_cast<double>(now - fl.updated_ns);
-  fl.updated_ns = now;
-  // The milestone is reached by construction of its time; pin the fluid state to it exactly.
-  fl.remaining_bytes = std::min(fl.remaining_bytes, static_cast<double>(fl.total_bytes) - flow_cum_next_[f]);
-  if (fl.remaining_bytes < 0) fl.remaining_bytes = 0;
-  const int tid = flow_transfer_[f];
-  const Transfer& tr = transfers_[tid];
-  on_piece_data(tr, transfer_pieces_[flow_next_piece_[f]], now);
-  ++flow_next_piece_[f];
-  if (flow_next_piece_[f] < tr.list_end) {
-    flow_cum_next_[f] += static_cast<double>(traffic_[tr.phase].pieces[transfer_pieces_[flow_next_piece_[f]]].wire_bytes);
-    schedule_checkpoint(f, now);
-    return;
+// Every chunk milestone of a completed flow, in order: piece j's last byte leaves the
+// bottleneck in the first segment whose rate carries the flow past the bytes through piece j,
+// at t0 + ceil((cum_j - d0) / rate). Evaluating them here rather than as they happen is exact:
+// their consumers only count and take maxima (see mark_known).
+void LayerSim::replay_milestones(int f, int64_t now) {
+  const FlowState& fs = flow_state_[f];
+  std::vector<Segment>& segs = flow_segments_[f];
+  segs.push_back(Segment{fs.seg_t0, fs.seg_d0, fs.seg_rate});
+  const Transfer& tr = transfers_[fs.transfer];
+  const bool remote = tr.src != tr.dst;
+  const size_t num_segs = segs.size();
+  size_t k = 0;
+  int64_t cum = 0;
+  for (int64_t j = 0; j < tr.count; ++j) {
+    const int64_t piece = transfer_piece(tr, j);
+    cum += piece_wire_bytes(tr.phase, piece, remote);
+    int64_t t;
+    for (;;) {
+      const Segment& sg = segs[k];
+      const int64_t dt = sg.rate > 0 ? delivery_ns(static_cast<double>(cum) - sg.d0, sg.rate) : kNeverNs;
+      t = dt >= kNeverNs ? kNeverNs : sg.t0 + dt;
+      if (k + 1 < num_segs && t > segs[k + 1].t0) {
+        ++k;
+        continue;
+      }
+      break;
+    }
+    ++num_milestones_;
+    on_piece_data(tr, piece, std::min(t, now));
   }
+}
+
+// Bytes queued at each NVLink port: every window-limited flow whose rate that port fixed keeps
+// window - rate x round trip of its in-flight bytes waiting there (Little's law).
+void LayerSim::update_port_queues(int64_t now) {
+  port_queue_bytes_.assign(net_.num_resources(), 0.0);
+  for (int f : net_.active_flows()) {
+    const Flow& fl = net_.flow(f);
+    if (fl.bottleneck < 0 || res_kind_[fl.bottleneck] > 1) continue;  // demand, or not an NVLink port
+    const Transfer& tr = transfers_[flow_state_[f].transfer];
+    const double excess = tr.window_bytes - fl.rate_gbps * 2.0 * static_cast<double>(tr.latency_ns);
+    if (excess > 0) port_queue_bytes_[fl.bottleneck] += excess;
+  }
+  for (int r = 0; r < net_.num_resources(); ++r) {
+    if (res_kind_[r] > 1) continue;
+    const int64_t delay = ceil_ns(port_queue_bytes_[r] / net_.capacity(r));
+    auto& h = port_delay_history_[r];
+    if (h.empty() ? delay != 0 : h.back().second != delay) {
+      if (!h.empty() && h.back().first == now) h.back().second = delay;
+      else h.emplace_back(now, delay);
+    }
+  }
+}
+
+void LayerSim::on_flow_complete(int f, int64_t now) {
+  replay_milestones(f, now);
+  const int tid = flow_state_[f].transfer;
+  const Transfer& tr = transfers_[tid];
   // Transfer complete: credit bytes per phase, free the SM.
+  const Flow& fl = net_.flow(f);
   for (int i = 0; i < fl.path_len; ++i) res_bytes_phase_[tr.phase][fl.path[i]] += fl.total_bytes;
-  const int agent = flow_agent_[f];
+  const int agent = flow_state_[f].agent;
   checkpoints_.erase(f);
+  bool hand_over = false;
+  if (opt_.rate_quantum_ns > 0) {
+    dirty_ = true;
+  } else if (!net_.path_has_slack(f)) {
+    // Its SM may start its next transfer right now and take over the rate (start_transfer).
+    departed_ = net_.describe(f);
+    departed_agent_ = agent;
+    hand_over = true;
+  }
   net_.finish_flow(f);
-  dirty_ = true;
   if (opt_.record_trace && tr.initiator < opt_.trace_max_gpus)
     trace_.push_back(TraceSpan{tr.initiator, tr.sm, tr.start_ns, now,
                                std::string(kPhaseName[tr.phase]) + (tr.is_read ? " pull " : " push ") +
@@ -698,44 +783,50 @@ void LayerSim::on_checkpoint(int f, int64_t now) {
                                tr.bytes});
   ++pc_[agent];
   step_agent(agent, now);
+  if (hand_over && departed_agent_ >= 0) dirty_ = true;  // nobody took the rate over
+  departed_agent_ = -1;
 }
 
 // The last byte of a piece left the bottleneck at t_fluid. When does its consumer know?
 void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid) {
   const int ph = tr.phase;
   const int64_t L = tr.latency_ns;
-  const int dst = tr.dst;
+  const int src = tr.src, dst = tr.dst;
   if (tr.is_read) {
     // Pull: the loads return one round trip after the request stream; the reading SM tells
     // the compute warps through a local flag after a local release fence.
     const int64_t arrive = t_fluid + 2 * L;
-    const int64_t known = observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns),
-                                        std::max<int64_t>(proto_.poll_interval_ns, static_cast<int64_t>(topo_.local_poll_ns)));
-    schedule(known, kPieceKnown, ph, piece, arrive);
+    mark_known(ph, piece, src, dst, arrive,
+               observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
     return;
   }
   const int64_t arrive = t_fluid + L;
-  if (tr.src == dst) {  // local copy: the same SM's own stores, then a local flag
-    schedule(observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns),
-                           std::max<int64_t>(proto_.poll_interval_ns, static_cast<int64_t>(topo_.local_poll_ns))),
-             kPieceKnown, ph, piece, arrive);
+  if (src == dst) {  // local copy: the same SM's own stores, then a local flag
+    mark_known(ph, piece, src, dst, arrive,
+               observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
     return;
   }
   const int64_t fence_done = t_fluid + 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
+  // With signal queueing, the flag or atomic waits behind the bytes queued at both ports.
+  const bool queued = opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst);
+  const int64_t wait = queued ? port_delay(res_nvl_out_[src], fence_done) + port_delay(res_nvl_in_[dst], fence_done) : 0;
   switch (proto_.signaling) {
     case Signaling::kFenceFlag:
       // fence (acks back at +2L) then a flag write that lands one way later; the receiver
       // sweeps one flag per source.
       ++signal_writes_[ph];
-      schedule(observe_local(fence_done + L, flag_poll_period(R_)), kPieceKnown, ph, piece, arrive);
+      mark_known(ph, piece, src, dst, arrive, observe_local(fence_done + wait + L, flag_poll_period(R_)));
       break;
     case Signaling::kCounter:
+      // fence, then one atomic on the destination's counter (served in on_counter_complete)
       ++signal_writes_[ph];
+      if (queued) counter_wait_ns_[ph][piece] = wait;
       piece_data_ns_[ph][piece] = arrive;
-      schedule(fence_done + L, kCounterArrival, ph, dst, arrive);
+      last_data_ns_[ph][dst] = std::max(last_data_ns_[ph][dst], arrive);
+      if (++counter_arrivals_[ph][dst] == traffic_.recv_remote_pieces[ph][dst]) on_counter_complete(ph, dst);
       break;
     case Signaling::kFlagInData:
-      schedule(observe_local(arrive, flag_poll_period(R_)), kPieceKnown, ph, piece, arrive);
+      mark_known(ph, piece, src, dst, arrive, observe_local(arrive, flag_poll_period(R_)));
       break;
     case Signaling::kBarrier:
       // Known when the phase barrier completes (on_gpu_barrier); only the arrival is recorded.
@@ -745,45 +836,49 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
   }
 }
 
-void LayerSim::on_piece_known(int ph, int64_t piece, int64_t data_ns, int64_t now) {
-  // Find the destination from the piece's pair: binary search over pair offsets.
-  const auto& off = traffic_[ph].pair_offsets;
-  const size_t pair = static_cast<size_t>(std::upper_bound(off.begin(), off.end(), piece) - off.begin()) - 1;
-  const int dst = static_cast<int>(pair % R_);
-  chunk_signal_[ph].add(now - data_ns);
+// Pieces may be marked out of time order (each flow's milestones come in a batch), so every
+// consumer here is order-free: counts, maxima, a histogram and per-piece times. The last piece
+// into a GPU is always the final milestone of some flow, marked at its completion time, so the
+// completion event is never in the past.
+void LayerSim::mark_known(int ph, int64_t piece, int src, int dst, int64_t data_ns, int64_t known_ns) {
+  chunk_signal_[ph].add(known_ns - data_ns);
   last_data_ns_[ph][dst] = std::max(last_data_ns_[ph][dst], data_ns);
   if (ph == kDispatch && proto_.phases == Phases::kLayer) {
-    for (int64_t i = piece_tile_offsets_[piece]; i < piece_tile_offsets_[piece + 1]; ++i) {
-      const int32_t tile = piece_tiles_[i];
-      if (--tile_pending_[tile] == 0) {
-        if (now >= last_tile_ready_ns_[dst]) {
-          last_tile_ready_ns_[dst] = now;
-          last_tile_piece_data_ns_[dst] = data_ns;
-          last_tile_piece_known_ns_[dst] = now;
-          last_tile_transfer_[dst] = static_cast<int64_t>(pair / R_);  // source GPU
-        }
-        on_tile_ready(dst, tile, now);
-      }
-    }
+    dispatch_known_[piece] = PieceKnown{known_ns, known_ns - data_ns};
   }
-  if (ph == kCombine && data_ns >= combine_last_data_ns_[dst]) {
+  if (ph == kCombine && (data_ns > combine_last_data_ns_[dst] ||
+                         (data_ns == combine_last_data_ns_[dst] && src > combine_last_source_[dst]))) {
     combine_last_data_ns_[dst] = data_ns;
-    combine_last_transfer_[dst] = static_cast<int64_t>(pair / R_);  // producer GPU
+    combine_last_source_[dst] = src;
   }
-  if (++known_count_[ph][dst] == traffic_[ph].recv_pieces[dst]) on_dst_complete(ph, dst, now);
+  max_known_ns_[ph][dst] = std::max(max_known_ns_[ph][dst], known_ns);
+  if (++known_count_[ph][dst] == traffic_.recv_pieces[ph][dst]) schedule(max_known_ns_[ph][dst], kDstComplete, ph, dst);
+}
+
+// Counter: one atomic per remote chunk, served one at a time in arrival order (a FIFO server
+// with a fixed service time: its last departure depends only on the set of arrivals). The
+// receiver knows every remote chunk once the count is complete.
+void LayerSim::on_counter_complete(int ph, int dst) {
+  std::vector<int64_t> arrivals;
+  arrivals.reserve(traffic_.recv_remote_pieces[ph][dst]);
+  for_each_piece_into(ph, dst, true, [&](int64_t piece, int s) {
+    arrivals.push_back(piece_data_ns_[ph][piece] + 2 * latency(s, dst) + static_cast<int64_t>(topo_.fence_overhead_ns) +
+                       (counter_wait_ns_[ph].empty() ? 0 : counter_wait_ns_[ph][piece]));
+  });
+  std::sort(arrivals.begin(), arrivals.end());
+  int64_t free_ns = 0;
+  for (int64_t a : arrivals) free_ns = std::max(free_ns, a) + static_cast<int64_t>(topo_.atomic_service_ns);
+  const int64_t known = observe_local(free_ns, local_poll_period());
+  for_each_piece_into(ph, dst, true,
+                      [&](int64_t piece, int s) { mark_known(ph, piece, s, dst, piece_data_ns_[ph][piece], known); });
 }
 
 void LayerSim::on_all_known(int ph, int gpu, int64_t now) {
-  // Counter or barrier: every piece into `gpu` becomes known at once.
-  // Chunks a GPU copies to itself were signaled locally as they landed.
-  const auto& tr = traffic_[ph];
-  for (int s = 0; s < R_; ++s) {
-    if (s == gpu) continue;
-    const size_t pair = static_cast<size_t>(s) * R_ + gpu;
-    for (int64_t i = tr.pair_offsets[pair]; i < tr.pair_offsets[pair + 1]; ++i)
-      on_piece_known(ph, i, piece_data_ns_[ph][i], now);
-  }
-  if (tr.recv_pieces[gpu] == 0) on_dst_complete(ph, gpu, now);
+  // Barrier: every remote piece into `gpu` becomes known at once; chunks a GPU copies to itself
+  // were signaled locally as they landed.
+  for_each_piece_into(ph, gpu, true,
+                      [&](int64_t piece, int s) { mark_known(ph, piece, s, gpu, piece_data_ns_[ph][piece], now); });
+  if (traffic_.recv_pieces[ph][gpu] == 0) on_dst_complete(ph, gpu, now);
 }
 
 void LayerSim::on_dst_complete(int ph, int gpu, int64_t now) {
@@ -791,26 +886,70 @@ void LayerSim::on_dst_complete(int ph, int gpu, int64_t now) {
   if (ph == kDispatch) {
     gpu_[gpu].dispatch_known_ns = now;
     if (proto_.phases == Phases::kDispatch) gpu_[gpu].done_ns = now;
+    if (proto_.phases == Phases::kLayer) run_compute_queue(gpu, now);
   } else {
     gpu_[gpu].combine_known_ns = now;
     schedule(now + reduce_ns_, kReduceDone, 0, gpu);
   }
 }
 
-void LayerSim::on_tile_ready(int gpu, int32_t tile, int64_t now) {
-  ready_tiles_[gpu].push_back(tile);
-  if (!compute_busy_[gpu]) start_compute(gpu, now);
-}
-
-void LayerSim::start_compute(int gpu, int64_t now) {
-  if (ready_tiles_[gpu].empty()) return;
-  const int32_t tile = ready_tiles_[gpu].front();
-  ready_tiles_[gpu].pop_front();
-  compute_busy_[gpu] = 1;
-  compute_busy_ns_[gpu] += tile_ns_;
-  if (opt_.record_trace && gpu < opt_.trace_max_gpus)
-    trace_.push_back(TraceSpan{gpu, -1, now, now + tile_ns_, "tile " + std::to_string(tile), 0});
-  schedule(now + tile_ns_, kTileDone, 0, gpu);
+// The GPU's compute SMs: the shared expert first, then routed tiles in ready order (FIFO, ties
+// by tile index), one at a time. Called when all dispatch data into `gpu` is known, so every
+// tile's ready time is final; the queue's only effect on the rest is its finish time.
+void LayerSim::run_compute_queue(int gpu, int64_t now) {
+  const int64_t T = cfg_.tokens_per_rank, C = proto_.chunk_tokens, NC = num_chunks_, TR = proto_.gemm_tile_rows;
+  for (int s = 0; s < R_; ++s) {
+    const size_t pair = static_cast<size_t>(s) * R_ + gpu;
+    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
+      piece_lookup_[s * NC + traffic_.pieces[i].chunk_idx] = i;
+  }
+  tile_ready_.clear();
+  int64_t last_piece = -1;
+  // Row -> (token owner, chunk) -> piece. When T is a multiple of C the (owner, chunk) index is
+  // g / C, a shift when C is a power of two (the common case; this loop visits every row).
+  const bool whole_chunks = T % C == 0;
+  const int shift = (C & (C - 1)) == 0 ? __builtin_ctzll(static_cast<uint64_t>(C)) : -1;
+  auto chunk_key = [&](int64_t g) {
+    if (whole_chunks) return shift >= 0 ? g >> shift : g / C;
+    return (g / T) * NC + (g % T) / C;
+  };
+  const int64_t e_begin = cfg_.first_expert(gpu), e_end = e_begin + cfg_.experts_per_rank();
+  for (int64_t e = e_begin; e < e_end; ++e) {
+    // ORDER: canonical rows (ascending global token, then slot) from spec::build_routing_plan;
+    // tile i holds rows [i*TR, (i+1)*TR) of that list, as in the kernel's GEMM.
+    const int64_t r0 = work_.expert_offsets[e], r1 = work_.expert_offsets[e + 1];
+    int64_t in_tile = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t piece = piece_lookup_[chunk_key(work_.rows[r].token_idx)];
+      const int64_t known = dispatch_known_[piece].known_ns;
+      if (in_tile == 0) tile_ready_.emplace_back(known, static_cast<int32_t>(tile_ready_.size()));
+      if (++in_tile == TR) in_tile = 0;
+      tile_ready_.back().first = std::max(tile_ready_.back().first, known);
+      if (last_piece < 0 || known > dispatch_known_[last_piece].known_ns ||
+          (known == dispatch_known_[last_piece].known_ns && piece > last_piece))
+        last_piece = piece;
+    }
+  }
+  if (last_piece >= 0) {
+    last_tile_piece_known_ns_[gpu] = dispatch_known_[last_piece].known_ns;
+    last_tile_piece_data_ns_[gpu] = dispatch_known_[last_piece].known_ns - dispatch_known_[last_piece].signal_ns;
+    const auto& off = traffic_.pair_offsets;
+    const size_t pair = static_cast<size_t>(std::upper_bound(off.begin(), off.end(), last_piece) - off.begin()) - 1;
+    last_tile_source_[gpu] = static_cast<int64_t>(pair / R_);
+  }
+  std::sort(tile_ready_.begin(), tile_ready_.end());
+  const bool trace = opt_.record_trace && gpu < opt_.trace_max_gpus;
+  if (trace && shared_ns_ > 0) trace_.push_back(TraceSpan{gpu, -1, 0, shared_ns_, "shared expert", 0});
+  int64_t free_ns = shared_ns_;
+  for (const auto& [ready, tile] : tile_ready_) {
+    const int64_t start = std::max(free_ns, ready);
+    if (trace)
+      trace_.push_back(TraceSpan{gpu, -1, start, start + tile_ns_,
+                                 "tile " + std::to_string(tile) + " (experts of gpu" + std::to_string(gpu) + ")", 0});
+    free_ns = start + tile_ns_;
+  }
+  compute_busy_ns_[gpu] = shared_ns_ + static_cast<int64_t>(tile_ready_.size()) * tile_ns_;
+  schedule(std::max(free_ns, now), kComputeDone, 0, gpu);
 }
 
 void LayerSim::on_compute_done(int gpu, int64_t now) {
@@ -826,7 +965,7 @@ void LayerSim::on_gpu_barrier(int ph, int gpu, int64_t now) {
   if (++barrier_gpus_[ph] < R_) return;
   // Dissemination barrier: in round k GPU i writes a flag at i+2^k and waits for i-2^k's.
   std::vector<int64_t> t = barrier_gpu_ns_[ph], next(R_);
-  const int64_t period = std::max<int64_t>(proto_.poll_interval_ns, static_cast<int64_t>(topo_.local_poll_ns));
+  const int64_t period = local_poll_period();
   for (int dist = 1; dist < R_; dist *= 2) {
     for (int i = 0; i < R_; ++i) {
       const int from = ((i - dist) % R_ + R_) % R_;
@@ -846,7 +985,7 @@ void LayerSim::step_agent(int agent, int64_t now) {
     switch (op.kind) {
       case OpKind::kTransfer:
         start_transfer(agent, op.arg, now);
-        return;  // resumes in on_checkpoint when the transfer completes
+        return;  // resumes in on_flow_complete
       case OpKind::kWaitLocalReady:
       case OpKind::kWaitRemoteReady: {
         const int peer = op.arg;
@@ -885,7 +1024,7 @@ void LayerSim::finish(LayerResult& res) {
       const int64_t known = ph == kDispatch ? gpu_[g].dispatch_known_ns : gpu_[g].combine_known_ns;
       pr.end_ns = std::max(pr.end_ns, known);
       pr.data_end_ns = std::max(pr.data_end_ns, last_data_ns_[ph][g]);
-      pr.payload_bytes_max_gpu = std::max(pr.payload_bytes_max_gpu, traffic_[ph].recv_payload[g]);
+      pr.payload_bytes_max_gpu = std::max(pr.payload_bytes_max_gpu, traffic_.recv_payload[ph][g]);
     }
     int64_t nvl_out_bytes = 0;
     for (int r = 0; r < net_.num_resources(); ++r) {
@@ -897,8 +1036,13 @@ void LayerSim::finish(LayerResult& res) {
       }
       if (kind == 2) pr.scaleout_bytes += b;
     }
-    for (const Piece& p : traffic_[ph].pieces) pr.wire_bytes += p.wire_bytes;
-    pr.num_chunks = static_cast<int64_t>(traffic_[ph].pieces.size());
+    for (int o = 0; o < R_; ++o)
+      for (int p = 0; p < R_; ++p) {
+        const size_t pair = static_cast<size_t>(o) * R_ + p;
+        for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
+          pr.wire_bytes += piece_wire_bytes(ph, i, o != p);
+      }
+    pr.num_chunks = static_cast<int64_t>(traffic_.pieces.size());
     pr.num_signal_writes = signal_writes_[ph];
     // Time base of the phase: dispatch from 0; combine from the first expert output ready.
     int64_t start = 0;
@@ -908,7 +1052,7 @@ void LayerSim::finish(LayerResult& res) {
     }
     const double span = static_cast<double>(std::max<int64_t>(1, pr.end_ns - start));
     double recv = 0;
-    for (int g = 0; g < R_; ++g) recv += static_cast<double>(traffic_[ph].recv_payload[g]);
+    for (int g = 0; g < R_; ++g) recv += static_cast<double>(traffic_.recv_payload[ph][g]);
     pr.recv_gbps_per_gpu = recv / R_ / span;
     pr.nvlink_utilization = static_cast<double>(nvl_out_bytes) / (nvl * R_ * span);
     pr.chunk_signal = chunk_signal_[ph].summary();
@@ -965,7 +1109,7 @@ void LayerSim::finish(LayerResult& res) {
     seg("dispatch data into " + L + " (last byte lands)", 0, last_data_ns_[kDispatch][last]);
     seg("dispatch completion signal at " + L, last_data_ns_[kDispatch][last], gpu_[last].dispatch_known_ns);
   } else {
-    const int producer = proto_.phases == Phases::kLayer ? static_cast<int>(combine_last_transfer_[last]) : -1;
+    const int producer = proto_.phases == Phases::kLayer ? static_cast<int>(combine_last_source_[last]) : -1;
     if (producer >= 0) {
       const std::string P = "gpu" + std::to_string(producer);
       seg("dispatch data into " + P + " (bytes that released its last tile)", 0, last_tile_piece_data_ns_[producer]);
@@ -981,6 +1125,7 @@ void LayerSim::finish(LayerResult& res) {
     seg("final weighted sum on " + L, gpu_[last].combine_known_ns, gpu_[last].done_ns);
   }
   res.num_events = num_events_;
+  res.num_chunk_milestones = num_milestones_;
   res.num_rate_recomputes = net_.num_recomputes();
   res.num_flows = num_flows_;
   res.trace = std::move(trace_);
@@ -992,59 +1137,46 @@ LayerResult LayerSim::run() {
   S_ = proto_.comm_sms;
   build_resources();
   build_traffic();
-  if (proto_.phases == Phases::kLayer) build_tiles();
+  if (proto_.phases == Phases::kLayer) build_compute_model();
   build_programs();
   for (int ph = 0; ph < 2; ++ph) {
     known_count_[ph].assign(R_, 0);
+    max_known_ns_[ph].assign(R_, 0);
     last_data_ns_[ph].assign(R_, 0);
-    counter_served_[ph].assign(R_, 0);
-    counter_free_ns_[ph].assign(R_, 0);
+    counter_arrivals_[ph].assign(R_, 0);
     barrier_arrivals_[ph].assign(R_, 0);
     barrier_gpu_ns_[ph].assign(R_, 0);
     const bool per_piece = phase_on(ph) && direction(ph) == Direction::kPush &&
                            (proto_.signaling == Signaling::kCounter || proto_.signaling == Signaling::kBarrier);
-    if (per_piece) piece_data_ns_[ph].assign(traffic_[ph].pieces.size(), 0);
+    if (per_piece) piece_data_ns_[ph].assign(traffic_.pieces.size(), 0);
+    if (per_piece && opt_.signal_queueing && proto_.signaling == Signaling::kCounter)
+      counter_wait_ns_[ph].assign(traffic_.pieces.size(), 0);
   }
   gpu_.assign(R_, GpuTimeline{});
+  port_delay_history_.assign(net_.num_resources(), {});
   ready_visible_ns_.assign(R_, -1);
   ready_waiters_.assign(R_, {});
-  ready_tiles_.assign(R_, {});
-  compute_busy_.assign(R_, 0);
   compute_busy_ns_.assign(R_, 0);
-  last_tile_ready_ns_.assign(R_, 0);
   last_tile_piece_data_ns_.assign(R_, 0);
   last_tile_piece_known_ns_.assign(R_, 0);
-  last_tile_transfer_.assign(R_, -1);
-  combine_last_transfer_.assign(R_, -1);
+  last_tile_source_.assign(R_, -1);
+  combine_last_source_.assign(R_, -1);
   combine_last_data_ns_.assign(R_, 0);
   for (int g = 0; g < R_; ++g) {
-    gpu_[g].recv_payload_bytes_dispatch = traffic_[kDispatch].recv_payload[g];
-    gpu_[g].recv_payload_bytes_combine = traffic_[kCombine].recv_payload[g];
+    gpu_[g].recv_payload_bytes_dispatch = traffic_.recv_payload[kDispatch][g];
+    gpu_[g].recv_payload_bytes_combine = traffic_.recv_payload[kCombine][g];
   }
 
   // t = 0: the routing is published, inputs are in place.
   for (int ph = 0; ph < 2; ++ph) {
     if (!phase_on(ph)) continue;
     for (int g = 0; g < R_; ++g)
-      if (traffic_[ph].recv_pieces[g] == 0 &&
+      if (traffic_.recv_pieces[ph][g] == 0 &&
           !(direction(ph) == Direction::kPush && proto_.signaling == Signaling::kBarrier))
         on_dst_complete(ph, g, 0);
   }
-  if (proto_.phases == Phases::kLayer) {
-    for (int g = 0; g < R_; ++g) {
-      compute_busy_ns_[g] = shared_ns_;
-      if (shared_ns_ > 0) {
-        compute_busy_[g] = 1;
-        if (opt_.record_trace && g < opt_.trace_max_gpus)
-          trace_.push_back(TraceSpan{g, -1, 0, shared_ns_, "shared expert", 0});
-        schedule(shared_ns_, kTileDone, 1, g);  // a = 1: not a routed tile
-      } else if (gpu_tiles_left_[g] == 0) {
-        on_compute_done(g, 0);
-      }
-    }
-  } else if (proto_.phases == Phases::kCombine) {
+  if (proto_.phases == Phases::kCombine)
     for (int g = 0; g < R_; ++g) ready_visible_ns_[g] = 0;
-  }
   for (int agent = 0; agent < static_cast<int>(programs_.size()); ++agent) schedule(0, kAgentStep, agent);
 
   const int64_t kNever = INT64_MAX;
@@ -1053,12 +1185,12 @@ LayerResult LayerSim::run() {
     const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time();
     const int64_t now = std::min(t_event, t_flow);
     if (now == kNever) break;
-    // Everything at `now`: flow milestones first (in schedule order), then events (FIFO).
+    // Everything at `now`: flow completions first (in schedule order), then events (FIFO).
     while (true) {
       bool progressed = false;
       while (!checkpoints_.empty() && checkpoints_.top_time() == now) {
         ++num_events_;
-        on_checkpoint(checkpoints_.top(), now);
+        on_flow_complete(checkpoints_.top(), now);
         progressed = true;
       }
       while (!events_.empty() && events_.top().time_ns == now) {
@@ -1070,47 +1202,15 @@ LayerResult LayerSim::run() {
           case kAgentStep:
             step_agent(ev.a, now);
             break;
-          case kPieceKnown:
-            on_piece_known(ev.a, ev.b, ev.c, now);
+          case kDstComplete:
+            on_dst_complete(ev.a, static_cast<int>(ev.b), now);
             break;
           case kAllKnown:
             on_all_known(ev.a, static_cast<int>(ev.b), now);
             break;
-          case kCounterArrival: {
-            // One atomic per chunk on the destination's counter, served one at a time.
-            const int dst = static_cast<int>(ev.b);
-            last_data_ns_[ev.a][dst] = std::max(last_data_ns_[ev.a][dst], ev.c);
-            counter_free_ns_[ev.a][dst] = std::max(counter_free_ns_[ev.a][dst], now) +
-                                          static_cast<int64_t>(topo_.atomic_service_ns);
-            // Chunks from the GPU itself do not touch the counter.
-            int64_t remote = traffic_[ev.a].recv_pieces[dst];
-            const size_t self_pair = static_cast<size_t>(dst) * R_ + dst;
-            remote -= traffic_[ev.a].pair_offsets[self_pair + 1] - traffic_[ev.a].pair_offsets[self_pair];
-            if (++counter_served_[ev.a][dst] == remote) {
-              const int64_t period = std::max<int64_t>(proto_.poll_interval_ns, static_cast<int64_t>(topo_.local_poll_ns));
-              // Local chunks are known as they land; the rest when the count is complete.
-              const int64_t t = observe_local(counter_free_ns_[ev.a][dst], period);
-              const auto& tr = traffic_[ev.a];
-              for (int s = 0; s < R_; ++s) {
-                if (s == dst) continue;
-                const size_t pair = static_cast<size_t>(s) * R_ + dst;
-                for (int64_t i = tr.pair_offsets[pair]; i < tr.pair_offsets[pair + 1]; ++i)
-                  schedule(t, kPieceKnown, ev.a, i, piece_data_ns_[ev.a][i]);
-              }
-            }
+          case kComputeDone:
+            on_compute_done(static_cast<int>(ev.b), now);
             break;
-          }
-          case kTileDone: {
-            const int gpu = static_cast<int>(ev.b);
-            compute_busy_[gpu] = 0;
-            if (ev.a == 0) --gpu_tiles_left_[gpu];
-            if (gpu_tiles_left_[gpu] == 0 && ready_tiles_[gpu].empty()) {
-              on_compute_done(gpu, now);
-            } else {
-              start_compute(gpu, now);
-            }
-            break;
-          }
           case kReadyVisible: {
             const int gpu = static_cast<int>(ev.b);
             std::vector<int32_t> waiters;
@@ -1137,13 +1237,24 @@ LayerResult LayerSim::run() {
       }
       if (!progressed) break;
     }
+    if (!dirty_ && !new_flows_.empty()) {
+      // Exact mode, no forced recompute: new flows whose demand fits change nobody's rate.
+      for (int f : new_flows_) {
+        if (!net_.active(f) || flow_state_[f].seg_rate >= 0) continue;
+        if (!net_.admit_at_demand(f)) {
+          dirty_ = true;
+          break;
+        }
+        set_rate_segment(f, net_.flow(f).rate_gbps, now);
+      }
+      if (!dirty_) new_flows_.clear();
+    }
     if (dirty_ && opt_.rate_quantum_ns > 0 && now < last_recompute_ns_ + opt_.rate_quantum_ns) {
       // Inside the quantum: new flows take residual capacity; a full recompute follows.
       for (int f : new_flows_) {
-        if (!net_.flow(f).active || flow_rate_seen_[f] >= 0) continue;
+        if (!net_.active(f) || flow_state_[f].seg_rate >= 0) continue;
         net_.admit(f);
-        flow_rate_seen_[f] = net_.flow(f).rate_gbps;
-        schedule_checkpoint(f, now);
+        set_rate_segment(f, net_.flow(f).rate_gbps, now);
       }
       if (!recompute_scheduled_) {
         recompute_scheduled_ = true;
@@ -1155,14 +1266,13 @@ LayerResult LayerSim::run() {
     if (dirty_) {
       last_recompute_ns_ = now;
       new_flows_.clear();
-      net_.advance(now);
       net_.recompute_rates();
-      // Only flows whose rate changed need a new milestone time.
+      // Only flows whose rate changed start a new segment.
       for (int f : net_.active_flows()) {
-        if (net_.flow(f).rate_gbps == flow_rate_seen_[f]) continue;
-        flow_rate_seen_[f] = net_.flow(f).rate_gbps;
-        schedule_checkpoint(f, now);
+        if (net_.flow(f).rate_gbps == flow_state_[f].seg_rate) continue;
+        set_rate_segment(f, net_.flow(f).rate_gbps, now);
       }
+      if (opt_.signal_queueing) update_port_queues(now);
       dirty_ = false;
     }
   }
@@ -1170,9 +1280,10 @@ LayerResult LayerSim::run() {
   for (int ph = 0; ph < 2; ++ph) {
     if (!phase_on(ph)) continue;
     for (int g = 0; g < R_; ++g)
-      if (known_count_[ph][g] != traffic_[ph].recv_pieces[g])
+      if (known_count_[ph][g] != traffic_.recv_pieces[ph][g])
         throw Error("internal: simulation ended with undelivered " + std::string(kPhaseName[ph]) + " data at gpu" +
-                    std::to_string(g) + " (a protocol wait that nothing releases); please report");
+                        std::to_string(g) + " (a protocol wait that nothing releases); please report",
+                    ErrorKind::kInternal);
   }
   LayerResult res;
   finish(res);

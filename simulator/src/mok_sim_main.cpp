@@ -4,10 +4,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 
+#include "mok/reference/golden.hpp"
 #include "mok/sim/error.hpp"
 #include "mok/sim/layer_sim.hpp"
 #include "mok/sim/report.hpp"
@@ -21,7 +23,38 @@ using mok::sim::Error;
 namespace fs = std::filesystem;
 
 constexpr int kExitOk = 0;
+constexpr int kExitInternal = 1;
 constexpr int kExitBadInput = 2;
+constexpr int kExitUnsupported = 3;
+
+int exit_code(const mok::Error& e) {
+  switch (e.kind()) {
+    case mok::ErrorKind::kBadInput: return kExitBadInput;
+    case mok::ErrorKind::kUnsupported: return kExitUnsupported;
+    case mok::ErrorKind::kInternal: return kExitInternal;
+  }
+  return kExitInternal;
+}
+
+// A golden file (mok-golden v1) as the workload: its config fixes the layer, and
+// inputs/topk_experts (int32 [G, K], global token order) is the routing.
+mok::sim::Workload read_golden_workload(const std::string& path) {
+  mok::ref::ReadOptions opts;
+  opts.load_intermediates = false;
+  opts.load_bounds = false;
+  const mok::ref::Golden golden = mok::ref::read_golden(path, opts);
+  const mok::ref::Tensor& topk = mok::ref::at(golden.tensors, "inputs/topk_experts");
+  const int32_t* data = topk.data<int32_t>();
+  return mok::sim::Workload::from_topk(golden.cfg, std::vector<int32_t>(data, data + topk.numel()),
+                                       "golden " + path);
+}
+
+nlohmann::json layer_to_json(const mok::spec::LayerConfig& cfg) {
+  return {{"hidden", cfg.hidden},           {"intermediate", cfg.intermediate},
+          {"shared_intermediate", cfg.shared_intermediate}, {"num_experts", cfg.num_experts},
+          {"top_k", cfg.top_k},             {"num_ranks", cfg.num_ranks},
+          {"tokens_per_rank", cfg.tokens_per_rank}};
+}
 
 const char* kDescription = R"(mok-sim: flow-level simulator of one fused MoE layer on multi-GPU systems.
 
@@ -45,8 +78,9 @@ Examples
   mok-sim topology list
   mok-sim topology show gb200-nvl72
   mok-sim example > my_scenario.json
+  mok-sim run --golden fixtures/small-zipf.h5   layer and routing from a golden file
 
-Exit codes: 0 ran, 2 bad input or usage (nothing written).)";
+Exit codes: 0 ran, 1 internal error, 2 bad input or usage, 3 unsupported (nothing written).)";
 
 const char* kExampleScenario = R"({
   "name": "example: pull vs push dispatch under a power-law routing on an HGX H200 node",
@@ -99,7 +133,8 @@ nlohmann::json parse_set_value(const std::string& text) {
   }
 }
 
-int run_command(const std::string& scenario_path, const std::string& topology, const std::vector<std::string>& sets,
+int run_command(const std::string& scenario_path, const std::string& topology, const std::string& golden_path,
+                const std::vector<std::string>& sets,
                 const std::string& format, const std::string& out_dir, const std::string& trace_path,
                 int trace_gpus, int threads, bool per_gpu) {
   nlohmann::json doc;
@@ -112,6 +147,7 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     origin = scenario_path;
     if (!topology.empty()) doc["topology"] = topology;
   }
+  if (!golden_path.empty()) doc["workload"] = {{"kind", "golden"}, {"file", golden_path}};
   for (const auto& s : sets) {
     const auto eq = s.find('=');
     if (eq == std::string::npos || s.empty() || s[0] != '/')
@@ -122,14 +158,28 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       throw Error("--set '" + s + "': " + e.what());
     }
   }
+  // A golden workload fixes the layer: a scenario that names one must not give a layer too
+  // (--golden and the default scenario drop theirs).
+  std::optional<mok::sim::Workload> golden;
+  if (doc.contains("workload") && doc["workload"].is_object() && doc["workload"].value("kind", "") == "golden") {
+    const mok::sim::RoutingSpec spec = mok::sim::routing_spec_from_json(doc["workload"], origin);
+    if (scenario_path.empty() || !golden_path.empty()) {
+      doc.erase("layer");
+      if (scenario_path.empty()) doc["name"] = "golden workload " + spec.golden_file;
+    } else if (doc.contains("layer")) {
+      throw Error(origin + ": a golden workload fixes the layer; remove \"layer\" from the scenario");
+    }
+    golden = read_golden_workload(spec.golden_file);
+    doc["layer"] = layer_to_json(golden->cfg);
+  }
   const std::vector<mok::sim::SweepPoint> points = mok::sim::expand_sweep(doc, origin);
   const mok::sim::Scenario first = mok::sim::scenario_from_json(points[0].doc, origin);
   const bool many = points.size() > 1 || first.trials > 1;
   PendingFiles files;
   if (!many) {
     mok::sim::RoutingSpec routing = first.routing;
-    const mok::sim::Workload w = mok::sim::generate_workload(first.cfg, routing);
-    mok::sim::SimOptions opt;
+    const mok::sim::Workload w = golden ? *golden : mok::sim::generate_workload(first.cfg, routing);
+    mok::sim::SimOptions opt = first.options;
     opt.record_trace = !trace_path.empty();
     opt.trace_max_gpus = trace_gpus;
     const mok::sim::LayerResult r = mok::sim::simulate_layer(first.topo, w, first.proto, opt);
@@ -145,6 +195,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
                   {"tokens_per_rank", first.cfg.tokens_per_rank}};
     j["workload"] = mok::sim::routing_spec_to_json(routing);
     j["protocol"] = mok::sim::protocol_to_json(first.proto);
+    j["engine"] = {{"rate_quantum_ns", first.options.rate_quantum_ns},
+                   {"signal_queueing", first.options.signal_queueing}};
     j["result"] = mok::sim::result_to_json(r, per_gpu);
     std::string text;
     if (format == "json") {
@@ -180,7 +232,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   const nlohmann::json plots = doc.value("plots", nlohmann::json::array());
   if (!plots.is_array()) throw Error(origin + ": \"plots\" must be a list");
   if (!plots.empty() && out_dir.empty()) throw Error(origin + " has plots: give --out DIR for the SVG files");
-  const std::vector<mok::sim::RunRow> rows = mok::sim::run_points(points, origin, threads);
+  const std::vector<mok::sim::RunRow> rows =
+      mok::sim::run_points(points, origin, threads, golden ? &*golden : nullptr);
   const std::string csv = mok::sim::rows_to_csv(points, rows);
   const std::string summary = mok::sim::summary_csv(points, rows);
   for (const auto& p : plots) {
@@ -215,6 +268,11 @@ int main(int argc, char** argv) {
   bool per_gpu = false;
   run->add_option("scenario", scenario_path, "Scenario JSON file (see `mok-sim example`); omit for the default layer")
       ->check(CLI::ExistingFile);
+  std::string golden_path;
+  run->add_option("--golden", golden_path,
+                  "Take the layer and routing from a golden file (mok-golden v1 HDF5, e.g. "
+                  "fixtures/small-zipf.h5); same as workload {\"kind\": \"golden\", \"file\": FILE}")
+      ->check(CLI::ExistingFile);
   run->add_option("--topology", topology,
                   "Override the topology: a preset (hgx-h100, hgx-h200, hgx-h800, hgx-b200, gb200-nvl72, "
                   "gb300-nvl72), multi-rack:N[:400|800], or a topology JSON file");
@@ -246,7 +304,7 @@ int main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitBadInput;
   }
   try {
-    if (run->parsed()) return run_command(scenario_path, topology, sets, format, out_dir, trace_path, trace_gpus,
+    if (run->parsed()) return run_command(scenario_path, topology, golden_path, sets, format, out_dir, trace_path, trace_gpus,
                                           threads, per_gpu);
     if (topo_cmd->parsed()) {
       if (show->parsed()) {
@@ -264,7 +322,7 @@ int main(int argc, char** argv) {
     return kExitOk;
   } catch (const Error& e) {
     std::cerr << "mok-sim: error: " << e.what() << "\n";
-    return kExitBadInput;
+    return exit_code(e);
   } catch (const std::filesystem::filesystem_error& e) {
     std::cerr << "mok-sim: error: " << e.what() << "\n";
     return kExitBadInput;

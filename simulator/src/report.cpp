@@ -80,7 +80,7 @@ nlohmann::json result_to_json(const LayerResult& r, bool per_gpu) {
                               {"mean_utilization", s.mean_utilization},
                               {"max_utilization", s.max_utilization},
                               {"busiest", s.busiest}});
-  j["engine"] = {{"events", r.num_events}, {"rate_recomputes", r.num_rate_recomputes}, {"flows", r.num_flows}};
+  j["engine"] = {{"events", r.num_events}, {"chunk_milestones", r.num_chunk_milestones}, {"rate_recomputes", r.num_rate_recomputes}, {"flows", r.num_flows}};
   if (per_gpu) {
     for (size_t g = 0; g < r.gpus.size(); ++g) {
       const auto& t = r.gpus[g];

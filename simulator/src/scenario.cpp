@@ -57,6 +57,30 @@ spec::LayerConfig layer_from_json(const nlohmann::json& j, const Topology& topo,
   return cfg;
 }
 
+bool same_layer(const spec::LayerConfig& a, const spec::LayerConfig& b) {
+  return a.hidden == b.hidden && a.intermediate == b.intermediate && a.shared_intermediate == b.shared_intermediate &&
+         a.num_experts == b.num_experts && a.top_k == b.top_k && a.num_ranks == b.num_ranks &&
+         a.tokens_per_rank == b.tokens_per_rank;
+}
+
+SimOptions engine_from_json(const nlohmann::json& j, const std::string& origin) {
+  if (!j.is_object()) throw Error(origin + ": \"engine\" must be an object like {\"rate_quantum_ns\": 0}");
+  SimOptions o;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "rate_quantum_ns") {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1000000000)
+        throw Error(origin + ": engine.rate_quantum_ns must be an integer number of ns in [0, 1e9] (0 = exact)");
+      o.rate_quantum_ns = it->get<int64_t>();
+    } else if (it.key() == "signal_queueing") {
+      if (!it->is_boolean()) throw Error(origin + ": engine.signal_queueing must be true or false");
+      o.signal_queueing = it->get<bool>();
+    } else {
+      throw Error(origin + ": engine." + it.key() + " is unknown; known: rate_quantum_ns, signal_queueing");
+    }
+  }
+  return o;
+}
+
 Topology topology_of(const nlohmann::json& j, const std::string& origin) {
   if (j.is_string()) return resolve_topology(j.get<std::string>());
   if (j.is_object()) {
@@ -80,9 +104,9 @@ Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& k = it.key();
     if (k != "name" && k != "topology" && k != "layer" && k != "workload" && k != "protocol" && k != "trials" &&
-        k != "sweep" && k != "plots" && k != "notes" && k != "$comment")
+        k != "sweep" && k != "plots" && k != "notes" && k != "engine" && k != "$comment")
       throw Error(origin + ": top-level key '" + k +
-                  "' is unknown; known: name, topology, layer, workload, protocol, trials, sweep, plots, notes");
+                  "' is unknown; known: name, topology, layer, workload, protocol, engine, trials, sweep, plots, notes");
   }
   for (const char* required : {"topology", "layer"})
     if (!doc.contains(required)) throw Error(origin + ": missing \"" + std::string(required) + "\"");
@@ -91,6 +115,7 @@ Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin
   s.cfg = layer_from_json(doc["layer"], s.topo, origin);
   if (doc.contains("workload")) s.routing = routing_spec_from_json(doc["workload"], origin);
   if (doc.contains("protocol")) s.proto = protocol_from_json(doc["protocol"], origin);
+  if (doc.contains("engine")) s.options = engine_from_json(doc["engine"], origin);
   if (doc.contains("trials")) {
     if (!doc["trials"].is_number_integer() || doc["trials"].get<int64_t>() < 1 ||
         doc["trials"].get<int64_t>() > 1000000)
@@ -142,13 +167,20 @@ uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx) {
   return Rng::derive(base_seed, 1000003ull + static_cast<uint64_t>(trial_idx)).next_u64() >> 1;
 }
 
-std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads) {
+std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads,
+                               const Workload* fixed_workload) {
   // Parse every point first, so a bad value stops the run before any work.
   std::vector<Scenario> scenarios;
   for (size_t i = 0; i < points.size(); ++i) {
     std::string where = origin;
     for (const auto& [path, v] : points[i].settings) where += " [" + path + "=" + v.dump() + "]";
     scenarios.push_back(scenario_from_json(points[i].doc, where));
+    if (fixed_workload != nullptr && !same_layer(scenarios.back().cfg, fixed_workload->cfg))
+      throw Error(where + ": the layer differs from the workload's (" + fixed_workload->description +
+                  "); a golden workload fixes the layer, so do not sweep /layer");
+    if (fixed_workload == nullptr && scenarios.back().routing.kind == RoutingKind::kGolden)
+      throw Error(where + ": workload.kind golden needs the file read first (the mok-sim CLI does it)",
+                  ErrorKind::kUnsupported);
   }
   std::vector<std::pair<size_t, int64_t>> jobs;
   for (size_t i = 0; i < scenarios.size(); ++i)
@@ -165,8 +197,9 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
       try {
         RoutingSpec routing = scenarios[pi].routing;
         routing.seed = trial_seed(routing.seed, trial);
-        const Workload w = generate_workload(scenarios[pi].cfg, routing);
-        const LayerResult r = simulate_layer(scenarios[pi].topo, w, scenarios[pi].proto);
+        const Workload generated = fixed_workload ? Workload{} : generate_workload(scenarios[pi].cfg, routing);
+        const Workload& w = fixed_workload ? *fixed_workload : generated;
+        const LayerResult r = simulate_layer(scenarios[pi].topo, w, scenarios[pi].proto, scenarios[pi].options);
         rows[j] = RunRow{pi, trial, routing.seed, flat_metrics(r)};
       } catch (const std::exception& e) {
         if (!failed.exchange(true)) first_error = e.what();

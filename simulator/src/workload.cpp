@@ -97,6 +97,7 @@ std::vector<double> global_popularity(const spec::LayerConfig& cfg, const Routin
       for (int64_t e = 0; e < E; ++e) p[e] = std::max(rng.gamma(s.alpha), 1e-300);
       break;
     case RoutingKind::kTopkFile:
+    case RoutingKind::kGolden:
       break;
   }
   if (s.shuffle_experts && s.kind != RoutingKind::kUniform && s.kind != RoutingKind::kDirichlet) {
@@ -130,6 +131,10 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
   if (!cfg_status.ok) throw Error(std::string("layer: ") + cfg_status.message);
   if (s.kind == RoutingKind::kTopkFile)
     return Workload::from_topk(cfg, read_topk_file(cfg, s.topk_file), "topk_file " + s.topk_file);
+  if (s.kind == RoutingKind::kGolden)
+    throw Error("workload.kind golden: this library does not read HDF5; the mok-sim CLI reads golden files "
+                "(in code: mok::ref::read_golden, then Workload::from_topk, then run_points(..., &workload))",
+                ErrorKind::kUnsupported);
   Rng rng = Rng::derive(s.seed, 0);
   const std::vector<double> p_global = global_popularity(cfg, s, rng);
   const int64_t E = cfg.num_experts, K = cfg.top_k, R = cfg.num_ranks, T = cfg.tokens_per_rank;
@@ -191,6 +196,7 @@ const char* kind_name(RoutingKind k) {
     case RoutingKind::kHot: return "hot";
     case RoutingKind::kDirichlet: return "dirichlet";
     case RoutingKind::kTopkFile: return "topk_file";
+    case RoutingKind::kGolden: return "golden";
   }
   return "?";
 }
@@ -203,6 +209,7 @@ nlohmann::json routing_spec_to_json(const RoutingSpec& s) {
     case RoutingKind::kHot: j["num_hot"] = s.num_hot; j["hot_factor"] = s.hot_factor; break;
     case RoutingKind::kDirichlet: j["alpha"] = s.alpha; break;
     case RoutingKind::kTopkFile: j["topk_file"] = s.topk_file; break;
+    case RoutingKind::kGolden: j["file"] = s.golden_file; break;
     default: break;
   }
   if (s.per_rank_skew > 0) j["per_rank_skew"] = s.per_rank_skew;
@@ -235,7 +242,8 @@ RoutingSpec routing_spec_from_json(const nlohmann::json& doc, const std::string&
       else if (k == "hot") s.kind = RoutingKind::kHot;
       else if (k == "dirichlet") s.kind = RoutingKind::kDirichlet;
       else if (k == "topk_file") s.kind = RoutingKind::kTopkFile;
-      else throw Error(where + "kind must be one of uniform, power_law (alias zipf), hot, dirichlet, topk_file");
+      else if (k == "golden") s.kind = RoutingKind::kGolden;
+      else throw Error(where + "kind must be one of uniform, power_law (alias zipf), hot, dirichlet, topk_file, golden");
     } else if (key == "exponent") {
       s.exponent = number("exponent", 0, 10);
     } else if (key == "num_hot") {
@@ -258,13 +266,18 @@ RoutingSpec routing_spec_from_json(const nlohmann::json& doc, const std::string&
     } else if (key == "topk_file") {
       if (!it->is_string()) throw Error(where + "topk_file must be a path string");
       s.topk_file = it->get<std::string>();
+    } else if (key == "file") {
+      if (!it->is_string()) throw Error(where + "file must be the path of a golden file (mok-golden v1, HDF5)");
+      s.golden_file = it->get<std::string>();
     } else {
       throw Error(where + key + " is unknown; known: kind, exponent, num_hot, hot_factor, alpha, per_rank_skew, " +
-                  "empty_slot_fraction, shuffle_experts, seed, topk_file");
+                  "empty_slot_fraction, shuffle_experts, seed, topk_file, file (golden)");
     }
   }
   if (s.kind == RoutingKind::kTopkFile && s.topk_file.empty())
     throw Error(where + "topk_file is required when kind is topk_file");
+  if (s.kind == RoutingKind::kGolden && s.golden_file.empty())
+    throw Error(where + "file is required when kind is golden (a mok-golden v1 HDF5 file)");
   return s;
 }
 

@@ -1,4 +1,5 @@
-# CLI checks: --help exits 0, bad input exits 2 and writes nothing, two runs give the same bytes.
+# CLI checks: --help exits 0, bad input exits 2 and writes nothing, two runs give the same bytes,
+# golden files (mok-golden v1) as workloads, the engine's rate quantum from a scenario.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 execute_process(COMMAND ${MOK_SIM} --help RESULT_VARIABLE rc OUTPUT_VARIABLE out)
@@ -31,4 +32,54 @@ endif()
 execute_process(COMMAND ${MOK_SIM} run ${SRC}/scenarios/smoke_sweep.json --out ${WORK}/sweep RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/sweep/runs.csv OR NOT EXISTS ${WORK}/sweep/smoke.svg)
   message(FATAL_ERROR "sweep scenario failed (rc ${rc})")
+endif()
+
+# Golden workload: the layer and the routing come from the shipped fixture.
+foreach(i 1 2)
+  execute_process(COMMAND ${MOK_SIM} run --golden ${FIXTURES}/small-zipf.h5 --format json
+                  OUTPUT_FILE ${WORK}/golden${i}.json RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "--golden small-zipf.h5 failed (rc ${rc}: ${err})")
+  endif()
+endforeach()
+file(READ ${WORK}/golden1.json g)
+string(JSON ranks GET "${g}" layer num_ranks)
+string(JSON hidden GET "${g}" layer hidden)
+string(JSON kind GET "${g}" workload kind)
+string(JSON chunks GET "${g}" result dispatch num_chunks)
+if(NOT ranks EQUAL 4 OR NOT hidden EQUAL 128 OR NOT kind STREQUAL "golden" OR chunks LESS 1)
+  message(FATAL_ERROR "golden run: expected R=4, H=128 from small-zipf.h5 (got R=${ranks}, H=${hidden}, ${kind}, ${chunks} chunks)")
+endif()
+file(SHA256 ${WORK}/golden1.json a)
+file(SHA256 ${WORK}/golden2.json b)
+if(NOT a STREQUAL b)
+  message(FATAL_ERROR "two golden runs gave different bytes")
+endif()
+# The same from a scenario, swept over push and pull, with a rate quantum.
+file(WRITE ${WORK}/golden_sweep.json "{\"topology\": \"hgx-h200\", \"engine\": {\"rate_quantum_ns\": 500},
+  \"workload\": {\"kind\": \"golden\", \"file\": \"${FIXTURES}/small-zipf.h5\"},
+  \"sweep\": [{\"path\": \"/protocol/dispatch\", \"values\": [\"push\", \"pull\"]}]}")
+execute_process(COMMAND ${MOK_SIM} run ${WORK}/golden_sweep.json --out ${WORK}/golden_sweep RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/golden_sweep/runs.csv)
+  message(FATAL_ERROR "golden sweep failed (rc ${rc}: ${err})")
+endif()
+file(STRINGS ${WORK}/golden_sweep/runs.csv lines)
+list(LENGTH lines n)
+if(NOT n EQUAL 3)
+  message(FATAL_ERROR "golden sweep: expected a header and 2 rows in runs.csv, got ${n} lines")
+endif()
+# A golden scenario that also gives a layer, and a file that is not a golden: exit 2, named.
+file(WRITE ${WORK}/golden_layer.json "{\"topology\": \"hgx-h200\", \"layer\": {\"hidden\": 128},
+  \"workload\": {\"kind\": \"golden\", \"file\": \"${FIXTURES}/small-zipf.h5\"}}")
+execute_process(COMMAND ${MOK_SIM} run ${WORK}/golden_layer.json RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "layer")
+  message(FATAL_ERROR "golden + layer: expected exit 2 naming the layer (rc ${rc}: ${err})")
+endif()
+execute_process(COMMAND ${MOK_SIM} run --golden ${WORK}/bad.json RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "bad.json")
+  message(FATAL_ERROR "not a golden file: expected exit 2 naming the file (rc ${rc}: ${err})")
+endif()
+execute_process(COMMAND ${MOK_SIM} run --set /engine/rate_quantum_ns=-1 RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "rate_quantum_ns")
+  message(FATAL_ERROR "bad engine.rate_quantum_ns: expected exit 2 naming it (rc ${rc}: ${err})")
 endif()

@@ -11,10 +11,10 @@ TEST(FlowNetwork, OneFlowGetsTheSmallerOfCapacityAndDemand) {
   const int a = net.add_resource(100.0, "a");
   const int b = net.add_resource(40.0, "b");
   int path[2] = {a, b};
-  const int f = net.start_flow(0, path, 2, 1000.0, 4000);
+  const int f = net.start_flow(path, 2, 1000.0, 4000);
   net.recompute_rates();
   EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 40.0);
-  const int g = net.start_flow(0, path, 1, 25.0, 4000);  // only resource a, demand 25
+  const int g = net.start_flow(path, 1, 25.0, 4000);  // only resource a, demand 25
   net.recompute_rates();
   EXPECT_DOUBLE_EQ(net.flow(g).rate_gbps, 25.0);
   EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 40.0);
@@ -28,7 +28,7 @@ TEST(FlowNetwork, IncastSharesTheReceiverEqually) {
     for (int i = 0; i < n; ++i) {
       const int out = net.add_resource(900.0, "out" + std::to_string(i));
       int path[2] = {out, in};
-      flows.push_back(net.start_flow(0, path, 2, 1e9, 1000));
+      flows.push_back(net.start_flow(path, 2, 1e9, 1000));
     }
     net.recompute_rates();
     for (int f : flows) EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 900.0 / n) << "n=" << n;
@@ -48,7 +48,7 @@ TEST(FlowNetwork, AllToAllOnANonBlockingSwitchGetsCapacityOverPeers) {
     for (int d = 0; d < n; ++d)
       if (s != d) {
         int path[2] = {out[s], in[d]};
-        flows.push_back(net.start_flow(0, path, 2, 1e9, 1000));
+        flows.push_back(net.start_flow(path, 2, 1e9, 1000));
       }
   net.recompute_rates();
   for (int f : flows) EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 450.0 / (n - 1));
@@ -59,9 +59,9 @@ TEST(FlowNetwork, MaxMinGivesLeftoverToUnconstrainedFlows) {
   FlowNetwork net;
   const int r1 = net.add_resource(10.0, "r1"), r2 = net.add_resource(4.0, "r2");
   int pa[1] = {r1}, pb[2] = {r1, r2}, pc[1] = {r2};
-  const int a = net.start_flow(0, pa, 1, 1e9, 1);
-  const int b = net.start_flow(0, pb, 2, 1e9, 1);
-  const int c = net.start_flow(0, pc, 1, 1e9, 1);
+  const int a = net.start_flow(pa, 1, 1e9, 1);
+  const int b = net.start_flow(pb, 2, 1e9, 1);
+  const int c = net.start_flow(pc, 1, 1e9, 1);
   net.recompute_rates();
   EXPECT_DOUBLE_EQ(net.flow(a).rate_gbps, 8.0);
   EXPECT_DOUBLE_EQ(net.flow(b).rate_gbps, 2.0);
@@ -72,7 +72,7 @@ TEST(FlowNetwork, ALocalCopyCountsTwiceOnHbm) {
   FlowNetwork net;
   const int hbm = net.add_resource(100.0, "hbm");
   int path[2] = {hbm, hbm};
-  const int f = net.start_flow(0, path, 2, 1e9, 1);
+  const int f = net.start_flow(path, 2, 1e9, 1);
   net.recompute_rates();
   EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 50.0);
 }
@@ -81,8 +81,8 @@ TEST(FlowNetwork, FinishedFlowsCreditExactBytesToTheirPath) {
   FlowNetwork net;
   const int a = net.add_resource(10.0, "a"), b = net.add_resource(10.0, "b");
   int p1[2] = {a, b}, p2[1] = {b};
-  const int f1 = net.start_flow(0, p1, 2, 1e9, 1234);
-  const int f2 = net.start_flow(0, p2, 1, 1e9, 77);
+  const int f1 = net.start_flow(p1, 2, 1e9, 1234);
+  const int f2 = net.start_flow(p2, 1, 1e9, 77);
   net.finish_flow(f1);
   net.finish_flow(f2);
   EXPECT_EQ(net.resource_bytes()[a], 1234);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "mok/sim/flow_network.hpp"
 #include "mok/sim/report.hpp"
 #include "mok/sim/scenario.hpp"
 #include "sim_test_util.hpp"
@@ -126,6 +127,65 @@ TEST(Properties, SweepResultsDoNotDependOnThreadCount) {
   const auto two = run_points(points, "test", 2);
   EXPECT_EQ(rows_to_csv(points, one), rows_to_csv(points, two));
   EXPECT_EQ(one.size(), 6u);
+}
+
+// The exact shortcuts (a departing flow with slack, a new flow that fits at its demand, a
+// new flow that takes over a departed one's rate) must leave the rates a full progressive
+// filling gives: random networks of GPU-like ports, random start/finish sequences.
+RC_GTEST_PROP(FlowNetworkProperty, ShortcutsAgreeWithAFullRecompute, ()) {
+  const int gpus = *rc::gen::inRange(2, 7);
+  FlowNetwork inc, full;
+  std::vector<int> hbm, out, in;
+  for (int g = 0; g < gpus; ++g) {
+    const double port = *rc::gen::element(40.0, 100.0, 450.0);
+    for (FlowNetwork* net : {&inc, &full}) {
+      const int h = net->add_resource(1000.0, "hbm");
+      const int o = net->add_resource(port, "out");
+      const int i = net->add_resource(port, "in");
+      if (net == &inc) hbm.push_back(h), out.push_back(o), in.push_back(i);
+    }
+  }
+  std::vector<int> live;  // flow ids (equal in both networks: same call sequence)
+  int shortcuts = 0, takeovers = 0;
+  const int steps = *rc::gen::inRange(5, 60);
+  for (int step = 0; step < steps; ++step) {
+    const bool finish = !live.empty() && *rc::gen::inRange(0, 3) == 0;
+    FlowNetwork::Departed departed;
+    bool have_departed = false, stale = false;
+    if (finish) {
+      const size_t k = *rc::gen::inRange<size_t>(0, live.size());
+      const int f = live[k];
+      // Without slack the remaining rates are not max-min fair until the departed flow's rate
+      // is taken over in place or rates are recomputed (what the engine does).
+      stale = !inc.path_has_slack(f);
+      departed = inc.describe(f);
+      have_departed = true;
+      inc.finish_flow(f);
+      full.finish_flow(f);
+      live.erase(live.begin() + static_cast<long>(k));
+    }
+    const int s = *rc::gen::inRange(0, gpus), d = *rc::gen::inRange(0, gpus);
+    int path[4];
+    int n = 0;
+    path[n++] = hbm[s];
+    if (s != d) path[n++] = out[s], path[n++] = in[d];
+    path[n++] = hbm[d];
+    const double demand = *rc::gen::element(5.0, 18.0, 36.0, 1e6);
+    const int a = inc.start_flow(path, n, demand, 1000);
+    const int b = full.start_flow(path, n, demand, 1000);
+    RC_ASSERT(a == b);
+    live.push_back(a);
+    const bool in_place = stale || (have_departed && *rc::gen::arbitrary<bool>());
+    const bool ok = in_place ? inc.admit_in_place_of(a, departed) : inc.admit_at_demand(a);
+    if (ok) ++shortcuts;
+    if (ok && stale) ++takeovers;
+    if (!ok) inc.recompute_rates();
+    full.recompute_rates();
+    for (int f : live)
+      RC_ASSERT(std::abs(inc.flow(f).rate_gbps - full.flow(f).rate_gbps) <= 1e-9 * (1.0 + full.flow(f).rate_gbps));
+  }
+  RC_TAG(shortcuts > 0 ? "some shortcuts taken" : "no shortcut taken",
+         takeovers > 0 ? "a rate taken over from a bottlenecked flow" : "no take-over");
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 // Usage:
 //   mok-spec-tool bf16 IN OUT   IN: float32 values; OUT: one uint16 per value,
 //                               mok::spec::bf16_from_f32_rne (round-to-nearest-even).
+//   mok-spec-tool e4m3|e5m2|e8m0 IN OUT   IN: float32 values; OUT: one uint8 code per value
+//                               (mok::spec::e4m3_from_f32_rne, e5m2_from_f32_rne, e8m0_from_f32).
+//   mok-spec-tool e4m3d|e5m2d|e8m0d IN OUT  IN: uint8 codes; OUT: float32 (the decoders).
 //   mok-spec-tool mma IN OUT    IN: MMA element problems, 68 bytes each:
 //                                 float32 acc, uint16 a[16], uint16 b[16] (bf16 bit patterns);
 //                               OUT: one float32 per problem,
@@ -12,6 +15,7 @@
 // All values are raw little-endian, packed, without header. Exit codes: 0 done, 2 bad usage or
 // bad input (unreadable file, size not a whole number of records, write failure).
 #include "mok/spec/bf16.hpp"
+#include "mok/spec/fp8.hpp"
 #include "mok/spec/mma_model.hpp"
 
 #include <bit>
@@ -84,6 +88,19 @@ void convert_bf16(const unsigned char* in, unsigned char* out) {
   std::memcpy(out, &b, 2);
 }
 
+template <uint8_t (*Encode)(float)>
+void convert_encode(const unsigned char* in, unsigned char* out) {
+  float f;
+  std::memcpy(&f, in, 4);
+  out[0] = Encode(f);
+}
+
+template <float (*Decode)(uint8_t)>
+void convert_decode(const unsigned char* in, unsigned char* out) {
+  const float f = Decode(in[0]);
+  std::memcpy(out, &f, 4);
+}
+
 void convert_mma(const unsigned char* in, unsigned char* out) {
   float acc;
   uint16_t a[kMmaK], b[kMmaK];
@@ -98,6 +115,8 @@ int usage(const char* msg) {
   std::fprintf(stderr,
                "mok-spec-tool: %s\n"
                "usage: mok-spec-tool bf16 IN OUT   (float32 -> uint16 bf16 bits, RNE)\n"
+               "       mok-spec-tool e4m3|e5m2|e8m0 IN OUT     (float32 -> uint8 codes)\n"
+               "       mok-spec-tool e4m3d|e5m2d|e8m0d IN OUT  (uint8 codes -> float32)\n"
                "       mok-spec-tool mma IN OUT    (68-byte records {f32 acc, u16 a[16], u16 b[16]}\n"
                "                                    -> float32, model %s)\n",
                msg, mok::spec::kHopperBf16Mma.name);
@@ -112,6 +131,18 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "bf16") {
       run_batch(argv[2], argv[3], 4, 2, convert_bf16);
+    } else if (cmd == "e4m3") {
+      run_batch(argv[2], argv[3], 4, 1, convert_encode<mok::spec::e4m3_from_f32_rne>);
+    } else if (cmd == "e5m2") {
+      run_batch(argv[2], argv[3], 4, 1, convert_encode<mok::spec::e5m2_from_f32_rne>);
+    } else if (cmd == "e8m0") {
+      run_batch(argv[2], argv[3], 4, 1, convert_encode<mok::spec::e8m0_from_f32>);
+    } else if (cmd == "e4m3d") {
+      run_batch(argv[2], argv[3], 1, 4, convert_decode<mok::spec::f32_from_e4m3>);
+    } else if (cmd == "e5m2d") {
+      run_batch(argv[2], argv[3], 1, 4, convert_decode<mok::spec::f32_from_e5m2>);
+    } else if (cmd == "e8m0d") {
+      run_batch(argv[2], argv[3], 1, 4, convert_decode<mok::spec::f32_from_e8m0>);
     } else if (cmd == "mma") {
       run_batch(argv[2], argv[3], kMmaRecordBytes, 4, convert_mma);
     } else {

@@ -1,15 +1,12 @@
-// The simulator's error type: what went wrong, where (file and field), and how to fix it.
+// The simulator's errors are the project's mok::Error: what went wrong, where (file and field),
+// and how to fix it; the kind maps to the CLI exit code (kBadInput -> 2).
 #pragma once
 
-#include <stdexcept>
-#include <string>
+#include "mok/reference/error.hpp"  // header-only; on the include path of mok::spec
 
 namespace mok::sim {
 
-// Thrown by library code for bad input (never exit()). The CLI maps it to exit code 2.
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
-};
+using Error = mok::Error;
+using ErrorKind = mok::ErrorKind;
 
 }  // namespace mok::sim

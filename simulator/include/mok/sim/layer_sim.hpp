@@ -15,10 +15,19 @@ namespace mok::sim {
 struct SimOptions {
   bool record_trace = false;  // keep spans for a Chrome trace (memory grows with the run)
   int trace_max_gpus = 8;     // only GPUs [0, trace_max_gpus) are traced
-  // 0: exact max-min rates after every change. > 0: full recompute at most once per quantum;
-  // in between, new flows take the capacity left unused on their path (a faster approximation
-  // for hundreds of GPUs; VALIDATION.md measures its error).
+  // 0 (default): exact max-min rates after every change of the flow set (a full progressive
+  // filling, or an exact shortcut when the change provably moves no other flow's rate).
+  // > 0: an approximation, selectable per scenario ("engine": {"rate_quantum_ns": N}): a full
+  // recompute at most once per quantum; in between, new flows take the capacity left unused
+  // on their path and capacity freed by finished flows idles. A flow therefore runs at most N
+  // ns at a stale rate per change; VALIDATION.md measures the error (< 1 % at N = 5000 on the
+  // NVL72 and 576-GPU reference layers). Needed for hundreds of GPUs (README.md, Speed).
   int64_t rate_quantum_ns = 0;
+  // Signal writes wait behind queued bytes at congested NVLink ports: a flag or counter atomic
+  // (issued after its fence) from s to d waits Q/C at s's out-port and at d's in-port, where Q
+  // is the data that window-limited flows bottlenecked at that port keep queued there,
+  // sum(window - rate x round trip). Re-evaluated at every full rate recompute.
+  bool signal_queueing = false;
 };
 
 // Distribution summary of integer nanoseconds (nearest-rank quantiles, exact).
@@ -85,7 +94,9 @@ struct LayerResult {
   LoadStats expert_load, gpu_load;
   std::vector<PathSegment> critical_path;
   std::vector<ResourceSummary> resources;
-  int64_t num_events = 0, num_rate_recomputes = 0, num_flows = 0;
+  int64_t num_events = 0;            // heap events: flow completions, SM steps, signals, compute
+  int64_t num_chunk_milestones = 0;  // chunk arrivals, evaluated in batches per flow segment
+  int64_t num_rate_recomputes = 0, num_flows = 0;
   std::vector<TraceSpan> trace;
 };
 

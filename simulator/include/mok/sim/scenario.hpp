@@ -22,6 +22,7 @@ struct Scenario {
   spec::LayerConfig cfg;
   RoutingSpec routing;
   ProtocolConfig proto;
+  SimOptions options;        // "engine": {"rate_quantum_ns": 0} (0 = exact max-min rates)
   int64_t trials = 1;        // Monte-Carlo trials per sweep point (workload seeds derived from routing.seed)
 };
 
@@ -46,7 +47,10 @@ struct RunRow {
 };
 
 // Runs every point and trial; results come back in (point, trial) order whatever num_threads is.
-std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads);
+// `fixed_workload` (e.g. read from a golden file) replaces the generated routing in every run;
+// each point's layer must then equal its config. `options` apply to every run (no trace).
+std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads,
+                               const Workload* fixed_workload = nullptr);
 // Workload seed of trial i (trial 0 uses the scenario's own seed).
 uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx);
 

@@ -31,7 +31,9 @@ struct Workload {
   }
 };
 
-enum class RoutingKind { kUniform, kPowerLaw, kHot, kDirichlet, kTopkFile };
+// kGolden: routing from a golden file (mok-golden v1). The library stays free of HDF5: the CLI
+// reads the file and hands the Workload over (generate_workload refuses this kind).
+enum class RoutingKind { kUniform, kPowerLaw, kHot, kDirichlet, kTopkFile, kGolden };
 
 // A routing generator. Popularity of expert e is p_e (normalised); each token draws K distinct
 // experts by successive sampling without replacement from p (the rank's own mix when
@@ -46,6 +48,7 @@ struct RoutingSpec {
   bool shuffle_experts = true;  // permute which expert ids are popular (seeded)
   double empty_slot_fraction = 0.0;  // fraction of slots set to -1 (dropped tokens)
   std::string topk_file;        // topk_file: raw little-endian int32 [R*T*K], global token order
+  std::string golden_file;      // golden: path of the HDF5 file ("file" in scenarios)
   uint64_t seed = 1;
 };
 

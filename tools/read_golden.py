@@ -5,7 +5,7 @@
     python3 tools/read_golden.py fixtures/tiny-uniform.h5 --check  # also recompute one value
 
 bf16 tensors are stored as uint16 bit patterns with a `dtype` attribute of "bfloat16". With
-PyTorch: torch.from_numpy(a.astype("int16")).view(torch.bfloat16). Without it, the float32
+PyTorch: torch.from_numpy(a.view("int16")).view(torch.bfloat16). Without it, the float32
 value of a bf16 pattern is (bits << 16) viewed as float32, as done below.
 Exit codes: 0 ok, 1 check failed, 2 bad file, 77 h5py/numpy missing.
 """

@@ -25,7 +25,7 @@ struct Role {
 
 __device__ inline Role my_role(const LaunchParams& P) {
   Role r;
-  r.rank = static_cast<int>(blockIdx.x) / P.blocks_per_rank;
+  r.rank = P.first_rank + static_cast<int>(blockIdx.x) / P.blocks_per_rank;
   r.block = static_cast<int>(blockIdx.x) % P.blocks_per_rank;
   r.comm = r.block < P.comm_blocks_per_rank;
   r.index = r.comm ? r.block : r.block - P.comm_blocks_per_rank;

@@ -2,6 +2,7 @@
 #include "mok/kernel/layer.hpp"
 
 #include "../device/moe.cuh"
+#include "layer_core.cuh"
 #include "mok/reference/emulate.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/schema.hpp"
@@ -15,24 +16,17 @@
 #include <vector>
 
 namespace mok::kernel {
-namespace {
+namespace detail {
 
-void check(cudaError_t e, const char* what, const char* file, int line) {
+void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) {
     std::ostringstream s;
     s << "CUDA error in " << what << " (" << file << ":" << line << "): " << cudaGetErrorString(e);
     throw Error(s.str(), ErrorKind::kInternal);
   }
 }
-#define MOK_CUDA(expr) check((expr), #expr, __FILE__, __LINE__)
 
-template <class T>
-T* device_alloc(std::vector<void*>& owned, int64_t count) {
-  void* p = nullptr;
-  MOK_CUDA(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
-  owned.push_back(p);
-  return static_cast<T*>(p);
-}
+namespace {
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -63,172 +57,218 @@ bool encode_map(TensorMapBytes* out, const void* base, int64_t rows, int64_t col
 
 }  // namespace
 
-struct Layer::Impl {
-  spec::LayerConfig cfg;
-  KernelOptions options;
-  int blocks_per_rank = 0;
-  bool hopper = false;  // compute capability 9.x: the sm_90a code path (wgmma, TMA) runs
-  size_t smem_bytes = 0;  // dynamic shared memory per block (the TMA pipeline's stages on sm_90a)
-  uint32_t epoch = 0;
-  std::vector<void*> owned;
-  LaunchParams host{};
-  LaunchParams* device_params = nullptr;
-  uint32_t* control = nullptr;      // per rank: counters[8] + arrivals[2]; then abort
-  int64_t control_words = 0;
-  ErrorRecord* error = nullptr;
-  uint16_t* y_slots = nullptr;
-  uint16_t* dx_slots = nullptr;
+const void* forward_kernel() { return reinterpret_cast<const void*>(device::moe_forward_kernel); }
+const void* backward_kernel() { return reinterpret_cast<const void*>(device::moe_backward_kernel); }
 
-  ~Impl() {
-    for (void* p : owned) cudaFree(p);
-  }
-
-  void launch(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, cudaStream_t stream) {
-    const spec::LayerConfig& c = cfg;
-    const int R = static_cast<int>(c.num_ranks);
-    const int64_t T = c.tokens_per_rank, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate,
-                  K = c.top_k, El = c.experts_per_rank();
-    host.epoch = ++epoch;
-    for (int r = 0; r < R; ++r) {
-      PeerBuffers& p = host.peers[r];
-      p.x = in.x + r * T * H;
-      p.topk = in.topk_experts + r * T * K;
-      p.router_weights = in.router_weights + r * T * K;
-      p.d_output = in.d_output ? in.d_output + r * T * H : nullptr;
-      RankTensors& t = host.tensors[r];
-      t.w_routed_gate = in.w_routed_gate + r * El * I * H;
-      t.w_routed_up = in.w_routed_up + r * El * I * H;
-      t.w_routed_down = in.w_routed_down + r * El * H * I;
-      t.w_shared_gate = in.w_shared_gate;
-      t.w_shared_up = in.w_shared_up;
-      t.w_shared_down = in.w_shared_down;
-      t.output = out.output ? out.output + r * T * H : nullptr;
-      t.d_x = out.d_x ? out.d_x + r * T * H : nullptr;
-      t.d_router_weights = out.d_router_weights ? out.d_router_weights + r * T * K : nullptr;
-      t.d_w_routed_gate = out.d_w_routed_gate ? out.d_w_routed_gate + r * El * I * H : nullptr;
-      t.d_w_routed_up = out.d_w_routed_up ? out.d_w_routed_up + r * El * I * H : nullptr;
-      t.d_w_routed_down = out.d_w_routed_down ? out.d_w_routed_down + r * El * H * I : nullptr;
-      t.d_w_shared_gate = out.d_w_shared_gate ? out.d_w_shared_gate + r * Is * H : nullptr;
-      t.d_w_shared_up = out.d_w_shared_up ? out.d_w_shared_up + r * Is * H : nullptr;
-      t.d_w_shared_down = out.d_w_shared_down ? out.d_w_shared_down + r * H * Is : nullptr;
-    }
-    // TMA maps of every K-major operand (sm_90a); any failure falls back to thread-filled tiles.
-    bool maps_ok = hopper && tensor_map_encoder() != nullptr;
-    for (int r = 0; r < R && maps_ok; ++r) {
-      RankTensorMaps& m = host.maps[r];
-      const RankState& s = host.state[r];
-      const RankTensors& t = host.tensors[r];
-      const int64_t cap = host.row_capacity;
-      maps_ok = encode_map(&m.xd, s.xd, cap, H) && encode_map(&m.act, s.act, cap, I) &&
-                encode_map(&m.dy, s.dy, cap, H) && encode_map(&m.w_routed_gate, t.w_routed_gate, El * I, H) &&
-                encode_map(&m.w_routed_up, t.w_routed_up, El * I, H) &&
-                encode_map(&m.w_routed_down, t.w_routed_down, El * H, I) && encode_map(&m.x, host.peers[r].x, T, H);
-      if (maps_ok && Is > 0)
-        maps_ok = encode_map(&m.shared_act, s.shared_act, T, Is) && encode_map(&m.w_shared_gate, t.w_shared_gate, Is, H) &&
-                  encode_map(&m.w_shared_up, t.w_shared_up, Is, H) && encode_map(&m.w_shared_down, t.w_shared_down, H, Is);
-    }
-    host.use_tma = maps_ok && !options.disable_tma ? 1 : 0;
-    MOK_CUDA(cudaMemcpyAsync(device_params, &host, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
-    MOK_CUDA(cudaMemsetAsync(control, 0, control_words * sizeof(uint32_t), stream));
-    MOK_CUDA(cudaMemsetAsync(error, 0, sizeof(ErrorRecord), stream));
-    const LaunchParams* arg = device_params;
-    void* args[] = {&arg};
-    MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(R * blocks_per_rank), dim3(device::kThreads), args, smem_bytes,
-                                         stream));
-  }
-};
-
-Layer::Layer(const spec::LayerConfig& cfg, const KernelOptions& options) : impl_(std::make_unique<Impl>()) {
+LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks)
+    : options_(options), first_rank_(first_rank), local_ranks_(local_ranks) {
   const spec::Status st = cfg.validate();
   if (!st.ok) throw Error(st.message);
-  if (cfg.num_ranks > kMaxRanks) throw Error("kernel: at most 72 ranks per launch");
-  Impl& m = *impl_;
-  m.cfg = cfg;
-  m.options = options;
-  const int R = static_cast<int>(cfg.num_ranks);
-  int device = 0, sms = 0, per_sm_fwd = 0, per_sm_bwd = 0, coop = 0;
+  if (cfg.num_ranks > kMaxRanks) throw Error("kernel: at most 72 ranks per layer");
+  int device = 0, sms = 0, per_sm_fwd = 0, per_sm_bwd = 0, coop = 0, major = 0;
   MOK_CUDA(cudaGetDevice(&device));
   MOK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   MOK_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
-  int major = 0;
   MOK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  m.hopper = major == 9;
+  hopper_ = major == 9;
   if (!coop) throw Error("kernel: this GPU does not support cooperative launches", ErrorKind::kUnsupported);
-  m.smem_bytes = device::smem_bytes_for(major);
+  smem_bytes_ = device::smem_bytes_for(major);
   for (const void* k : {reinterpret_cast<const void*>(device::moe_forward_kernel),
                         reinterpret_cast<const void*>(device::moe_backward_kernel)})
-    MOK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(m.smem_bytes)));
+    MOK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes_)));
   MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_fwd, device::moe_forward_kernel, device::kThreads,
-                                                         m.smem_bytes));
+                                                         smem_bytes_));
   MOK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_bwd, device::moe_backward_kernel, device::kThreads,
-                                                         m.smem_bytes));
+                                                         smem_bytes_));
   const int resident = sms * std::min(per_sm_fwd, per_sm_bwd);
-  m.blocks_per_rank = options.blocks_per_rank > 0 ? options.blocks_per_rank : std::min(resident / R, 64);
-  if (m.blocks_per_rank * R > resident)
-    throw Error("kernel: " + std::to_string(m.blocks_per_rank) + " blocks per rank x " + std::to_string(R) +
+  const int L = local_ranks;
+  blocks_per_rank_ = options.blocks_per_rank > 0 ? options.blocks_per_rank : std::min(resident / L, 64);
+  if (blocks_per_rank_ * L > resident)
+    throw Error("kernel: " + std::to_string(blocks_per_rank_) + " blocks per rank x " + std::to_string(L) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
-  if (m.options.comm_blocks_per_rank == 0) m.options.comm_blocks_per_rank = std::max(1, m.blocks_per_rank / 8);
-  if (m.options.comm_blocks_per_rank < 1 || m.options.comm_blocks_per_rank >= m.blocks_per_rank)
+  if (options_.comm_blocks_per_rank == 0) options_.comm_blocks_per_rank = std::max(1, blocks_per_rank_ / 8);
+  if (options_.comm_blocks_per_rank < 1 || options_.comm_blocks_per_rank >= blocks_per_rank_)
     throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
-                std::to_string(m.blocks_per_rank) + "); 0 picks blocks_per_rank / 8");
+                std::to_string(blocks_per_rank_) + "); 0 picks blocks_per_rank / 8");
 
   const int64_t T = cfg.tokens_per_rank, H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
                 K = cfg.top_k, G = cfg.num_tokens(), El = cfg.experts_per_rank();
   const int64_t cap = G * std::min<int64_t>(K, El);  // rows a rank can receive, worst case
-  LaunchParams& P = m.host;
+  LaunchParams& P = host_;
   P.cfg = cfg;
-  P.num_ranks = R;
-  P.blocks_per_rank = m.blocks_per_rank;
-  P.comm_blocks_per_rank = m.options.comm_blocks_per_rank;
+  P.num_ranks = static_cast<int32_t>(cfg.num_ranks);
+  P.first_rank = first_rank;
+  P.blocks_per_rank = blocks_per_rank_;
+  P.comm_blocks_per_rank = options_.comm_blocks_per_rank;
   P.silent_rank = options.silent_rank;
   P.row_capacity = cap;
   P.timeout_ns = static_cast<uint64_t>(options.wait_timeout_s * 1e9);
-  m.control_words = R * 10 + 1;
-  m.control = device_alloc<uint32_t>(m.owned, m.control_words);
-  m.error = device_alloc<ErrorRecord>(m.owned, 1);
-  m.device_params = device_alloc<LaunchParams>(m.owned, 1);
-  m.y_slots = device_alloc<uint16_t>(m.owned, G * K * H);
-  m.dx_slots = device_alloc<uint16_t>(m.owned, G * K * H);
-  MOK_CUDA(cudaMemset(m.y_slots, 0, G * K * H * sizeof(uint16_t)));
-  MOK_CUDA(cudaMemset(m.dx_slots, 0, G * K * H * sizeof(uint16_t)));
-  P.error = m.error;
-  P.abort = m.control + R * 10;
-  for (int r = 0; r < R; ++r) {
+  control_words_ = int64_t{L} * 8 + 1;
+  control_ = device_alloc<uint32_t>(owned_, control_words_);
+  error_ = device_alloc<ErrorRecord>(owned_, 1);
+  device_params_ = device_alloc<LaunchParams>(owned_, 1);
+  P.error = error_;
+  P.abort = control_ + int64_t{L} * 8;
+  for (int r = first_rank; r < first_rank + L; ++r) {
     RankState& s = P.state[r];
-    s.expert_offsets = device_alloc<int64_t>(m.owned, El + 1);
-    s.rows = device_alloc<spec::RowRef>(m.owned, cap);
-    s.row_ready = device_alloc<uint32_t>(m.owned, cap);
-    s.row_ready_bwd = device_alloc<uint32_t>(m.owned, cap);
+    s.expert_offsets = device_alloc<int64_t>(owned_, El + 1);
+    s.rows = device_alloc<spec::RowRef>(owned_, cap);
+    s.row_ready = device_alloc<uint32_t>(owned_, cap);
+    s.row_ready_bwd = device_alloc<uint32_t>(owned_, cap);
     MOK_CUDA(cudaMemset(s.row_ready, 0, cap * sizeof(uint32_t)));
     MOK_CUDA(cudaMemset(s.row_ready_bwd, 0, cap * sizeof(uint32_t)));
-    s.counters = m.control + r * 10;
-    s.xd = device_alloc<uint16_t>(m.owned, cap * H);
-    s.dod = device_alloc<uint16_t>(m.owned, cap * H);
-    s.gate = device_alloc<float>(m.owned, cap * I);
-    s.up = device_alloc<float>(m.owned, cap * I);
-    s.act = device_alloc<uint16_t>(m.owned, cap * I);
-    s.dy = device_alloc<uint16_t>(m.owned, cap * H);
-    s.d_gate = device_alloc<uint16_t>(m.owned, cap * I);
-    s.d_up = device_alloc<uint16_t>(m.owned, cap * I);
-    s.shared_gate = device_alloc<float>(m.owned, T * Is);
-    s.shared_up = device_alloc<float>(m.owned, T * Is);
-    s.shared_act = device_alloc<uint16_t>(m.owned, T * Is);
-    s.shared_out = device_alloc<float>(m.owned, T * H);
-    s.shared_d_gate = device_alloc<uint16_t>(m.owned, T * Is);
-    s.shared_d_up = device_alloc<uint16_t>(m.owned, T * Is);
-    s.dx_shared = device_alloc<float>(m.owned, T * H);
-    PeerBuffers& p = P.peers[r];
-    p.y_slots = m.y_slots + r * T * K * H;
-    p.dx_slots = m.dx_slots + r * T * K * H;
-    p.arrivals = m.control + r * 10 + 8;
+    s.counters = control_ + int64_t{r - first_rank} * 8;
+    s.xd = device_alloc<uint16_t>(owned_, cap * H);
+    s.dod = device_alloc<uint16_t>(owned_, cap * H);
+    s.gate = device_alloc<float>(owned_, cap * I);
+    s.up = device_alloc<float>(owned_, cap * I);
+    s.act = device_alloc<uint16_t>(owned_, cap * I);
+    s.dy = device_alloc<uint16_t>(owned_, cap * H);
+    s.d_gate = device_alloc<uint16_t>(owned_, cap * I);
+    s.d_up = device_alloc<uint16_t>(owned_, cap * I);
+    s.shared_gate = device_alloc<float>(owned_, T * Is);
+    s.shared_up = device_alloc<float>(owned_, T * Is);
+    s.shared_act = device_alloc<uint16_t>(owned_, T * Is);
+    s.shared_out = device_alloc<float>(owned_, T * H);
+    s.shared_d_gate = device_alloc<uint16_t>(owned_, T * Is);
+    s.shared_d_up = device_alloc<uint16_t>(owned_, T * Is);
+    s.dx_shared = device_alloc<float>(owned_, T * H);
   }
+  (void)K;
 }
+
+LayerCore::~LayerCore() {
+  for (void* p : owned_) cudaFree(p);
+}
+
+void LayerCore::set_tensors(int r, const DeviceInputs& in, const DeviceOutputs& out, bool global_layout) {
+  const spec::LayerConfig& c = host_.cfg;
+  const int64_t T = c.tokens_per_rank, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate, K = c.top_k,
+                El = c.experts_per_rank();
+  // With the global layout, rank r's slices start r ranks in; otherwise the arrays are rank r's own.
+  const int64_t q = global_layout ? r : 0;
+  RankTensors& t = host_.tensors[r];
+  t.w_routed_gate = in.w_routed_gate + q * El * I * H;
+  t.w_routed_up = in.w_routed_up + q * El * I * H;
+  t.w_routed_down = in.w_routed_down + q * El * H * I;
+  t.w_shared_gate = in.w_shared_gate;
+  t.w_shared_up = in.w_shared_up;
+  t.w_shared_down = in.w_shared_down;
+  t.output = out.output ? out.output + q * T * H : nullptr;
+  t.d_x = out.d_x ? out.d_x + q * T * H : nullptr;
+  t.d_router_weights = out.d_router_weights ? out.d_router_weights + q * T * K : nullptr;
+  t.d_w_routed_gate = out.d_w_routed_gate ? out.d_w_routed_gate + q * El * I * H : nullptr;
+  t.d_w_routed_up = out.d_w_routed_up ? out.d_w_routed_up + q * El * I * H : nullptr;
+  t.d_w_routed_down = out.d_w_routed_down ? out.d_w_routed_down + q * El * H * I : nullptr;
+  t.d_w_shared_gate = out.d_w_shared_gate ? out.d_w_shared_gate + q * Is * H : nullptr;
+  t.d_w_shared_up = out.d_w_shared_up ? out.d_w_shared_up + q * Is * H : nullptr;
+  t.d_w_shared_down = out.d_w_shared_down ? out.d_w_shared_down + q * H * Is : nullptr;
+}
+
+void LayerCore::launch(const void* kernel, cudaStream_t stream) {
+  const spec::LayerConfig& c = host_.cfg;
+  const int64_t T = c.tokens_per_rank, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate,
+                El = c.experts_per_rank();
+  host_.epoch = ++epoch_;
+  // TMA maps of every K-major operand (sm_90a); any failure falls back to thread-filled tiles.
+  bool maps_ok = hopper_ && tensor_map_encoder() != nullptr;
+  for (int r = first_rank_; r < first_rank_ + local_ranks_ && maps_ok; ++r) {
+    RankTensorMaps& m = host_.maps[r];
+    const RankState& s = host_.state[r];
+    const RankTensors& t = host_.tensors[r];
+    const int64_t cap = host_.row_capacity;
+    maps_ok = encode_map(&m.xd, s.xd, cap, H) && encode_map(&m.act, s.act, cap, I) && encode_map(&m.dy, s.dy, cap, H) &&
+              encode_map(&m.w_routed_gate, t.w_routed_gate, El * I, H) &&
+              encode_map(&m.w_routed_up, t.w_routed_up, El * I, H) &&
+              encode_map(&m.w_routed_down, t.w_routed_down, El * H, I) && encode_map(&m.x, host_.peers[r].x, T, H);
+    if (maps_ok && Is > 0)
+      maps_ok = encode_map(&m.shared_act, s.shared_act, T, Is) && encode_map(&m.w_shared_gate, t.w_shared_gate, Is, H) &&
+                encode_map(&m.w_shared_up, t.w_shared_up, Is, H) && encode_map(&m.w_shared_down, t.w_shared_down, H, Is);
+  }
+  host_.use_tma = maps_ok && !options_.disable_tma ? 1 : 0;
+  MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
+  MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
+  MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));
+  const LaunchParams* arg = device_params_;
+  void* args[] = {&arg};
+  MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(local_ranks_ * blocks_per_rank_), dim3(device::kThreads), args,
+                                       smem_bytes_, stream));
+}
+
+void LayerCore::check_errors(cudaStream_t stream) {
+  MOK_CUDA(cudaStreamSynchronize(stream));
+  ErrorRecord e{};
+  MOK_CUDA(cudaMemcpy(&e, error_, sizeof e, cudaMemcpyDeviceToHost));
+  if (e.code == 0) return;
+  std::ostringstream s;
+  if (e.code == 2) {
+    const int64_t K = host_.cfg.top_k;
+    if (e.index < 0)
+      s << "kernel: rank " << e.rank << " received " << e.observed << " rows, more than its workspace's "
+        << e.expected << ": topk_experts repeats an expert within a row; ids must be distinct in a row";
+    else
+      s << "kernel: rank " << e.rank << " found invalid routing at token " << e.index / K << " slot " << e.index % K
+        << " (expert id " << static_cast<int64_t>(static_cast<int32_t>(e.observed)) << ", E="
+        << host_.cfg.num_experts << "); ids must be -1 or in [0, E) and distinct in a row";
+    throw Error(s.str(), ErrorKind::kBadInput);
+  }
+  s << "kernel: rank " << e.rank << " (block " << e.block << ") timed out after " << options_.wait_timeout_s
+    << " s waiting for flag '" << flag_name(e.flag) << "'";
+  if (e.index >= 0) s << " [index " << e.index << "]";
+  s << " to reach " << e.expected << "; it saw " << e.observed
+    << ". A peer rank stopped signalling (crashed, hung, or never launched).";
+  throw Error(s.str(), ErrorKind::kInternal);
+}
+
+}  // namespace detail
+
+using detail::device_alloc;
+
+// The virtual rack: R ranks on this GPU in one launch; every rank's buffers are plain device
+// pointers, the slot buffers and arrival counters live in one allocation each.
+struct Layer::Impl {
+  detail::LayerCore core;
+  uint16_t* y_slots = nullptr;
+  uint16_t* dx_slots = nullptr;
+  uint32_t* arrivals = nullptr;  // [R][2]
+  Impl(const spec::LayerConfig& cfg, const KernelOptions& options)
+      : core(cfg, options, 0, static_cast<int>(cfg.num_ranks)) {
+    const int64_t G = cfg.num_tokens(), K = cfg.top_k, H = cfg.hidden, T = cfg.tokens_per_rank;
+    y_slots = device_alloc<uint16_t>(core.owned(), G * K * H);
+    dx_slots = device_alloc<uint16_t>(core.owned(), G * K * H);
+    arrivals = device_alloc<uint32_t>(core.owned(), 2 * cfg.num_ranks);
+    MOK_CUDA(cudaMemset(y_slots, 0, G * K * H * sizeof(uint16_t)));
+    MOK_CUDA(cudaMemset(dx_slots, 0, G * K * H * sizeof(uint16_t)));
+    for (int r = 0; r < cfg.num_ranks; ++r) {
+      PeerBuffers& p = core.peer(r);
+      p.y_slots = y_slots + r * T * K * H;
+      p.dx_slots = dx_slots + r * T * K * H;
+      p.arrivals = arrivals + 2 * r;
+    }
+  }
+  void launch(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, cudaStream_t stream) {
+    const spec::LayerConfig& c = core.cfg();
+    const int64_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k;
+    for (int r = 0; r < c.num_ranks; ++r) {
+      PeerBuffers& p = core.peer(r);
+      p.x = in.x + r * T * H;
+      p.topk = in.topk_experts + r * T * K;
+      p.router_weights = in.router_weights + r * T * K;
+      p.d_output = in.d_output ? in.d_output + r * T * H : nullptr;
+      core.set_tensors(r, in, out, true);
+    }
+    MOK_CUDA(cudaMemsetAsync(arrivals, 0, 2 * c.num_ranks * sizeof(uint32_t), stream));
+    core.launch(kernel, stream);
+  }
+};
+
+Layer::Layer(const spec::LayerConfig& cfg, const KernelOptions& options) : impl_(std::make_unique<Impl>(cfg, options)) {}
 
 Layer::~Layer() = default;
 
 void Layer::forward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
   if (!in.x || !in.topk_experts || !in.router_weights || !in.w_routed_gate || !in.w_routed_up || !in.w_routed_down ||
-      !out.output || (impl_->cfg.has_shared() && (!in.w_shared_gate || !in.w_shared_up || !in.w_shared_down)))
+      !out.output || (impl_->core.cfg().has_shared() && (!in.w_shared_gate || !in.w_shared_up || !in.w_shared_down)))
     throw Error("kernel forward: a required device pointer is null (x, topk_experts, router_weights, routed and "
                 "shared weights, output)");
   impl_->launch(reinterpret_cast<const void*>(device::moe_forward_kernel), in, out, static_cast<cudaStream_t>(stream));
@@ -237,39 +277,15 @@ void Layer::forward(const DeviceInputs& in, const DeviceOutputs& out, void* stre
 void Layer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
   if (!in.d_output || !out.d_x || !out.d_router_weights || !out.d_w_routed_gate || !out.d_w_routed_up ||
       !out.d_w_routed_down ||
-      (impl_->cfg.has_shared() && (!out.d_w_shared_gate || !out.d_w_shared_up || !out.d_w_shared_down)))
+      (impl_->core.cfg().has_shared() && (!out.d_w_shared_gate || !out.d_w_shared_up || !out.d_w_shared_down)))
     throw Error("kernel backward: a required device pointer is null (d_output, d_x, d_router_weights, weight gradients)");
   impl_->launch(reinterpret_cast<const void*>(device::moe_backward_kernel), in, out, static_cast<cudaStream_t>(stream));
 }
 
-void Layer::check_errors(void* stream) {
-  MOK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-  ErrorRecord e{};
-  MOK_CUDA(cudaMemcpy(&e, impl_->error, sizeof e, cudaMemcpyDeviceToHost));
-  if (e.code == 0) return;
-  std::ostringstream s;
-  if (e.code == 2) {
-    const int64_t K = impl_->cfg.top_k;
-    if (e.index < 0)
-      s << "kernel: rank " << e.rank << " received " << e.observed << " rows, more than its workspace's "
-        << e.expected << ": topk_experts repeats an expert within a row; ids must be distinct in a row";
-    else
-      s << "kernel: rank " << e.rank << " found invalid routing at token " << e.index / K << " slot " << e.index % K
-        << " (expert id " << static_cast<int64_t>(static_cast<int32_t>(e.observed)) << ", E="
-        << impl_->cfg.num_experts << "); ids must be -1 or in [0, E) and distinct in a row";
-    throw Error(s.str(), ErrorKind::kBadInput);
-  }
-  s << "kernel: rank " << e.rank << " (block " << e.block << ") timed out after " << impl_->options.wait_timeout_s
-    << " s waiting for flag '" << flag_name(e.flag) << "'";
-  if (e.index >= 0) s << " [index " << e.index << "]";
-  s << " to reach " << e.expected << "; it saw " << e.observed
-    << ". A peer rank stopped signalling (crashed, hung, or never launched).";
-  throw Error(s.str(), ErrorKind::kInternal);
-}
-
-int Layer::blocks_per_rank() const { return impl_->blocks_per_rank; }
-int Layer::comm_blocks_per_rank() const { return impl_->options.comm_blocks_per_rank; }
-bool Layer::uses_tma() const { return impl_->host.use_tma != 0; }
+void Layer::check_errors(void* stream) { impl_->core.check_errors(static_cast<cudaStream_t>(stream)); }
+int Layer::blocks_per_rank() const { return impl_->core.blocks_per_rank(); }
+int Layer::comm_blocks_per_rank() const { return impl_->core.options().comm_blocks_per_rank; }
+bool Layer::uses_tma() const { return impl_->core.uses_tma(); }
 const uint16_t* Layer::y_slots() const { return impl_->y_slots; }
 const uint16_t* Layer::dx_slots() const { return impl_->dx_slots; }
 

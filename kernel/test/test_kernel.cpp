@@ -1,12 +1,14 @@
 // GPU tests of the fused kernel: bit-exact with the emulator on every fixture, determinism across
 // ranks and role splits, bounded waits, and routing validation. Skip with a message without a GPU.
 #include "mok/kernel/layer.hpp"
+#include "mok/kernel/nccl.hpp"
 #include "mok/reference/emulate.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/generate.hpp"
 #include "mok/reference/golden.hpp"
 #include "mok/reference/schema.hpp"
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -112,6 +114,28 @@ TEST(Kernel, DeterminismAcrossRanksRolesAndRuns) {
         }
       }
     }
+  }
+}
+
+// The NCCL transport (symmetric windows, LSA pointers) against the virtual rack: bit for bit.
+// One rank runs on any GPU; more ranks need that many GPUs (skipped otherwise).
+TEST(Kernel, NcclTransportMatchesTheVirtualRack) {
+  REQUIRE_GPU();
+  std::string why;
+  if (!kernel::nccl_available(&why)) GTEST_SKIP() << why;
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  const ref::Golden g = ref::read_golden(fixtures().front());
+  for (int R : {1, 2, 4, 8}) {
+    if (R > devices || g.cfg.num_experts % R || g.cfg.num_tokens() % R) continue;
+    spec::LayerConfig cfg = g.cfg;
+    cfg.num_ranks = R;
+    cfg.tokens_per_rank = g.cfg.num_tokens() / R;
+    const ref::TensorMap in = inputs_of(g.tensors);
+    ref::TensorMap virt = kernel::run_layer(cfg, in, true);
+    for (auto& [p, t] : in) virt[p] = t;
+    const ref::TensorMap nccl = kernel::run_layer_nccl(cfg, in, true);
+    expect_bitwise(virt, nccl, cfg, "NCCL R=" + std::to_string(R) + " vs virtual rack");
   }
 }
 

@@ -7,6 +7,7 @@
 
 #if defined(MOK_HAVE_CUDA_KERNEL)
 #include "mok/kernel/layer.hpp"
+#include "mok/kernel/nccl.hpp"
 #endif
 
 #include <chrono>
@@ -124,14 +125,18 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     report = compare(judged, candidate, co);
   } else {
 #if defined(MOK_HAVE_CUDA_KERNEL)
-    say("running the CUDA kernel (R=" + std::to_string(golden.cfg.num_ranks) + " virtual ranks on one GPU)" +
+    const bool nccl = options.transport == "nccl";
+    say("running the CUDA kernel (R=" + std::to_string(golden.cfg.num_ranks) +
+        (nccl ? " ranks, one GPU each, NCCL transport)" : " virtual ranks on one GPU)") +
         (backward ? ", forward and backward" : ", forward"));
-    report = compare_bitwise(kernel::run_layer(golden.cfg, inputs, backward));
+    report = compare_bitwise(nccl ? kernel::run_layer_nccl(golden.cfg, inputs, backward)
+                                  : kernel::run_layer(golden.cfg, inputs, backward));
 #else
     throw Error("backend cuda is not supported here: this build has no CUDA kernel", ErrorKind::kUnsupported);
 #endif
   }
   report.backend = backend_name(backend);
+  if (backend == Backend::kCuda) report.backend += " (" + options.transport + " transport)";
   report.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   return report;
 }

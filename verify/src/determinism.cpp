@@ -7,6 +7,9 @@
 
 #if defined(MOK_HAVE_CUDA_KERNEL)
 #include "mok/kernel/layer.hpp"
+#include "mok/kernel/nccl.hpp"
+
+#include <cuda_runtime.h>
 #endif
 
 #include <algorithm>
@@ -52,7 +55,7 @@ ref::Tensor rows(const ref::Tensor& t, int64_t g0, int64_t n) {
 
 // Runs the layer in passes of `mb` tokens and concatenates per-token results; weight
 // gradients are kept only for a single pass over the whole batch.
-ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward) {
+ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, bool nccl) {
   const int64_t G = g.cfg.num_tokens();
   ref::TensorMap all;
   for (int64_t g0 = 0; g0 < G; g0 += c.minibatch) {
@@ -68,7 +71,7 @@ ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward) 
     }
     kernel::KernelOptions o;
     o.comm_blocks_per_rank = c.comm;
-    ref::TensorMap part = kernel::run_layer(cfg, in, backward, o);
+    ref::TensorMap part = nccl ? kernel::run_layer_nccl(cfg, in, backward, o) : kernel::run_layer(cfg, in, backward, o);
     for (auto& [p, t] : part) {
       if (!per_token(p)) {
         if (c.minibatch == G) all[p] = std::move(t);
@@ -103,6 +106,10 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
   std::vector<int64_t> mbs = options.minibatches;
   if (mbs.empty()) mbs.push_back(G);
   std::vector<Config> configs;
+  const bool nccl = options.transport == "nccl";
+  if (nccl && !kernel::nccl_available(&why)) throw Error("transport nccl: " + why, ErrorKind::kUnsupported);
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
   for (int R : options.ranks)
     for (int comm : options.comm_blocks)
       for (int64_t mb : mbs) {
@@ -111,6 +118,12 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
             options.progress("skipping R=" + std::to_string(R) + " minibatch=" + std::to_string(mb) +
                              ": needs R | E, minibatch | G and R | minibatch (E=" + std::to_string(cfg.num_experts) +
                              ", G=" + std::to_string(G) + ")");
+          continue;
+        }
+        if (nccl && R > devices) {
+          if (options.progress)
+            options.progress("skipping R=" + std::to_string(R) + ": the nccl transport needs one GPU per rank (" +
+                             std::to_string(devices) + " here)");
           continue;
         }
         configs.push_back({R, comm, mb});
@@ -154,7 +167,7 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
     const Config& c = configs[ci];
     if (options.progress && (step % std::max<size_t>(1, order.size() / 10) == 0))
       options.progress("run " + std::to_string(step + 1) + " of " + std::to_string(order.size()) + ": " + c.name());
-    ref::TensorMap got = run_config(golden, c, backward);
+    ref::TensorMap got = run_config(golden, c, backward, options.transport == "nccl");
     ++result.executions;
     const std::string name = c.name() + " run=" + std::to_string(run);
     if (first[ci].empty()) {

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
       "      recomputes exact values and error radii and checks the file's tensors lie within.\n"
       "  mok-verify compare GOLDEN CANDIDATE\n"
       "      compares a candidate file (same schema; e.g. written by another backend) with a golden.\n"
-      "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--minibatch M,...]\n"
+      "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--minibatch M,...] [--transport nccl]\n"
       "      runs the CUDA kernel on the file's inputs under every configuration, prints one hash per\n"
       "      tensor per configuration, and fails on any difference (the CI gate for GPU nodes).\n\n"
       "Exit codes: 0 passed, 1 a check failed, 2 bad input or usage, 3 not supported here.",
@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
   run->add_option("--sample-seed", sample_seed, "seed for choosing the sample")->capture_default_str();
   run->add_flag("--full", full, "check every element even when the case is large (default: sample above ~4e9 multiply-adds)");
   run->add_flag("--no-bounds", no_bounds, "skip the per-element error-bound check");
+  std::string transport = "virtual";
+  run->add_option("--transport", transport,
+                  "cuda backend: virtual (all R ranks on one GPU) or nccl (one GPU per rank, NCCL symmetric memory)")
+      ->check(CLI::IsMember({"virtual", "nccl"}))
+      ->capture_default_str();
   run->add_flag("--json", json, "machine-readable report on stdout");
 
   auto* cmp = app.add_subcommand("compare", "compare a candidate file with a golden file");
@@ -94,6 +99,9 @@ int main(int argc, char** argv) {
                   "tokens per pass (default: the whole batch); per-token results must not change")
       ->delimiter(',');
   det->add_option("--seed", det_seed, "shuffles the order in which configurations run")->capture_default_str();
+  det->add_option("--transport", transport, "virtual (ranks on one GPU) or nccl (one GPU per rank)")
+      ->check(CLI::IsMember({"virtual", "nccl"}))
+      ->capture_default_str();
   det->add_flag("--json", json, "machine-readable summary on stdout");
 
   try {
@@ -114,6 +122,7 @@ int main(int argc, char** argv) {
       o.comm_blocks = comm;
       o.minibatches = minibatch;
       o.seed = det_seed;
+      o.transport = transport;
       o.progress = progress;
       progress("reading " + file);
       mok::ref::ReadOptions ro;
@@ -168,6 +177,7 @@ int main(int argc, char** argv) {
       ro.num_threads = threads;
       ro.sample = sample ? &*sample : nullptr;
       ro.check_bounds = !no_bounds;
+      ro.transport = transport;
       ro.progress = progress;
       mok::verify::Report report = mok::verify::run_backend(golden, ro);
       report.golden_path = file;

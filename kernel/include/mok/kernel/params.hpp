@@ -117,6 +117,8 @@ struct RankTensors {
 struct LaunchParams {
   spec::LayerConfig cfg;
   int32_t num_ranks;
+  int32_t first_rank;             // the launch holds ranks first_rank .. first_rank + gridDim/blocks_per_rank - 1
+                                  // (0 and all of them for the virtual rack; its own rank for NCCL)
   int32_t blocks_per_rank;
   int32_t comm_blocks_per_rank;
   int32_t silent_rank;            // testing: this rank does nothing (-1: none)

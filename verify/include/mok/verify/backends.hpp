@@ -24,6 +24,7 @@ struct RunOptions {
   int num_threads = 0;
   const ref::Sample* sample = nullptr;
   bool check_bounds = true;
+  std::string transport = "virtual";  // cuda backend: "virtual" (R ranks on one GPU) or "nccl" (one GPU per rank)
   std::function<void(const std::string&)> progress;  // one line per phase (stderr in the CLI)
 };
 

@@ -17,6 +17,7 @@ struct DeterminismOptions {
   std::vector<int> comm_blocks{1, 2};   // communication blocks per rank ("comm SMs")
   std::vector<int64_t> minibatches;      // tokens per pass; empty = the whole batch only
   uint64_t seed = 1;                     // shuffles the order in which configurations run
+  std::string transport = "virtual";     // "virtual" or "nccl" (R GPUs for R ranks)
   std::function<void(const std::string&)> progress;
 };
 

@@ -1,0 +1,71 @@
+// The transport-independent host side of a layer: device limits, the ranks a launch holds, their
+// workspaces and tensor maps, the cooperative launch and its diagnostics. A transport (virtual
+// rack, NCCL) fills each rank's PeerBuffers and RankTensors and calls launch().
+#pragma once
+
+#include "../device/mma_tile.cuh"
+#include "mok/kernel/layer.hpp"
+#include "mok/kernel/params.hpp"
+#include "mok/reference/error.hpp"
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+namespace mok::kernel::detail {
+
+void cuda_check(cudaError_t e, const char* what, const char* file, int line);
+#define MOK_CUDA(expr) ::mok::kernel::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
+
+template <class T>
+T* device_alloc(std::vector<void*>& owned, int64_t count) {
+  void* p = nullptr;
+  MOK_CUDA(cudaMalloc(&p, static_cast<size_t>(count > 1 ? count : 1) * sizeof(T)));
+  owned.push_back(p);
+  return static_cast<T*>(p);
+}
+
+// The two kernels, defined once (src/layer.cu includes the device code).
+const void* forward_kernel();
+const void* backward_kernel();
+
+class LayerCore {
+ public:
+  // Validates the config and options, sizes the launch for `local_ranks` ranks starting at
+  // `first_rank` on the current device, and allocates their workspaces.
+  LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks);
+  ~LayerCore();
+  LayerCore(const LayerCore&) = delete;
+  LayerCore& operator=(const LayerCore&) = delete;
+
+  // Sets rank r's weights and results from the caller's global arrays (rank slices).
+  void set_tensors(int r, const DeviceInputs& in, const DeviceOutputs& out, bool global_layout);
+  // Encodes the tensor maps, copies the parameters, resets counters and the error record, and
+  // launches `kernel` for the local ranks on `stream`.
+  void launch(const void* kernel, cudaStream_t stream);
+  // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
+  void check_errors(cudaStream_t stream);
+
+  const spec::LayerConfig& cfg() const { return host_.cfg; }
+  const KernelOptions& options() const { return options_; }
+  int blocks_per_rank() const { return blocks_per_rank_; }
+  bool uses_tma() const { return host_.use_tma != 0; }
+  PeerBuffers& peer(int r) { return host_.peers[r]; }
+  std::vector<void*>& owned() { return owned_; }
+
+ private:
+  KernelOptions options_;
+  int first_rank_ = 0, local_ranks_ = 0, blocks_per_rank_ = 0;
+  bool hopper_ = false;
+  size_t smem_bytes_ = 0;
+  uint32_t epoch_ = 0;
+  std::vector<void*> owned_;
+  LaunchParams host_{};
+  LaunchParams* device_params_ = nullptr;
+  uint32_t* control_ = nullptr;  // 8 counters per local rank, then the abort word
+  int64_t control_words_ = 0;
+  ErrorRecord* error_ = nullptr;
+};
+
+}  // namespace mok::kernel::detail

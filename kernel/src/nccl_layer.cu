@@ -1,0 +1,283 @@
+// The NCCL transport: symmetric-memory windows for the exposed buffers, LSA peer pointers, and a
+// one-thread-per-GPU driver for single nodes.
+#include "mok/kernel/nccl.hpp"
+
+#include "layer_core.cuh"
+#include "mok/reference/error.hpp"
+#include "mok/reference/schema.hpp"
+#include "mok/reference/validate.hpp"
+
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mok::kernel {
+namespace {
+
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess)
+    throw Error(std::string("NCCL error in ") + what + ": " + ncclGetErrorString(r), ErrorKind::kInternal);
+}
+#define MOK_NCCL(expr) nccl_check((expr), #expr)
+
+// Base address of every peer's window, as this GPU sees it (LSA pointers; one NVLink domain).
+__global__ void peer_window_bases(ncclWindow_t win, int nranks, void** out) {
+  for (int p = threadIdx.x; p < nranks; p += blockDim.x) out[p] = ncclGetPeerPointer(win, 0, p);
+}
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+bool nccl_available(std::string* why) {
+  if (why) *why = "";
+  return true;
+}
+
+struct NcclLayer::Impl {
+  // Window layout (the same offsets on every rank).
+  struct Layout {
+    size_t x, topk, rw, d_output, y_slots, dx_slots, arrivals, total;
+  };
+  ncclComm_t comm;
+  int rank = 0, nranks = 0;
+  Layout lay{};
+  void* window_buf = nullptr;
+  ncclWindow_t window{};
+  int* barrier_word = nullptr;
+  detail::LayerCore core;
+
+  static Layout layout(const spec::LayerConfig& c) {
+    const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k;
+    Layout l{};
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t off = at;
+      at = align_up(at + bytes, 256);
+      return off;
+    };
+    l.x = take(T * H * 2);
+    l.topk = take(T * K * 4);
+    l.rw = take(T * K * 4);
+    l.d_output = take(T * H * 2);
+    l.y_slots = take(T * K * H * 2);
+    l.dx_slots = take(T * K * H * 2);
+    l.arrivals = take(2 * 4);
+    l.total = align_up(at, NCCL_WIN_REQUIRED_ALIGNMENT);
+    return l;
+  }
+
+  static int comm_rank(ncclComm_t c) {
+    int r = 0;
+    MOK_NCCL(ncclCommUserRank(c, &r));
+    return r;
+  }
+
+  Impl(const spec::LayerConfig& cfg, ncclComm_t c, const KernelOptions& options)
+      : comm(c), rank(comm_rank(c)), core(cfg, options, comm_rank(c), 1) {
+    MOK_NCCL(ncclCommCount(comm, &nranks));
+    if (nranks != cfg.num_ranks)
+      throw Error("NcclLayer: the communicator has " + std::to_string(nranks) + " ranks but config.R is " +
+                  std::to_string(cfg.num_ranks));
+    lay = layout(cfg);
+    MOK_NCCL(ncclMemAlloc(&window_buf, lay.total));
+    MOK_CUDA(cudaMemset(window_buf, 0, lay.total));
+    MOK_NCCL(ncclCommWindowRegister(comm, window_buf, lay.total, &window, NCCL_WIN_COLL_SYMMETRIC));
+    barrier_word = detail::device_alloc<int>(core.owned(), 1);
+    void** bases_dev = detail::device_alloc<void*>(core.owned(), nranks);
+    peer_window_bases<<<1, 128>>>(window, nranks, bases_dev);
+    MOK_CUDA(cudaGetLastError());
+    std::vector<void*> bases(nranks);
+    MOK_CUDA(cudaMemcpy(bases.data(), bases_dev, nranks * sizeof(void*), cudaMemcpyDeviceToHost));
+    for (int p = 0; p < nranks; ++p) {
+      char* b = static_cast<char*>(bases[p]);
+      PeerBuffers& pb = core.peer(p);
+      pb.x = reinterpret_cast<const uint16_t*>(b + lay.x);
+      pb.topk = reinterpret_cast<const int32_t*>(b + lay.topk);
+      pb.router_weights = reinterpret_cast<const float*>(b + lay.rw);
+      pb.d_output = reinterpret_cast<const uint16_t*>(b + lay.d_output);
+      pb.y_slots = reinterpret_cast<uint16_t*>(b + lay.y_slots);
+      pb.dx_slots = reinterpret_cast<uint16_t*>(b + lay.dx_slots);
+      pb.arrivals = reinterpret_cast<uint32_t*>(b + lay.arrivals);
+    }
+  }
+
+  ~Impl() {
+    if (window) ncclCommWindowDeregister(comm, window);
+    if (window_buf) ncclMemFree(window_buf);
+  }
+
+  // Stream-ordered barrier across the ranks: a one-element all-reduce.
+  void barrier(cudaStream_t s) { MOK_NCCL(ncclAllReduce(barrier_word, barrier_word, 1, ncclInt32, ncclSum, comm, s)); }
+
+  void pass(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, bool backward, cudaStream_t s) {
+    const spec::LayerConfig& c = core.cfg();
+    const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k;
+    char* own = static_cast<char*>(window_buf);
+    // 1. Every peer has finished the previous pass (its reads of this window are over).
+    barrier(s);
+    // 2. Publish this rank's inputs and reset its arrival counters.
+    if (!backward) {
+      MOK_CUDA(cudaMemcpyAsync(own + lay.x, in.x, T * H * 2, cudaMemcpyDeviceToDevice, s));
+      MOK_CUDA(cudaMemcpyAsync(own + lay.topk, in.topk_experts, T * K * 4, cudaMemcpyDeviceToDevice, s));
+      MOK_CUDA(cudaMemcpyAsync(own + lay.rw, in.router_weights, T * K * 4, cudaMemcpyDeviceToDevice, s));
+    } else {
+      MOK_CUDA(cudaMemcpyAsync(own + lay.d_output, in.d_output, T * H * 2, cudaMemcpyDeviceToDevice, s));
+    }
+    MOK_CUDA(cudaMemsetAsync(own + lay.arrivals, 0, 8, s));
+    // 3. Every peer's window is ready before any kernel reads from it or pushes into it.
+    barrier(s);
+    core.set_tensors(rank, in, out, false);
+    core.launch(kernel, s);
+  }
+};
+
+NcclLayer::NcclLayer(const spec::LayerConfig& cfg, void* nccl_comm, const KernelOptions& options)
+    : impl_(std::make_unique<Impl>(cfg, static_cast<ncclComm_t>(nccl_comm), options)) {}
+NcclLayer::~NcclLayer() = default;
+
+void NcclLayer::forward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
+  if (!in.x || !in.topk_experts || !in.router_weights || !in.w_routed_gate || !out.output)
+    throw Error("NcclLayer forward: a required device pointer is null");
+  impl_->pass(detail::forward_kernel(), in, out, false,
+              static_cast<cudaStream_t>(stream));
+}
+
+void NcclLayer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
+  if (!in.d_output || !out.d_x || !out.d_router_weights || !out.d_w_routed_gate)
+    throw Error("NcclLayer backward: a required device pointer is null");
+  impl_->pass(detail::backward_kernel(), in, out, true,
+              static_cast<cudaStream_t>(stream));
+}
+
+void NcclLayer::check_errors(void* stream) { impl_->core.check_errors(static_cast<cudaStream_t>(stream)); }
+int NcclLayer::rank() const { return impl_->rank; }
+const uint16_t* NcclLayer::y_slots() const {
+  return reinterpret_cast<const uint16_t*>(static_cast<char*>(impl_->window_buf) + impl_->lay.y_slots);
+}
+const uint16_t* NcclLayer::dx_slots() const {
+  return reinterpret_cast<const uint16_t*>(static_cast<char*>(impl_->window_buf) + impl_->lay.dx_slots);
+}
+
+ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                              const KernelOptions& options) {
+  ref::validate_inputs(cfg, inputs, backward);
+  const int R = static_cast<int>(cfg.num_ranks);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < R)
+    throw Error("transport nccl: R=" + std::to_string(R) + " needs " + std::to_string(R) + " GPUs, this machine has " +
+                    std::to_string(devices),
+                ErrorKind::kUnsupported);
+  std::vector<ncclComm_t> comms(R);
+  std::vector<int> devs(R);
+  for (int r = 0; r < R; ++r) devs[r] = r;
+  MOK_NCCL(ncclCommInitAll(comms.data(), R, devs.data()));
+
+  ref::TensorMap result;
+  auto make = [&](const char* path) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
+  };
+  make("outputs/output");
+  make("intermediates/y");
+  if (backward) {
+    for (const char* p : {"grads/d_x", "grads/d_router_weights", "grads/d_w_routed_gate", "grads/d_w_routed_up",
+                          "grads/d_w_routed_down", "intermediates/dx_slot"})
+      make(p);
+    if (cfg.has_shared())
+      for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) make(p);
+  }
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto rank_main = [&](int r) {
+    try {
+      MOK_CUDA(cudaSetDevice(r));
+      std::vector<void*> owned;
+      struct Free {
+        std::vector<void*>& v;
+        ~Free() {
+          for (void* p : v) cudaFree(p);
+        }
+      } free_all{owned};
+      // Rank r's slice of a tensor: rows [r*n/R, (r+1)*n/R) of its first axis (tokens, experts or ranks).
+      auto slice_bytes = [&](const ref::Tensor& t) { return t.size_bytes() / R; };
+      auto upload = [&](const char* path, bool sliced) -> const void* {
+        auto it = inputs.find(path);
+        if (it == inputs.end()) return nullptr;
+        const size_t bytes = sliced ? slice_bytes(it->second) : it->second.size_bytes();
+        void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
+        MOK_CUDA(cudaMemcpy(d, static_cast<const char*>(it->second.raw()) + (sliced ? r * bytes : 0), bytes,
+                            cudaMemcpyHostToDevice));
+        return d;
+      };
+      DeviceInputs in;
+      in.x = static_cast<const uint16_t*>(upload("inputs/x", true));
+      in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts", true));
+      in.router_weights = static_cast<const float*>(upload("inputs/router_weights", true));
+      in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate", true));
+      in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up", true));
+      in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down", true));
+      in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate", false));
+      in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
+      in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
+      if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
+      DeviceOutputs out;
+      std::vector<std::pair<std::string, void*>> fetch;
+      auto add = [&](const char* path) {
+        const size_t bytes = slice_bytes(result.at(path));
+        void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
+        MOK_CUDA(cudaMemset(d, 0, bytes));
+        fetch.push_back({path, d});
+        return d;
+      };
+      out.output = static_cast<uint16_t*>(add("outputs/output"));
+      if (backward) {
+        out.d_x = static_cast<uint16_t*>(add("grads/d_x"));
+        out.d_router_weights = static_cast<float*>(add("grads/d_router_weights"));
+        out.d_w_routed_gate = static_cast<float*>(add("grads/d_w_routed_gate"));
+        out.d_w_routed_up = static_cast<float*>(add("grads/d_w_routed_up"));
+        out.d_w_routed_down = static_cast<float*>(add("grads/d_w_routed_down"));
+        if (cfg.has_shared()) {
+          out.d_w_shared_gate = static_cast<float*>(add("grads/d_w_shared_gate"));
+          out.d_w_shared_up = static_cast<float*>(add("grads/d_w_shared_up"));
+          out.d_w_shared_down = static_cast<float*>(add("grads/d_w_shared_down"));
+        }
+      }
+      NcclLayer layer(cfg, comms[r], options);
+      layer.forward(in, out);
+      layer.check_errors();
+      if (backward) {
+        layer.backward(in, out);
+        layer.check_errors();
+      }
+      for (auto& [path, d] : fetch) {
+        ref::Tensor& t = result.at(path);
+        const size_t bytes = slice_bytes(t);
+        MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, d, bytes, cudaMemcpyDeviceToHost));
+      }
+      auto slots = [&](const char* path, const uint16_t* src) {
+        ref::Tensor& t = result.at(path);
+        const size_t bytes = slice_bytes(t);
+        MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
+      };
+      slots("intermediates/y", layer.y_slots());
+      if (backward) slots("intermediates/dx_slot", layer.dx_slots());
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < R; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
+  if (error) std::rethrow_exception(error);
+  return result;
+}
+
+}  // namespace mok::kernel

@@ -1,0 +1,30 @@
+// The NCCL transport's entry points in builds without NCCL: they say so (exit code 3 in CLIs).
+#include "mok/kernel/nccl.hpp"
+
+#include "mok/reference/error.hpp"
+
+namespace mok::kernel {
+
+bool nccl_available(std::string* why) {
+  if (why) *why = "this build has no NCCL (install NCCL 2.28 and reconfigure)";
+  return false;
+}
+
+struct NcclLayer::Impl {};
+
+NcclLayer::NcclLayer(const spec::LayerConfig&, void*, const KernelOptions&) {
+  throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
+}
+NcclLayer::~NcclLayer() = default;
+void NcclLayer::forward(const DeviceInputs&, const DeviceOutputs&, void*) {}
+void NcclLayer::backward(const DeviceInputs&, const DeviceOutputs&, void*) {}
+void NcclLayer::check_errors(void*) {}
+int NcclLayer::rank() const { return 0; }
+const uint16_t* NcclLayer::y_slots() const { return nullptr; }
+const uint16_t* NcclLayer::dx_slots() const { return nullptr; }
+
+ref::TensorMap run_layer_nccl(const spec::LayerConfig&, const ref::TensorMap&, bool, const KernelOptions&) {
+  throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
+}
+
+}  // namespace mok::kernel

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   double rank_skew = 0, empty = 0;
   int threads = 0;
   bool no_intermediates = false, no_bounds = false, forward_only = false;
-  int64_t H = 0, I = 0, Is = -1, E = 0, K = 0, R = 0, T = 0;
+  int64_t H = -1, I = -1, Is = -1, E = -1, K = -1, R = -1, T = -1;  // -1: take the preset's
   app.add_option("--preset,-p", preset, preset_help)->capture_default_str();
   app.add_option("--H", H, "hidden size (overrides the preset)");
   app.add_option("--I", I, "routed expert intermediate size");
@@ -75,13 +75,13 @@ int main(int argc, char** argv) {
   }
   try {
     mok::spec::LayerConfig cfg = mok::ref::preset_config(preset);
-    if (H) cfg.hidden = H;
-    if (I) cfg.intermediate = I;
-    if (Is >= 0) cfg.shared_intermediate = Is;
-    if (E) cfg.num_experts = E;
-    if (K) cfg.top_k = K;
-    if (R) cfg.num_ranks = R;
-    if (T) cfg.tokens_per_rank = T;
+    if (H != -1) cfg.hidden = H;
+    if (I != -1) cfg.intermediate = I;
+    if (Is != -1) cfg.shared_intermediate = Is;
+    if (E != -1) cfg.num_experts = E;
+    if (K != -1) cfg.top_k = K;
+    if (R != -1) cfg.num_ranks = R;
+    if (T != -1) cfg.tokens_per_rank = T;
     const mok::spec::Status st = cfg.validate();
     if (!st.ok) throw mok::Error(st.message);
     mok::ref::RoutingSpec rs = mok::ref::parse_routing(routing);

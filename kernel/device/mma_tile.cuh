@@ -252,7 +252,7 @@ __device__ void gemm_tile_kmajor(TileSmem& smem, int64_t M, int64_t N, int64_t K
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int j = 0; j < kChunkK / kStepK; ++j) {
-        if (chunk * kChunkK + j * kStepK >= K) break;  // no empty steps past K
+        if (chunk * kChunkK + j * kStepK >= K) break;  // no extra steps past K
         wgmma_issue_m64n64k16_bf16(acc, smem_descriptor(smem.a[st] + 2 * j * 512, 1024, 128),
                                    smem_descriptor(smem.b[st] + 2 * j * 512, 1024, 128));
       }
@@ -260,6 +260,9 @@ __device__ void gemm_tile_kmajor(TileSmem& smem, int64_t M, int64_t N, int64_t K
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       __syncthreads();
     }
+    if (threadIdx.x == 0)  // every phase has completed: retire the barriers before the memory is reused
+      for (int st = 0; st < kStages; ++st)
+        asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
     store_accumulators(acc, M, N, m0, n0, epilogue);
     return;
   }

@@ -136,6 +136,7 @@ __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint
     const RowRef row = S.rows[p];
     const uint16_t* src = source(P.peers[row.token_idx / T]) + (row.token_idx % T) * H;
     for (int64_t h = lane; h < H; h += 32) dst[p * H + h] = src[h];
+    async_proxy_fence();  // the row is read next by TMA (async proxy)
     __threadfence();
     __syncwarp();
     if (lane == 0) atomicMax(&ready[p], P.epoch);
@@ -148,6 +149,7 @@ __device__ inline bool wait_rows(const LaunchParams& P, const Role& role, const 
   bool ok = true;
   for (int64_t i = threadIdx.x; i < n; i += kThreads)
     ok = ok && wait_at_least(P, &ready[p0 + i], P.epoch, role.rank, flag, p0 + i);
+  async_proxy_fence();  // the rows are read next by TMA
   return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
@@ -199,6 +201,7 @@ __device__ inline bool forward_expert_tile(const LaunchParams& P, const Role& ro
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n * I; i += kThreads) act[i] = spec::swiglu_act(gate[i], up[i]);
+  async_proxy_fence();  // act is read next by TMA
   __syncthreads();
   for (int64_t n0 = 0; n0 < H; n0 += kTileN) {
     // ORDER: dot-chain over I; the result is pushed into the token owner's slot buffer.
@@ -230,6 +233,7 @@ __device__ inline void forward_shared_tile(const LaunchParams& P, const Role& ro
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n * Is; i += kThreads) sa[i] = spec::swiglu_act(sg[i], su[i]);
+  async_proxy_fence();  // shared_act is read next by TMA
   __syncthreads();
   float* so = S.shared_out + t0 * H;
   for (int64_t n0 = 0; n0 < H; n0 += kTileN)

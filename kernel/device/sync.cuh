@@ -15,6 +15,14 @@ __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
   return *reinterpret_cast<const volatile uint32_t*>(p);
 }
 
+// Orders this thread's ordinary global-memory accesses with later bulk-tensor (TMA) accesses,
+// which go through the async proxy. A no-op before sm_90.
+__device__ __forceinline__ void async_proxy_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // Records the first error of the launch and tells every block to stop.
 __device__ inline void raise_error(const LaunchParams& P, uint32_t code, int rank, int flag, uint64_t expected,
                                    uint64_t observed, int64_t index) {
@@ -35,7 +43,10 @@ __device__ inline void raise_error(const LaunchParams& P, uint32_t code, int ran
 __device__ inline bool wait_at_least(const LaunchParams& P, const uint32_t* p, uint32_t target, int rank, int flag,
                                      int64_t index) {
   uint32_t seen = load_volatile(p);
-  if (seen >= target) return true;
+  if (seen >= target) {
+    __threadfence();  // acquire on the fast path too
+    return true;
+  }
   const uint64_t start = global_time_ns();
   for (;;) {
     seen = load_volatile(p);

@@ -86,6 +86,10 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   if (blocks_per_rank_ * L > resident)
     throw Error("kernel: " + std::to_string(blocks_per_rank_) + " blocks per rank x " + std::to_string(L) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
+  if (blocks_per_rank_ < 2)
+    throw Error("kernel: each rank needs at least 2 blocks (1 communication + 1 compute); " +
+                std::to_string(L) + " ranks leave " + std::to_string(blocks_per_rank_) +
+                " each on this GPU: use fewer ranks per GPU or set blocks_per_rank");
   if (options_.comm_blocks_per_rank == 0) options_.comm_blocks_per_rank = std::max(1, blocks_per_rank_ / 8);
   if (options_.comm_blocks_per_rank < 1 || options_.comm_blocks_per_rank >= blocks_per_rank_)
     throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +

@@ -79,9 +79,60 @@ TEST(Kernel, EveryFixtureBitExactWithTheEmulator) {
 
 // The same global inputs split over R = 1, 2, 4, 8 ranks, with two communication/compute
 // splits and repeated runs: every output bit identical (the determinism contract).
+void check_determinism(const spec::LayerConfig& base);
+
 TEST(Kernel, DeterminismAcrossRanksRolesAndRuns) {
   REQUIRE_GPU();
-  spec::LayerConfig base{128, 64, 64, 16, 4, 1, 64};  // G = 64 tokens
+  // Two shapes: powers of two, and H = 48 / I = 96, whose rows share cache lines across tiles.
+  for (const spec::LayerConfig& base : {spec::LayerConfig{128, 64, 64, 16, 4, 1, 64}, spec::LayerConfig{48, 96, 32, 16, 4, 1, 64}})
+    check_determinism(base);
+}
+
+TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
+  REQUIRE_GPU();
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 8};
+  ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 8);
+  int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
+  tk[3 * 2 + 1] = tk[3 * 2 + 0];  // token 3 names one expert twice (host validation is bypassed)
+  std::vector<void*> owned;
+  auto up = [&](const char* p) -> void* {
+    const ref::Tensor& t = in.at(p);
+    void* d = nullptr;
+    cudaMalloc(&d, t.size_bytes());
+    cudaMemcpy(d, t.raw(), t.size_bytes(), cudaMemcpyHostToDevice);
+    owned.push_back(d);
+    return d;
+  };
+  kernel::DeviceInputs di;
+  di.x = static_cast<const uint16_t*>(up("inputs/x"));
+  di.topk_experts = static_cast<const int32_t*>(up("inputs/topk_experts"));
+  di.router_weights = static_cast<const float*>(up("inputs/router_weights"));
+  di.w_routed_gate = static_cast<const uint16_t*>(up("inputs/w_routed_gate"));
+  di.w_routed_up = static_cast<const uint16_t*>(up("inputs/w_routed_up"));
+  di.w_routed_down = static_cast<const uint16_t*>(up("inputs/w_routed_down"));
+  di.w_shared_gate = static_cast<const uint16_t*>(up("inputs/w_shared_gate"));
+  di.w_shared_up = static_cast<const uint16_t*>(up("inputs/w_shared_up"));
+  di.w_shared_down = static_cast<const uint16_t*>(up("inputs/w_shared_down"));
+  kernel::DeviceOutputs dout;
+  void* o = nullptr;
+  cudaMalloc(&o, cfg.num_tokens() * cfg.hidden * 2);
+  owned.push_back(o);
+  dout.output = static_cast<uint16_t*>(o);
+  kernel::KernelOptions opt;
+  opt.wait_timeout_s = 1.0;
+  kernel::Layer layer(cfg, opt);
+  layer.forward(di, dout);
+  try {
+    layer.check_errors();
+    ADD_FAILURE() << "a duplicated expert id was not detected on the device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("distinct"), std::string::npos) << e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << e.what();
+  }
+  for (void* p : owned) cudaFree(p);
+}
+
+void check_determinism(const spec::LayerConfig& base) {
   ref::RoutingSpec rs = ref::parse_routing("zipf:1.2");
   rs.empty_prob = 0.05;
   const ref::TensorMap in = ref::generate_inputs(base, rs, 99);
@@ -91,7 +142,7 @@ TEST(Kernel, DeterminismAcrossRanksRolesAndRuns) {
     spec::LayerConfig cfg = base;
     cfg.num_ranks = R;
     cfg.tokens_per_rank = base.num_tokens() / R;
-    for (int comm : {1, 3}) {
+    for (int comm : {1, 3, 5}) {  // 5 = blocks_per_rank - 1: one compute block runs every tile
       for (int run = 0; run < 4; ++run) {
         kernel::KernelOptions o;
         o.comm_blocks_per_rank = comm;

@@ -123,7 +123,10 @@ RoutingSpec parse_routing(const std::string& text) {
   } else if (head == "hot" && !rest.empty()) {
     r.kind = RoutingSpec::Kind::kHot;
     const auto c2 = rest.find(':');
-    r.hot_count = static_cast<int64_t>(parse_number(rest.substr(0, c2), text));
+    const double n = parse_number(rest.substr(0, c2), text);
+    if (n < 1 || n > (1 << 20) || n != static_cast<double>(static_cast<int64_t>(n)))
+      throw Error("routing '" + text + "': hot:N needs a whole number N of hot experts in [1, 2^20]");
+    r.hot_count = static_cast<int64_t>(n);
     if (c2 != std::string::npos) r.hot_factor = parse_number(rest.substr(c2 + 1), text);
     if (r.hot_count < 1 || r.hot_factor < 1)
       throw Error("routing '" + text + "': hot:N[:F] needs N >= 1 hot experts and a factor F >= 1");

@@ -46,7 +46,8 @@ class Element {
         ++count;
       }
       if (before > 0) {  // the accumulator is a term too; its exponent is at most log2(before)
-        max_exp = std::max(max_exp, std::ilogb(before * kSlack));
+        // A subnormal accumulator aligns at -126, above its own magnitude.
+        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
         ++count;
       }
       if (count == 0) continue;
@@ -70,6 +71,8 @@ class Element {
     abs_sum_ += std::fabs(p);
   }
   void add_radius(double r) { radius_ += r; }
+  double exact() const { return sum_.to_double(); }
+  double radius() const { return radius_; }
   double abs_sum() const { return abs_sum_; }
   // Rounding of the final fp32 value to bf16 (half an ulp of bf16, subnormals included).
   void round_to_bf16() {
@@ -102,6 +105,12 @@ struct Out {
 };
 
 }  // namespace
+
+ChainBound dot_chain_bound(const uint16_t* a, int64_t a_stride, const uint16_t* b, int64_t b_stride, int64_t n) {
+  Element el;
+  el.mma_chain(a, a_stride, b, b_stride, n);
+  return {el.exact(), el.radius()};
+}
 
 TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                         const TensorMap& reference, const OracleOptions& options) {

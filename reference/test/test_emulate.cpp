@@ -4,6 +4,7 @@
 #include "mok/reference/oracle.hpp"
 #include "mok/reference/sample.hpp"
 #include "mok/reference/schema.hpp"
+#include "mok/spec/orders.hpp"
 #include "test_support.hpp"
 
 #include <gtest/gtest.h>
@@ -103,6 +104,8 @@ RC_GTEST_PROP(Emulate, EquivariantUnderTokenPermutation, ()) {
   for (const char* p : kPerToken) expect_rows_equal(a.at(p), perm, b.at(p), iota, p);
 }
 
+// The emulator computes globally, so for it this mostly guards the per-rank pieces (shared
+// gradients, plan and sizes); the kernel's counterpart (test_kernel) is where R changes the work.
 RC_GTEST_PROP(Emulate, IdenticalForEverySplitIntoRanks, ()) {
   Case c = gen_case();
   const int64_t G = c.cfg.num_tokens(), E = c.cfg.num_experts;
@@ -164,6 +167,65 @@ RC_GTEST_PROP(Emulate, WithinTheOracleBoundsEverywhere, ()) {
     }
   }
   RC_ASSERT(checked > 0);
+}
+
+// Every bf16 value divided by 2^shift (exponent field lowered; values that would leave the
+// normal range become 0), so that products and chains reach fp32's subnormal range.
+void scale_down(Tensor& t, int shift) {
+  uint16_t* v = t.data<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int ef = (v[i] >> 7) & 0xFF;
+    v[i] = ef > shift ? static_cast<uint16_t>(v[i] - (shift << 7)) : static_cast<uint16_t>(v[i] & 0x8000);
+  }
+}
+
+RC_GTEST_PROP(Emulate, WithinTheOracleBoundsForTinyValues, ()) {
+  Case c = gen_case();
+  const int shift = *rc::gen::inRange(55, 76);  // products from about 2^-115 down to 2^-155
+  for (auto& [p, t] : c.inputs)
+    if (t.dtype() == ref::DType::kBf16) scale_down(t, shift);
+  const TensorMap emu = ref::emulate(c.cfg, c.inputs);
+  const TensorMap bounds = ref::oracle_bounds(c.cfg, c.inputs, emu);
+  for (const auto& [p, t] : emu) {
+    const ref::TensorSpec* s = ref::find_spec(p);
+    if (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad) continue;
+    const Tensor& ex = bounds.at(ref::bound_exact_path(p));
+    const Tensor& bd = bounds.at(ref::bound_radius_path(p));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double err = std::fabs(t.value_at(i) - ex.value_at(i));
+      RC_ASSERT_FALSE(!(err <= bd.value_at(i)) && (RC_LOG() << p << " " << ref::locate(*s, c.cfg, i) << " err " << err
+                                                            << " bound " << bd.value_at(i) << "\n", true));
+    }
+  }
+}
+
+// A subnormal accumulator aligns at -126 (far above its magnitude), so the next step truncates
+// tiny products coarsely; the radius must cover that (found in review, 2026-12-02).
+TEST(OracleBound, SubnormalAccumulatorIsCovered) {
+  std::vector<uint16_t> a(32, 0), b(32, 0);
+  a[0] = b[0] = 0x1C80;                                  // 2^-70: step 1 leaves 2^-140 (subnormal)
+  for (int i = 16; i < 32; ++i) {
+    a[i] = 0x1CFF;                                       // 255/128 * 2^-70
+    b[i] = 0x1CF9;                                       // 249/128 * 2^-70
+  }
+  const float got = spec::dot_chain_bf16(spec::kHopperBf16Mma, 0.0f, a.data(), 1, b.data(), 1, 32);
+  const ref::ChainBound cb = ref::dot_chain_bound(a.data(), 1, b.data(), 1, 32);
+  EXPECT_LE(std::fabs(got - cb.exact), cb.radius) << "error " << std::fabs(got - cb.exact) / 0x1p-149 << " x 2^-149";
+}
+
+RC_GTEST_PROP(OracleBound, ChainsOfTinyValuesStayWithinTheRadius, ()) {
+  const int64_t n = 16 * *rc::gen::inRange(1, 5);
+  const int center = *rc::gen::inRange(-80, -55);
+  auto value = rc::gen::map(rc::gen::tuple(rc::gen::inRange(0, 2), rc::gen::inRange(-4, 5), rc::gen::inRange(0, 128)),
+                            [center](std::tuple<int, int, int> t) {
+                              auto [sgn, e, m] = t;
+                              return static_cast<uint16_t>((sgn << 15) | ((center + e + 127) << 7) | m);
+                            });
+  const auto a = *rc::gen::container<std::vector<uint16_t>>(n, value);
+  const auto b = *rc::gen::container<std::vector<uint16_t>>(n, value);
+  const float got = spec::dot_chain_bf16(spec::kHopperBf16Mma, 0.0f, a.data(), 1, b.data(), 1, n);
+  const ref::ChainBound cb = ref::dot_chain_bound(a.data(), 1, b.data(), 1, n);
+  RC_ASSERT(std::fabs(got - cb.exact) <= cb.radius);
 }
 
 RC_GTEST_PROP(Emulate, ThreadCountAndSamplingDoNotChangeBits, ()) {

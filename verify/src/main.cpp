@@ -203,8 +203,14 @@ int main(int argc, char** argv) {
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return finish(report, json);
   } catch (const mok::Error& e) {
+    // Bad input -> 2; not supported here -> 3; a failure while running (a kernel timeout, a CUDA
+    // error) means the check did not pass -> 1.
     std::fprintf(stderr, "mok-verify: %s\n", e.what());
-    return e.kind() == mok::ErrorKind::kUnsupported ? kExitUnsupported : kExitBadInput;
+    switch (e.kind()) {
+      case mok::ErrorKind::kUnsupported: return kExitUnsupported;
+      case mok::ErrorKind::kInternal: return kExitFailed;
+      default: return kExitBadInput;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mok-verify: error: %s\n", e.what());
     return kExitBadInput;

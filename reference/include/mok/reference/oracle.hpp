@@ -13,7 +13,8 @@ struct OracleOptions {
 };
 
 // For every checked tensor N (outputs/output and grads/*), computes
-//   bounds/N_exact: the exact value of N's last stage, rounded once to fp32, where every
+//   bounds/N_exact: the exact value of N's last stage (rounded to double, then stored as fp32;
+//     both roundings are inside the radius), where every
 //     product is exact and every sum is exact (ExactSum), taking as operands the inputs and
 //     the reference's rounded intermediates (y, shared_act, dx_slot, d_gate, ...);
 //   bounds/N_bound: a rigorous radius such that any implementation of profile bf16-v1 with
@@ -26,5 +27,13 @@ struct OracleOptions {
 // intermediates (emulate(..., intermediates=true) or a golden's /intermediates).
 TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                         const TensorMap& reference, const OracleOptions& options = {});
+
+// One bf16 MMA dot chain from 0 (ORDER: dot-chain): its exact value (rounded to double) and the
+// radius that every output element's bound is built from. Exposed for tests.
+struct ChainBound {
+  double exact;
+  double radius;
+};
+ChainBound dot_chain_bound(const uint16_t* a, int64_t a_stride, const uint16_t* b, int64_t b_stride, int64_t n);
 
 }  // namespace mok::ref

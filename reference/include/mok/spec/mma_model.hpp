@@ -14,7 +14,8 @@ enum class MmaRounding : uint8_t { kTruncate, kNearestEven };
 //     behaviour) or the exponent of the normalised product;
 //  2. E = the largest alignment exponent among the terms (the accumulator is a term); a zero
 //     term (a zero operand, a zero accumulator, or a missing product of a step shorter than
-//     16) aligns at kMmaZeroExp = -133, below every non-zero bf16 product's exponent;
+//     16) aligns at kMmaZeroExp = -133 (which raises E only when every non-zero term is
+//     smaller, e.g. products of tiny values);
 //  3. every term is cut to a multiple of 2^(E - align_frac_bits) (term_rounding);
 //  4. the cut terms are summed exactly, and the sum is rounded to fp32 (final_rounding);
 //     a zero result is +0, a result of 2^128 or more is Inf.

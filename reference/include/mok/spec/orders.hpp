@@ -12,7 +12,7 @@ namespace mok::spec {
 // ORDER: dot-chain. One accumulator chain over n elements, kMmaK (16) per MMA step in
 // increasing index order, continuing from `acc` (0 for a fresh dot product). A step shorter
 // than 16 (n not a multiple of 16, only in weight gradients over row lists) behaves like zero
-// padding: zero products do not take part in the step's alignment.
+// padding, which the tensor cores see as zero products aligned at kMmaZeroExp.
 MOK_HD float dot_chain_bf16(const MmaModel& model, float acc, const uint16_t* a, int64_t a_stride,
                             const uint16_t* b, int64_t b_stride, int64_t n) {
   for (int64_t k0 = 0; k0 < n; k0 += kMmaK) {

@@ -199,6 +199,7 @@ int main(int argc, char** argv) {
     }
     float base_f = 0, base_b = 0;
     double agree = -1;
+    std::string gemm_path = "-";
     if (!no_baseline) {
       mok::bench::UnfusedBaseline base(cfg, in);
       base_f = median_of([&] { base.forward(); });
@@ -215,6 +216,7 @@ int main(int argc, char** argv) {
         close += std::fabs(x - y) <= 0x1.0p-6 * std::max(std::fabs(x), std::fabs(y)) + 1e-3;
       }
       agree = 100.0 * close / fused.numel();
+      gemm_path = base.gemm_path();
     }
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -234,6 +236,7 @@ int main(int argc, char** argv) {
     row("fused backward", b_ms, bwd_flops);
     row("unfused forward", base_f, fwd_flops);
     row("unfused backward", base_b, bwd_flops);
+    if (base_f > 0) std::printf("# unfused GEMMs: %s\n", gemm_path.c_str());
     if (base_f > 0) std::printf("# fused / unfused speed: forward %.2fx, backward %.2fx; outputs agree within 2^-6 relative on %.1f%% of elements\n",
                                 base_f / f_ms, b_ms > 0 ? base_b / b_ms : 0.0, agree);
     return 0;

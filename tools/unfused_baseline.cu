@@ -98,12 +98,27 @@ struct Grouped {
   void** b = nullptr;
   void** c = nullptr;
   cudaDataType_t c_type = CUDA_R_16BF;
+  // Host copies of the per-expert pointers, for the per-expert fallback.
+  std::vector<const void*> ha, hb;
+  std::vector<void*> hc;
+  // One grouped call; where this cuBLAS refuses the type combination (seen on the H200 with
+  // cuBLAS 13.0: CUBLAS_STATUS_NOT_SUPPORTED), one cublasGemmEx per expert instead.
   void run(cublasHandle_t h) const {
     if (m.empty()) return;
-    CB(cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), a,
-                                  CUDA_R_16BF, lda.data(), b, CUDA_R_16BF, ldb.data(), beta.data(), c, c_type,
-                                  ldc.data(), static_cast<int>(m.size()), size.data(), CUBLAS_COMPUTE_32F));
+    if (!per_expert) {
+      const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+          h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), a, CUDA_R_16BF, lda.data(), b,
+          CUDA_R_16BF, ldb.data(), beta.data(), c, c_type, ldc.data(), static_cast<int>(m.size()), size.data(),
+          CUBLAS_COMPUTE_32F);
+      if (st == CUBLAS_STATUS_SUCCESS) return;
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) CB(st);
+      per_expert = true;
+    }
+    for (size_t g = 0; g < m.size(); ++g)
+      CB(cublasGemmEx(h, ta[g], tb[g], m[g], n[g], k[g], &alpha[g], ha[g], CUDA_R_16BF, lda[g], hb[g], CUDA_R_16BF,
+                      ldb[g], &beta[g], hc[g], c_type, ldc[g], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
+  mutable bool per_expert = false;
 };
 
 }  // namespace
@@ -251,6 +266,9 @@ UnfusedBaseline::UnfusedBaseline(const spec::LayerConfig& cfg, const ref::Tensor
       c.push_back(pc);
     }
     gm.c_type = ct;
+    gm.ha = a;
+    gm.hb = b;
+    gm.hc = c;
     gm.a = dalloc<void*>(m.owned, static_cast<int64_t>(a.size()));
     gm.b = dalloc<void*>(m.owned, static_cast<int64_t>(b.size()));
     gm.c = dalloc<void*>(m.owned, static_cast<int64_t>(c.size()));
@@ -346,6 +364,8 @@ void UnfusedBaseline::backward() {
   combine<<<1024, 256>>>(m.dxr, m.row_of, nullptr, m.dxs, m.dx, G, K, H);
   CK(cudaGetLastError());
 }
+
+const char* UnfusedBaseline::gemm_path() const { return impl_->gate.per_expert ? "per-expert cublasGemmEx" : "cublasGemmGroupedBatchedEx"; }
 
 ref::Tensor UnfusedBaseline::output() const {
   const spec::LayerConfig& c = impl_->cfg;

@@ -20,6 +20,8 @@ class UnfusedBaseline {
   void backward();  // needs forward() first
   // output [G, H] bf16, for a sanity comparison with the fused kernel.
   ref::Tensor output() const;
+  // "grouped" (cublasGemmGroupedBatchedEx) or "per-expert" (its fallback), once a pass ran.
+  const char* gemm_path() const;
 
  private:
   struct Impl;

@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -56,6 +57,32 @@ bool encode_map(TensorMapBytes* out, const void* base, int64_t rows, int64_t col
 }
 
 }  // namespace
+
+std::vector<const char*> result_paths(const spec::LayerConfig& cfg, bool backward) {
+  std::vector<const char*> paths{"outputs/output"};
+  if (!backward) return paths;
+  for (const char* p : {"grads/d_x", "grads/d_router_weights", "grads/d_w_routed_gate", "grads/d_w_routed_up",
+                        "grads/d_w_routed_down"})
+    paths.push_back(p);
+  if (cfg.has_shared())
+    for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) paths.push_back(p);
+  return paths;
+}
+
+DeviceOutputs outputs_from(const std::map<std::string, void*>& dev) {
+  auto get = [&](const char* p) { return dev.count(p) ? dev.at(p) : nullptr; };
+  DeviceOutputs out;
+  out.output = static_cast<uint16_t*>(get("outputs/output"));
+  out.d_x = static_cast<uint16_t*>(get("grads/d_x"));
+  out.d_router_weights = static_cast<float*>(get("grads/d_router_weights"));
+  out.d_w_routed_gate = static_cast<float*>(get("grads/d_w_routed_gate"));
+  out.d_w_routed_up = static_cast<float*>(get("grads/d_w_routed_up"));
+  out.d_w_routed_down = static_cast<float*>(get("grads/d_w_routed_down"));
+  out.d_w_shared_gate = static_cast<float*>(get("grads/d_w_shared_gate"));
+  out.d_w_shared_up = static_cast<float*>(get("grads/d_w_shared_up"));
+  out.d_w_shared_down = static_cast<float*>(get("grads/d_w_shared_down"));
+  return out;
+}
 
 const void* forward_kernel() { return reinterpret_cast<const void*>(device::moe_forward_kernel); }
 const void* backward_kernel() { return reinterpret_cast<const void*>(device::moe_backward_kernel); }
@@ -341,26 +368,9 @@ ref::TensorMap run_layer(const spec::LayerConfig& cfg, const ref::TensorMap& inp
     result[path] = std::move(t);
     return d;
   };
-  DeviceOutputs out;
-  std::vector<std::pair<std::string, void*>> fetch;
-  auto add = [&](const char* path) {
-    void* d = make(path);
-    fetch.push_back({path, d});
-    return d;
-  };
-  out.output = static_cast<uint16_t*>(add("outputs/output"));
-  if (backward) {
-    out.d_x = static_cast<uint16_t*>(add("grads/d_x"));
-    out.d_router_weights = static_cast<float*>(add("grads/d_router_weights"));
-    out.d_w_routed_gate = static_cast<float*>(add("grads/d_w_routed_gate"));
-    out.d_w_routed_up = static_cast<float*>(add("grads/d_w_routed_up"));
-    out.d_w_routed_down = static_cast<float*>(add("grads/d_w_routed_down"));
-    if (cfg.has_shared()) {
-      out.d_w_shared_gate = static_cast<float*>(add("grads/d_w_shared_gate"));
-      out.d_w_shared_up = static_cast<float*>(add("grads/d_w_shared_up"));
-      out.d_w_shared_down = static_cast<float*>(add("grads/d_w_shared_down"));
-    }
-  }
+  std::map<std::string, void*> dev;
+  for (const char* p : detail::result_paths(cfg, backward)) dev[p] = make(p);
+  const DeviceOutputs out = detail::outputs_from(dev);
   Layer layer(cfg, options);
   layer.forward(in, out);
   layer.check_errors();
@@ -368,7 +378,7 @@ ref::TensorMap run_layer(const spec::LayerConfig& cfg, const ref::TensorMap& inp
     layer.backward(in, out);
     layer.check_errors();
   }
-  for (auto& [path, d] : fetch)
+  for (auto& [path, d] : dev)
     MOK_CUDA(cudaMemcpy(result[path].raw(), d, result[path].size_bytes(), cudaMemcpyDeviceToHost));
   // The slot buffers hold the kernel's per-slot intermediates (zeros for empty slots).
   auto slots = [&](const char* path, const uint16_t* src) {

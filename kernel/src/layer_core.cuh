@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,11 @@ T* device_alloc(std::vector<void*>& owned, int64_t count) {
   owned.push_back(p);
   return static_cast<T*>(p);
 }
+
+// The outputs and gradients a pass produces for cfg, as schema paths.
+std::vector<const char*> result_paths(const spec::LayerConfig& cfg, bool backward);
+// DeviceOutputs pointing at the device buffers of those paths (null where absent).
+DeviceOutputs outputs_from(const std::map<std::string, void*>& dev);
 
 // The two kernels, defined once (src/layer.cu includes the device code).
 const void* forward_kernel();

@@ -11,6 +11,7 @@
 #include <nccl_device.h>
 
 #include <cstring>
+#include <map>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -183,15 +184,9 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap
     const ref::TensorSpec* s = ref::find_spec(path);
     result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
   };
-  make("outputs/output");
+  for (const char* p : detail::result_paths(cfg, backward)) make(p);
   make("intermediates/y");
-  if (backward) {
-    for (const char* p : {"grads/d_x", "grads/d_router_weights", "grads/d_w_routed_gate", "grads/d_w_routed_up",
-                          "grads/d_w_routed_down", "intermediates/dx_slot"})
-      make(p);
-    if (cfg.has_shared())
-      for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) make(p);
-  }
+  if (backward) make("intermediates/dx_slot");
   std::exception_ptr error;
   std::mutex error_mutex;
   auto rank_main = [&](int r) {
@@ -226,28 +221,14 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap
       in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
       in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
       if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
-      DeviceOutputs out;
-      std::vector<std::pair<std::string, void*>> fetch;
-      auto add = [&](const char* path) {
-        const size_t bytes = slice_bytes(result.at(path));
+      std::map<std::string, void*> dev;
+      for (const char* p : detail::result_paths(cfg, backward)) {
+        const size_t bytes = slice_bytes(result.at(p));
         void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
         MOK_CUDA(cudaMemset(d, 0, bytes));
-        fetch.push_back({path, d});
-        return d;
-      };
-      out.output = static_cast<uint16_t*>(add("outputs/output"));
-      if (backward) {
-        out.d_x = static_cast<uint16_t*>(add("grads/d_x"));
-        out.d_router_weights = static_cast<float*>(add("grads/d_router_weights"));
-        out.d_w_routed_gate = static_cast<float*>(add("grads/d_w_routed_gate"));
-        out.d_w_routed_up = static_cast<float*>(add("grads/d_w_routed_up"));
-        out.d_w_routed_down = static_cast<float*>(add("grads/d_w_routed_down"));
-        if (cfg.has_shared()) {
-          out.d_w_shared_gate = static_cast<float*>(add("grads/d_w_shared_gate"));
-          out.d_w_shared_up = static_cast<float*>(add("grads/d_w_shared_up"));
-          out.d_w_shared_down = static_cast<float*>(add("grads/d_w_shared_down"));
-        }
+        dev[p] = d;
       }
+      const DeviceOutputs out = detail::outputs_from(dev);
       NcclLayer layer(cfg, comms[r], options);
       layer.forward(in, out);
       layer.check_errors();
@@ -255,7 +236,7 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap
         layer.backward(in, out);
         layer.check_errors();
       }
-      for (auto& [path, d] : fetch) {
+      for (auto& [path, d] : dev) {
         ref::Tensor& t = result.at(path);
         const size_t bytes = slice_bytes(t);
         MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, d, bytes, cudaMemcpyDeviceToHost));

@@ -265,6 +265,7 @@ class LayerSim {
   void run_compute_queue(int gpu, int64_t now);
   void on_compute_done(int gpu, int64_t now);
   void on_gpu_barrier(int phase, int gpu, int64_t now);
+  void run_peer_flags(int phase, int gpu, int64_t now);
   // Calls fn(piece, src) for every piece the phase moves into `dst` (owner pairs differ by phase).
   template <typename Fn>
   void for_each_piece_into(int phase, int dst, bool remote_only, Fn&& fn) const {
@@ -642,7 +643,8 @@ void LayerSim::build_programs() {
       if (phase == kCombine && dir == Direction::kPush && proto_.phases == Phases::kLayer)
         for (auto& prog : programs) prog.push_back(Op{OpKind::kWaitLocalReady, g});
       add_transfers(phase, g, dir, programs);
-      if (dir == Direction::kPush && proto_.signaling == Signaling::kBarrier)
+      if (dir == Direction::kPush &&
+          (proto_.signaling == Signaling::kBarrier || proto_.signaling == Signaling::kPeerFenceFlag))
         for (auto& prog : programs) prog.push_back(Op{OpKind::kBarrierArrive, phase});
     }
     for (int sm = 0; sm < S_; ++sm) programs_[static_cast<size_t>(g) * S_ + sm] = std::move(programs[sm]);
@@ -829,7 +831,9 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
       mark_known(ph, piece, src, dst, arrive, observe_local(arrive, flag_poll_period(R_)));
       break;
     case Signaling::kBarrier:
-      // Known when the phase barrier completes (on_gpu_barrier); only the arrival is recorded.
+    case Signaling::kPeerFenceFlag:
+      // Known when the phase barrier completes (on_gpu_barrier) or the source's per-peer flag
+      // lands (run_peer_flags); only the arrival is recorded here.
       last_data_ns_[ph][dst] = std::max(last_data_ns_[ph][dst], arrive);
       piece_data_ns_[ph][piece] = arrive;
       break;
@@ -960,7 +964,39 @@ void LayerSim::on_compute_done(int gpu, int64_t now) {
   schedule(ready_visible_ns_[gpu], kReadyVisible, 0, gpu);
 }
 
+// peer_fence_flag: all of `gpu`'s comm SMs have fenced their own writes (acks back) at `now`.
+// The signal threads see that through a local flag, then thread i walks peers k = i+1, i+1+n,
+// ... (rotated by GPU index, like the data): "fence; flag" per peer. A system-scope fence waits
+// for the acks of every earlier write of its thread, so a fence after a remote flag waits for
+// that flag's ack: consecutive flags of one thread are 2L + fence overhead (+ the flag's port
+// waits with signal queueing) apart, and peer k hears at about ceil(k/n) x (2L + f) + L.
+void LayerSim::run_peer_flags(int ph, int gpu, int64_t now) {
+  const int n = std::max(1, std::min(proto_.signal_threads, R_ - 1));
+  const int64_t t0 = observe_local(now, local_poll_period());
+  const int64_t f = static_cast<int64_t>(topo_.fence_overhead_ns);
+  std::vector<int64_t> lane_ns(n, t0);  // when each thread may start its next fence
+  for (int k = 1; k < R_; ++k) {
+    const int peer = (gpu + k) % R_;
+    int64_t& t = lane_ns[(k - 1) % n];
+    const int64_t L = latency(gpu, peer);
+    const int64_t issue = t + f;  // the fence: earlier flag's ack already awaited below
+    const bool queued = opt_.signal_queueing && topo_.domain_of(gpu) == topo_.domain_of(peer);
+    const int64_t wait = queued ? port_delay(res_nvl_out_[gpu], issue) + port_delay(res_nvl_in_[peer], issue) : 0;
+    const int64_t land = issue + wait + L;
+    t = land + L;  // the next fence of this thread waits for this flag's ack
+    ++signal_writes_[ph];
+    const int64_t known = observe_local(land, flag_poll_period(R_));
+    const size_t pair = ph == kDispatch ? static_cast<size_t>(gpu) * R_ + peer : static_cast<size_t>(peer) * R_ + gpu;
+    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
+      mark_known(ph, i, gpu, peer, piece_data_ns_[ph][i], known);
+  }
+}
+
 void LayerSim::on_gpu_barrier(int ph, int gpu, int64_t now) {
+  if (proto_.signaling == Signaling::kPeerFenceFlag) {
+    run_peer_flags(ph, gpu, now);
+    return;
+  }
   barrier_gpu_ns_[ph][gpu] = now;
   if (++barrier_gpus_[ph] < R_) return;
   // Dissemination barrier: in round k GPU i writes a flag at i+2^k and waits for i-2^k's.
@@ -1147,7 +1183,8 @@ LayerResult LayerSim::run() {
     barrier_arrivals_[ph].assign(R_, 0);
     barrier_gpu_ns_[ph].assign(R_, 0);
     const bool per_piece = phase_on(ph) && direction(ph) == Direction::kPush &&
-                           (proto_.signaling == Signaling::kCounter || proto_.signaling == Signaling::kBarrier);
+                           (proto_.signaling == Signaling::kCounter || proto_.signaling == Signaling::kBarrier ||
+                            proto_.signaling == Signaling::kPeerFenceFlag);
     if (per_piece) piece_data_ns_[ph].assign(traffic_.pieces.size(), 0);
     if (per_piece && opt_.signal_queueing && proto_.signaling == Signaling::kCounter)
       counter_wait_ns_[ph].assign(traffic_.pieces.size(), 0);

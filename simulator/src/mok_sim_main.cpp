@@ -64,8 +64,9 @@ What it models
   between racks. Dispatch sends token rows to the GPUs owning their experts, the expert GEMMs
   run tile by tile as rows arrive, combine sends the expert outputs back. Each phase can push
   (the data holder writes) or pull (the data consumer reads); pushed data needs a completion
-  signal (fence_flag, counter, flag_in_data or barrier), and every signal's cost is what its
-  mechanism waits for: acknowledgements, flag writes, polling, atomics, barrier rounds.
+  signal (fence_flag, counter, flag_in_data, barrier or peer_fence_flag), and every signal's
+  cost is what its mechanism waits for: acknowledgements, flag writes, polling, atomics,
+  barrier rounds, fences serialised behind earlier flags.
   The routing comes from the spec's routing plan (mok::spec::build_routing_plan), generated
   (uniform, power_law, hot, dirichlet, per-rank skew) or read from a topk file.
   Time is integer nanoseconds; the same inputs and seed give the same output bytes.

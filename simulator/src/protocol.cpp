@@ -14,6 +14,7 @@ const char* to_string(Signaling s) {
     case Signaling::kCounter: return "counter";
     case Signaling::kFlagInData: return "flag_in_data";
     case Signaling::kBarrier: return "barrier";
+    case Signaling::kPeerFenceFlag: return "peer_fence_flag";
   }
   return "?";
 }
@@ -61,7 +62,9 @@ ProtocolConfig protocol_from_json(const nlohmann::json& doc, const std::string& 
       else if (s == "counter") p.signaling = Signaling::kCounter;
       else if (s == "flag_in_data") p.signaling = Signaling::kFlagInData;
       else if (s == "barrier") p.signaling = Signaling::kBarrier;
-      else throw Error(where + "signaling = \"" + s + "\": use fence_flag, counter, flag_in_data or barrier");
+      else if (s == "peer_fence_flag") p.signaling = Signaling::kPeerFenceFlag;
+      else throw Error(where + "signaling = \"" + s +
+                       "\": use fence_flag, counter, flag_in_data, barrier or peer_fence_flag");
     } else if (key == "copy_engine") {
       const std::string s = text(key, v);
       if (s == "tma") p.copy_engine = CopyEngine::kTma;
@@ -75,6 +78,7 @@ ProtocolConfig protocol_from_json(const nlohmann::json& doc, const std::string& 
       else throw Error(where + "phases = \"" + s + "\": use layer, dispatch or combine");
     } else if (key == "chunk_tokens") p.chunk_tokens = integer(key, v, 1, int64_t{1} << 24);
     else if (key == "comm_sms") p.comm_sms = static_cast<int>(integer(key, v, 1, 4096));
+    else if (key == "signal_threads") p.signal_threads = static_cast<int>(integer(key, v, 1, 4096));
     else if (key == "poll_interval_ns") p.poll_interval_ns = integer(key, v, 1, 100000000);
     else if (key == "gemm_tile_rows") p.gemm_tile_rows = integer(key, v, 1, 65536);
     else if (key == "dispatch_dtype") {
@@ -90,7 +94,7 @@ ProtocolConfig protocol_from_json(const nlohmann::json& doc, const std::string& 
       p.combine_reduce_per_rank = v.get<bool>();
     } else {
       throw Error(where + key + " is unknown; known: dispatch, combine, signaling, copy_engine, phases, " +
-                  "chunk_tokens, comm_sms, poll_interval_ns, gemm_tile_rows, dispatch_dtype, dispatch_dedup, " +
+                  "chunk_tokens, comm_sms, signal_threads, poll_interval_ns, gemm_tile_rows, dispatch_dtype, dispatch_dedup, " +
                   "combine_reduce_per_rank");
     }
   }
@@ -105,6 +109,7 @@ nlohmann::json protocol_to_json(const ProtocolConfig& p) {
                         {"phases", to_string(p.phases)},
                         {"chunk_tokens", p.chunk_tokens},
                         {"comm_sms", p.comm_sms},
+                        {"signal_threads", p.signal_threads},
                         {"poll_interval_ns", p.poll_interval_ns},
                         {"gemm_tile_rows", p.gemm_tile_rows},
                         {"dispatch_dtype", p.dispatch_bytes_per_element == 1 ? "fp8" : "bf16"},

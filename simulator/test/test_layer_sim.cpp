@@ -85,7 +85,8 @@ Workload random_workload(int ranks, uint64_t seed, double exponent = 1.2) {
 TEST(LayerSim, EveryByteSentArrivesOnce) {
   const Workload w = random_workload(8, 3);
   for (auto dir : {Direction::kPush, Direction::kPull}) {
-    for (auto sig : {Signaling::kFenceFlag, Signaling::kCounter, Signaling::kFlagInData, Signaling::kBarrier}) {
+    for (auto sig : {Signaling::kFenceFlag, Signaling::kCounter, Signaling::kFlagInData, Signaling::kBarrier,
+                     Signaling::kPeerFenceFlag}) {
       ProtocolConfig p;
       p.dispatch = dir;
       p.combine = dir;
@@ -234,6 +235,48 @@ TEST(LayerSim, SignalQueueingDelaysFlagsByTheQueuedBytesAtACongestedPort) {
   p.dispatch = Direction::kPull;
   EXPECT_EQ(simulate_layer(topo, w, p, off).dispatch.chunk_signal.p50_ns,
             simulate_layer(topo, w, p, on).dispatch.chunk_signal.p50_ns);
+}
+
+TEST(LayerSim, PeerFenceFlagSerialisesOneRoundTripPerPeerPerSignalThread) {
+  // All-to-all, one SM per peer: every flow ends at the same t. Each SM fences (+2L + f), the
+  // GPU's signal thread sees that through a local flag (rounded to the 100 ns poll, + 100 ns),
+  // then issues "fence; flag" per peer: flag k (k = 1..7) lands at t0 + f + (k-1)(2L + f) + L,
+  // because each fence waits for the previous flag's ack. The receiver's poll adds the same
+  // rounding. With 7 threads every peer gets the first slot.
+  const int n = 8;
+  const auto cfg = layer(n, 128, 1, n - 1);
+  std::vector<int32_t> topk(cfg.num_slots());
+  for (int r = 0; r < n; ++r)
+    for (int t = 0; t < 128; ++t) {
+      int k = 0;
+      for (int e = 0; e < n; ++e)
+        if (e != r) topk[(r * 128 + t) * (n - 1) + k++] = e;
+    }
+  const Workload w = Workload::from_topk(cfg, topk, "all-to-all");
+  ProtocolConfig p;
+  p.dispatch = Direction::kPush;
+  p.signaling = Signaling::kPeerFenceFlag;
+  p.phases = Phases::kDispatch;
+  p.comm_sms = n;
+  const Topology topo = simple_topology(n);
+  auto observe = [](int64_t v) { return ceil_div(v, 100) * 100 + 100; };
+  const int64_t L = 1000, f = 100;
+  for (int threads : {1, 2, 7}) {
+    p.signal_threads = threads;
+    const LayerResult r = simulate_layer(topo, w, p);
+    const int64_t t_fluid = r.dispatch.data_end_ns - L;
+    const int64_t t0 = observe(t_fluid + 2 * L + f);
+    const int64_t slots = ceil_div(n - 1, threads);  // flags the busiest thread sends
+    const int64_t last_flag = t0 + f + (slots - 1) * (2 * L + f) + L;
+    EXPECT_EQ(r.dispatch.end_ns, observe(last_flag)) << threads;
+    EXPECT_EQ(r.dispatch.num_signal_writes, n * (n - 1)) << threads;
+    EXPECT_EQ(r.dispatch.completion_signal.max_ns, r.dispatch.end_ns - r.dispatch.data_end_ns) << threads;
+  }
+  // Pull needs no flag: unchanged by the push-only scheme.
+  p.dispatch = Direction::kPull;
+  p.signal_threads = 1;
+  const LayerResult pull = simulate_layer(topo, w, p);
+  EXPECT_LT(pull.dispatch.completion_signal.max_ns, 2 * L);
 }
 
 }  // namespace

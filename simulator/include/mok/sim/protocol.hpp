@@ -22,7 +22,13 @@ enum class Direction { kPush, kPull };
 //               bytes are flag, receivers poll the data lines.
 //  kBarrier:    no per-chunk signal; every SM fences once at the end of the phase and all GPUs
 //               pass a dissemination barrier.
-enum class Signaling { kFenceFlag, kCounter, kFlagInData, kBarrier };
+//  kPeerFenceFlag: no per-chunk signal; after its data every SM fences once, then (once all of
+//               the GPU's comm SMs are done) `signal_threads` threads each walk their share of the
+//               peers issuing "fence; flag" per peer pair. A system-scope fence waits for the
+//               acks of every earlier write of its thread, the previous peer's flag included, so
+//               each thread's flags are one round trip (2L) plus the fence overhead apart. The
+//               receiver knows all data from a source when that source's flag lands.
+enum class Signaling { kFenceFlag, kCounter, kFlagInData, kBarrier, kPeerFenceFlag };
 
 enum class CopyEngine { kTma, kLdSt };
 enum class Phases { kLayer, kDispatch, kCombine };
@@ -35,6 +41,7 @@ struct ProtocolConfig {
   Phases phases = Phases::kLayer;
   int64_t chunk_tokens = 128;      // signaling granularity: tokens of the token owner per chunk
   int comm_sms = 32;               // SMs per GPU that move data (the rest compute)
+  int signal_threads = 1;          // peer_fence_flag: threads per GPU issuing the per-peer chains
   int64_t poll_interval_ns = 100;  // a poller's minimum period between sweeps
   int64_t gemm_tile_rows = 128;    // expert GEMM M-tile; partial tiles cost a full tile
   int dispatch_bytes_per_element = 2;   // 2 = bf16, 1 = fp8 (plus 4 bytes of scale per 128)

@@ -246,6 +246,27 @@ __device__ inline int64_t shared_tiles(const spec::LayerConfig& c) {
   return c.has_shared() ? (c.tokens_per_rank + kTileM - 1) / kTileM : 0;
 }
 
+// The compute role's work list: every local expert's rows in 64-row tiles, then the shared
+// expert's token tiles; item i goes to compute block i mod count (who computes, never how).
+// Returns false when the pass is aborting.
+template <class ExpertTile, class SharedTile>
+__device__ bool for_each_compute_item(const LaunchParams& P, const Role& role, ExpertTile expert_tile,
+                                      SharedTile shared_tile) {
+  const spec::LayerConfig& c = P.cfg;
+  const RankState& S = P.state[role.rank];
+  const int64_t T = c.tokens_per_rank;
+  int64_t item = 0;
+  for (int64_t e = 0; e < c.experts_per_rank(); ++e) {
+    const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
+    for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++item)
+      if (item % role.count == role.index && !expert_tile(e, p0, min(static_cast<int64_t>(kTileM), hi - p0)))
+        return false;
+  }
+  for (int64_t j = 0; j < shared_tiles(c); ++j, ++item)
+    if (item % role.count == role.index) shared_tile(j * kTileM, min(static_cast<int64_t>(kTileM), T - j * kTileM));
+  return true;
+}
+
 __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParams* params) {
   const LaunchParams& P = *params;
   const Role role = my_role(P);
@@ -254,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
   TileSmem& smem = *reinterpret_cast<TileSmem*>(dynamic_smem);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
+  const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;
 
   if (role.block == 0) {
     count_rows(P, role);
@@ -267,17 +288,11 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
   if (role.comm) {
     gather_rows(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
   } else {
-    // Compute role: expert tiles (every local expert's rows in 64-row tiles), then shared tiles.
-    int64_t item = 0;
-    for (int64_t e = 0; e < E_local; ++e) {
-      const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
-      for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++item)
-        if (item % role.count == role.index)
-          if (!forward_expert_tile(P, role, smem, e, p0, min(static_cast<int64_t>(kTileM), hi - p0))) return;
-    }
-    for (int64_t j = 0; j < shared_tiles(c); ++j, ++item)
-      if (item % role.count == role.index)
-        forward_shared_tile(P, role, smem, j * kTileM, min(static_cast<int64_t>(kTileM), T - j * kTileM));
+    if (!for_each_compute_item(
+            P, role,
+            [&](int64_t e, int64_t p0, int64_t n) { return forward_expert_tile(P, role, smem, e, p0, n); },
+            [&](int64_t t0, int64_t n) { forward_shared_tile(P, role, smem, t0, n); }))
+      return;
   }
   // Every block of the rank combines a share of its tokens once every slot has arrived and the
   // shared expert is done (the element partition changes who computes, never the order).
@@ -430,23 +445,18 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   TileSmem& smem = *reinterpret_cast<TileSmem*>(dynamic_smem);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
+  const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
   // gate/up/act) stay in the workspace from the forward pass of the same inputs.
   if (role.block == 0) count_expected_arrivals(P, role);
   if (role.comm) {
     gather_rows(P, role, S.dod, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   } else {
-    int64_t item = 0;
-    for (int64_t e = 0; e < E_local; ++e) {
-      const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
-      for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++item)
-        if (item % role.count == role.index)
-          if (!backward_expert_tile(P, role, smem, e, p0, min(static_cast<int64_t>(kTileM), hi - p0))) return;
-    }
-    for (int64_t j = 0; j < shared_tiles(c); ++j, ++item)
-      if (item % role.count == role.index)
-        backward_shared_tile(P, role, smem, j * kTileM, min(static_cast<int64_t>(kTileM), T - j * kTileM));
+    if (!for_each_compute_item(
+            P, role,
+            [&](int64_t e, int64_t p0, int64_t n) { return backward_expert_tile(P, role, smem, e, p0, n); },
+            [&](int64_t t0, int64_t n) { backward_shared_tile(P, role, smem, t0, n); }))
+      return;
   }
   if (!rank_barrier(P, role.rank)) return;
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then

@@ -10,6 +10,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <exception>
@@ -165,6 +166,81 @@ const uint16_t* NcclLayer::dx_slots() const {
   return reinterpret_cast<const uint16_t*>(static_cast<char*>(impl_->window_buf) + impl_->lay.dx_slots);
 }
 
+namespace {
+
+// The result tensors of a pass (global shapes, zeros), outputs, gradients and slot intermediates.
+ref::TensorMap empty_results(const spec::LayerConfig& cfg, bool backward) {
+  ref::TensorMap result;
+  auto make = [&](const char* path) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
+  };
+  for (const char* p : detail::result_paths(cfg, backward)) make(p);
+  make("intermediates/y");
+  if (backward) make("intermediates/dx_slot");
+  return result;
+}
+
+// Runs rank r of a communicator on the current device and writes its slices of every result
+// (rank r's rows of the first axis: tokens, experts or ranks) into `result`.
+void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, const KernelOptions& options,
+              ncclComm_t comm, int r, ref::TensorMap& result) {
+  const int R = static_cast<int>(cfg.num_ranks);
+  std::vector<void*> owned;
+  struct Free {
+    std::vector<void*>& v;
+    ~Free() {
+      for (void* p : v) cudaFree(p);
+    }
+  } free_all{owned};
+  auto slice_bytes = [&](const ref::Tensor& t) { return t.size_bytes() / R; };
+  auto upload = [&](const char* path, bool sliced) -> const void* {
+    auto it = inputs.find(path);
+    if (it == inputs.end()) return nullptr;
+    const size_t bytes = sliced ? slice_bytes(it->second) : it->second.size_bytes();
+    void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
+    MOK_CUDA(cudaMemcpy(d, static_cast<const char*>(it->second.raw()) + (sliced ? r * bytes : 0), bytes,
+                        cudaMemcpyHostToDevice));
+    return d;
+  };
+  DeviceInputs in;
+  in.x = static_cast<const uint16_t*>(upload("inputs/x", true));
+  in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts", true));
+  in.router_weights = static_cast<const float*>(upload("inputs/router_weights", true));
+  in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate", true));
+  in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up", true));
+  in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down", true));
+  in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate", false));
+  in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
+  in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
+  if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
+  std::map<std::string, void*> dev;
+  for (const char* p : detail::result_paths(cfg, backward)) {
+    const size_t bytes = slice_bytes(result.at(p));
+    void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
+    MOK_CUDA(cudaMemset(d, 0, bytes));
+    dev[p] = d;
+  }
+  const DeviceOutputs out = detail::outputs_from(dev);
+  NcclLayer layer(cfg, comm, options);
+  layer.forward(in, out);
+  layer.check_errors();
+  if (backward) {
+    layer.backward(in, out);
+    layer.check_errors();
+  }
+  auto fetch = [&](const std::string& path, const void* src) {
+    ref::Tensor& t = result.at(path);
+    const size_t bytes = slice_bytes(t);
+    MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
+  };
+  for (auto& [path, d] : dev) fetch(path, d);
+  fetch("intermediates/y", layer.y_slots());
+  if (backward) fetch("intermediates/dx_slot", layer.dx_slots());
+}
+
+}  // namespace
+
 ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
                               const KernelOptions& options) {
   ref::validate_inputs(cfg, inputs, backward);
@@ -178,86 +254,66 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap
   std::vector<int> devs(R);
   for (int r = 0; r < R; ++r) devs[r] = r;
   MOK_NCCL(ncclCommInitAll(comms.data(), R, devs.data()));
-
-  ref::TensorMap result;
-  auto make = [&](const char* path) {
-    const ref::TensorSpec* s = ref::find_spec(path);
-    result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
-  };
-  for (const char* p : detail::result_paths(cfg, backward)) make(p);
-  make("intermediates/y");
-  if (backward) make("intermediates/dx_slot");
+  ref::TensorMap result = empty_results(cfg, backward);
   std::exception_ptr error;
   std::mutex error_mutex;
-  auto rank_main = [&](int r) {
-    try {
-      MOK_CUDA(cudaSetDevice(r));
-      std::vector<void*> owned;
-      struct Free {
-        std::vector<void*>& v;
-        ~Free() {
-          for (void* p : v) cudaFree(p);
-        }
-      } free_all{owned};
-      // Rank r's slice of a tensor: rows [r*n/R, (r+1)*n/R) of its first axis (tokens, experts or ranks).
-      auto slice_bytes = [&](const ref::Tensor& t) { return t.size_bytes() / R; };
-      auto upload = [&](const char* path, bool sliced) -> const void* {
-        auto it = inputs.find(path);
-        if (it == inputs.end()) return nullptr;
-        const size_t bytes = sliced ? slice_bytes(it->second) : it->second.size_bytes();
-        void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
-        MOK_CUDA(cudaMemcpy(d, static_cast<const char*>(it->second.raw()) + (sliced ? r * bytes : 0), bytes,
-                            cudaMemcpyHostToDevice));
-        return d;
-      };
-      DeviceInputs in;
-      in.x = static_cast<const uint16_t*>(upload("inputs/x", true));
-      in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts", true));
-      in.router_weights = static_cast<const float*>(upload("inputs/router_weights", true));
-      in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate", true));
-      in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up", true));
-      in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down", true));
-      in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate", false));
-      in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
-      in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
-      if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
-      std::map<std::string, void*> dev;
-      for (const char* p : detail::result_paths(cfg, backward)) {
-        const size_t bytes = slice_bytes(result.at(p));
-        void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
-        MOK_CUDA(cudaMemset(d, 0, bytes));
-        dev[p] = d;
-      }
-      const DeviceOutputs out = detail::outputs_from(dev);
-      NcclLayer layer(cfg, comms[r], options);
-      layer.forward(in, out);
-      layer.check_errors();
-      if (backward) {
-        layer.backward(in, out);
-        layer.check_errors();
-      }
-      for (auto& [path, d] : dev) {
-        ref::Tensor& t = result.at(path);
-        const size_t bytes = slice_bytes(t);
-        MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, d, bytes, cudaMemcpyDeviceToHost));
-      }
-      auto slots = [&](const char* path, const uint16_t* src) {
-        ref::Tensor& t = result.at(path);
-        const size_t bytes = slice_bytes(t);
-        MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
-      };
-      slots("intermediates/y", layer.y_slots());
-      if (backward) slots("intermediates/dx_slot", layer.dx_slots());
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  };
   std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r) threads.emplace_back(rank_main, r);
+  for (int r = 0; r < R; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        MOK_CUDA(cudaSetDevice(r));
+        run_rank(cfg, inputs, backward, options, comms[r], r, result);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    });
   for (auto& t : threads) t.join();
   for (ncclComm_t c : comms) ncclCommDestroy(c);
   if (error) std::rethrow_exception(error);
+  return result;
+}
+
+bool launched_by_mok_launch() {
+  return std::getenv("MOK_RANK") && std::getenv("MOK_WORLD_SIZE") && std::getenv("MOK_NCCL_ID");
+}
+
+ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                                      const KernelOptions& options) {
+  ref::validate_inputs(cfg, inputs, backward);
+  if (!launched_by_mok_launch())
+    throw Error("transport nccl: this process was not started by mok-launch (MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID)",
+                ErrorKind::kUnsupported);
+  const int rank = std::atoi(std::getenv("MOK_RANK"));
+  const int world = std::atoi(std::getenv("MOK_WORLD_SIZE"));
+  if (world != cfg.num_ranks)
+    throw Error("transport nccl: mok-launch started " + std::to_string(world) + " processes but config.R is " +
+                std::to_string(cfg.num_ranks));
+  const std::string hex = std::getenv("MOK_NCCL_ID");
+  ncclUniqueId id{};
+  if (hex.size() != 2 * sizeof id.internal) throw Error("MOK_NCCL_ID: expected " + std::to_string(2 * sizeof id.internal) + " hex digits");
+  for (size_t i = 0; i < sizeof id.internal; ++i)
+    id.internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  MOK_CUDA(cudaSetDevice(0));  // mok-launch gives each process one visible GPU
+  ncclComm_t comm;
+  MOK_NCCL(ncclCommInitRank(&comm, world, id, rank));
+  struct Destroy {
+    ncclComm_t c;
+    ~Destroy() { ncclCommDestroy(c); }
+  } destroy{comm};
+  ref::TensorMap result = empty_results(cfg, backward);
+  run_rank(cfg, inputs, backward, options, comm, rank, result);
+  // Every process ends with the global tensors: all-gather the rank-major slices in place.
+  for (auto& [path, t] : result) {
+    const size_t bytes = t.size_bytes(), slice = bytes / world;
+    void* d = nullptr;
+    MOK_CUDA(cudaMalloc(&d, bytes));
+    MOK_CUDA(cudaMemcpy(static_cast<char*>(d) + rank * slice, static_cast<const char*>(t.raw()) + rank * slice, slice,
+                        cudaMemcpyHostToDevice));
+    MOK_NCCL(ncclAllGather(static_cast<char*>(d) + rank * slice, d, slice, ncclUint8, comm, nullptr));
+    MOK_CUDA(cudaMemcpy(t.raw(), d, bytes, cudaMemcpyDeviceToHost));
+    MOK_CUDA(cudaFree(d));
+  }
   return result;
 }
 

@@ -27,4 +27,10 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig&, const ref::TensorMap&, b
   throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
 }
 
+bool launched_by_mok_launch() { return false; }
+
+ref::TensorMap run_layer_nccl_process(const spec::LayerConfig&, const ref::TensorMap&, bool, const KernelOptions&) {
+  throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
+}
+
 }  // namespace mok::kernel

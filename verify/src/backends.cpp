@@ -129,8 +129,10 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     say("running the CUDA kernel (R=" + std::to_string(golden.cfg.num_ranks) +
         (nccl ? " ranks, one GPU each, NCCL transport)" : " virtual ranks on one GPU)") +
         (backward ? ", forward and backward" : ", forward"));
-    report = compare_bitwise(nccl ? kernel::run_layer_nccl(golden.cfg, inputs, backward)
-                                  : kernel::run_layer(golden.cfg, inputs, backward));
+    // Under mok-launch each process runs one rank; otherwise one thread per GPU of this process.
+    report = compare_bitwise(!nccl ? kernel::run_layer(golden.cfg, inputs, backward)
+                             : kernel::launched_by_mok_launch() ? kernel::run_layer_nccl_process(golden.cfg, inputs, backward)
+                                                                : kernel::run_layer_nccl(golden.cfg, inputs, backward));
 #else
     throw Error("backend cuda is not supported here: this build has no CUDA kernel", ErrorKind::kUnsupported);
 #endif

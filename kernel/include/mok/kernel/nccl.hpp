@@ -48,4 +48,14 @@ class NcclLayer {
 ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
                               const KernelOptions& options = {});
 
+// True when this process was started by mok-launch (MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID set).
+bool launched_by_mok_launch();
+
+// For one process of a mok-launch job (one process per GPU): joins the job's communicator
+// (ncclCommInitRank from the environment mok-launch sets, on the process's first visible GPU),
+// runs this process's rank, and all-gathers every rank's results so that each process returns
+// the global tensors, like run_layer. Inputs are the global tensors (each process slices its own).
+ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                                      const KernelOptions& options = {});
+
 }  // namespace mok::kernel

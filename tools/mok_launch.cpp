@@ -1,0 +1,110 @@
+// mok-launch: starts one process per GPU for the NCCL transport (ranks, one NCCL unique id) and
+// returns the first failure's exit code; a small stand-in for mpirun on a single node.
+#include <nccl.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "mok-launch: run PROGRAM as N processes, rank r on GPU r, joined by one NCCL unique id.\n"
+      "Each process gets MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID and CUDA_VISIBLE_DEVICES (its one GPU);\n"
+      "NVLink multicast stays off (NCCL_NVLS_ENABLE=0). The launcher waits for all, stops the rest when\n"
+      "one fails, and exits with the first failure's code (0 when all succeed).\n\n"
+      "  mok-launch -n 8 -- build/verify/mok-verify run fixtures/dsv3-micro-zipf.h5 --backend cuda --transport nccl",
+      "mok-launch"};
+  int n = 1;
+  double timeout_s = 0;
+  std::vector<std::string> command;
+  app.add_option("-n,--np", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 72));
+  app.add_option("--timeout", timeout_s, "seconds before every process is stopped (0 = none)");
+  app.add_option("command", command, "program and its arguments (after --)")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) {
+    std::fprintf(stderr, "mok-launch: ncclGetUniqueId failed (is NCCL usable here?)\n");
+    return 3;
+  }
+  std::string hex;
+  for (size_t i = 0; i < sizeof id.internal; ++i) {
+    char b[3];
+    std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(id.internal[i]));
+    hex += b;
+  }
+  // GPU of rank r: the r-th entry of the launcher's CUDA_VISIBLE_DEVICES, or r.
+  std::vector<std::string> gpus;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string s = v, cur;
+    for (char ch : s + ",") {
+      if (ch == ',') {
+        if (!cur.empty()) gpus.push_back(cur);
+        cur.clear();
+      } else {
+        cur += ch;
+      }
+    }
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("mok-launch: fork");
+      for (pid_t p : pids) kill(p, SIGTERM);
+      return 2;
+    }
+    if (pid == 0) {
+      setenv("MOK_RANK", std::to_string(r).c_str(), 1);
+      setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("MOK_NCCL_ID", hex.c_str(), 1);
+      setenv("CUDA_VISIBLE_DEVICES", (r < static_cast<int>(gpus.size()) ? gpus[r] : std::to_string(r)).c_str(), 1);
+      setenv("NCCL_NVLS_ENABLE", "0", 1);
+      std::vector<char*> args;
+      for (auto& c : command) args.push_back(c.data());
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      std::perror(("mok-launch: cannot run " + command[0]).c_str());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int first_failure = 0, remaining = n;
+  const auto start = std::chrono::steady_clock::now();
+  while (remaining > 0) {
+    int status = 0;
+    const pid_t done = waitpid(-1, &status, WNOHANG);
+    if (done > 0) {
+      --remaining;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code != 0 && first_failure == 0) {
+        first_failure = code;
+        std::fprintf(stderr, "mok-launch: a rank exited with %d; stopping the others\n", code);
+        for (pid_t p : pids) kill(p, SIGTERM);
+      }
+      continue;
+    }
+    if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
+      std::fprintf(stderr, "mok-launch: timeout after %.0f s; stopping every rank\n", timeout_s);
+      for (pid_t p : pids) kill(p, SIGKILL);
+      if (first_failure == 0) first_failure = 124;
+      timeout_s = 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return first_failure;
+}

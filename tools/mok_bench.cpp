@@ -122,9 +122,10 @@ int main(int argc, char** argv) {
     ko.comm_blocks_per_rank = comm;
     ko.blocks_per_rank = blocks;
     ko.disable_tma = no_tma;
+    const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
+    ko.row_capacity = std::max<int64_t>(1, mok::kernel::rows_per_rank(cfg, tk));  // workspace for this routing
     mok::kernel::Layer layer(cfg, ko);
     int64_t rows = 0;
-    const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
     for (int64_t i = 0; i < G * Kc; ++i) rows += tk[i] >= 0;
     const double fwd_flops = 6.0 * rows * Hc * Ic + 6.0 * G * Hc * Isc;
     const double bwd_flops = 12.0 * rows * Hc * Ic + 12.0 * G * Hc * Isc;

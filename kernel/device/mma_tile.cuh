@@ -1,4 +1,14 @@
-// Tensor-core tile engine: a block computes a [64 x 64] fp32 tile as one mma.sync chain per element.
+// Tensor-core tile engines. A block (two warpgroups) computes one [128 x N] fp32 tile of a GEMM
+// as one MMA chain per output element; two engines share the chain and differ in how operands
+// reach shared memory:
+//  - gemm_fast (sm_90a): 128 x 128 tiles, operands by TMA with 128-byte swizzle in a 4-stage
+//    mbarrier pipeline, K-major or MN-major (transposed) operands read directly by wgmma, an
+//    optional second B operand sharing A (gate and up in one pass);
+//  - gemm_slow (any GPU): 128 x 64 tiles filled element by element by threads through accessor
+//    functions; wgmma.m64n64k16 on sm_90a, mma.sync.m16n8k16 elsewhere.
+// ORDER: dot-chain: K advances 16 at a time in increasing order, one MMA step per 16 K-elements
+// (the fast engine may add all-zero steps past K, which change no accumulator); every path rounds exactly like spec::mma_bf16_step (the probes check it),
+// so neither the engine nor the tile shape changes an element's chain.
 #pragma once
 
 #include "mok/kernel/params.hpp"
@@ -8,76 +18,159 @@
 
 namespace mok::kernel::device {
 
-// Block shape of every GEMM in the kernel: 4 warps (one warpgroup), each owning 16 rows x 64
-// columns of the tile. ORDER: dot-chain: K advances 16 at a time in increasing order, one MMA
-// step per 16 K-elements: wgmma.m64n64k16 on sm_90a, 8 x mma.sync.m16n8k16 elsewhere; both
-// round exactly like spec::mma_bf16_step (the probes check it), so neither the path nor the
-// tile's shape changes an element's chain.
-constexpr int kThreads = 128;
-constexpr int kTileM = 64;
-constexpr int kTileN = 64;
+constexpr int kThreads = 256;        // two warpgroups
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileM = 128;          // rows of every tile: 64 per warpgroup, 16 per warp
+constexpr int kTileNSlow = 64;
+constexpr int kTileNFast = 128;
 constexpr int kStepK = spec::kMmaK;
-static_assert(kTileM == 16 * (kThreads / 32), "one m16 slab per warp");
+static_assert(kTileM == 16 * kWarps, "one m16 slab per warp");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MOK_WGMMA 1  // sm_90a: the tile's MMA is one wgmma.m64n64k16 per K step
+#define MOK_WGMMA 1  // sm_90a: wgmma (and TMA for the fast engine)
 #endif
 
-// The TMA pipeline (sm_90a): kStages buffers of kChunkK K-elements for A and B, each filled by
-// kChunkK / 8 boxes of 64 rows x 16 bytes, completing on that stage's mbarrier.
-constexpr int kStages = 4;
+// ---- fast engine geometry: a 64 x 64 bf16 TMA box is 8 KiB (64 rows of 128 swizzled bytes);
+// a 128-wide operand tile of one 64-wide K chunk is two boxes.
 constexpr int kChunkK = 64;
+constexpr int kStages = 4;
+constexpr int kBoxBytes = 64 * 64 * 2;
+constexpr int kOperandBytes = 2 * kBoxBytes;
 
-// Shared memory of one block. Operands sit in wgmma's no-swizzle canonical layout: 8x8 core
-// matrices of 128 contiguous bytes. Filled by threads (16 K-elements): core (row/8, k/8) at
-// byte (row/8)*256 + (k/8)*128 (LBO 128, SBO 256). Filled by TMA: each 8-wide K column is a
-// box of 64 16-byte rows, so core (row/8, k/8) is at byte (k/8)*1024 + (row/8)*128 (LBO 1024,
-// SBO 128).
-struct TileSmemWgmma {
-  alignas(1024) uint16_t a[kStages][kTileM * kChunkK];
-  alignas(1024) uint16_t b[kStages][kTileN * kChunkK];  // B^T: row = n
+struct FastSmem {
+  alignas(1024) uint8_t stage[kStages][3][kOperandBytes];  // A, B, B2 of each stage
   alignas(8) uint64_t full[kStages];
 };
 
-// mma.sync path: one 16-wide K step, rows padded by 8 bf16 against bank conflicts.
-struct TileSmemMma {
-  uint16_t a[kTileM][kStepK + 8];
-  uint16_t b[kTileN][kStepK + 8];  // stored [n][k]: the col-major B fragment reads rows of it
+// Slow engine buffers. wgmma reads the no-swizzle canonical layout (8x8 core matrices of 128
+// contiguous bytes: core (row/8, k/8) at element (row/8)*128 + (k/8)*64; LBO 128, SBO 256);
+// mma.sync reads padded row-major tiles.
+struct SlowSmemWgmma {
+  alignas(128) uint16_t a[kTileM * kStepK];
+  alignas(128) uint16_t b[kTileNSlow * kStepK];
 };
-
+struct SlowSmemMma {
+  uint16_t a[kTileM][kStepK + 8];
+  uint16_t b[kTileNSlow][kStepK + 8];  // stored [n][k]: the col-major B fragment reads rows of it
+};
 #if defined(MOK_WGMMA)
-using TileSmem = TileSmemWgmma;
+using SlowSmem = SlowSmemWgmma;
 #else
-using TileSmem = TileSmemMma;
+using SlowSmem = SlowSmemMma;
 #endif
 
-// Dynamic shared memory a launch needs on a device of this compute capability.
-constexpr size_t smem_bytes_for(int cc_major) {
-  return cc_major == 9 ? sizeof(TileSmemWgmma) : sizeof(TileSmemMma);
+// Dynamic shared memory a launch needs (the fast engine only runs on sm_90a).
+constexpr size_t smem_bytes_for(int cc_major, bool fast) {
+  return fast && cc_major == 9 ? sizeof(FastSmem) + 1024 : (sizeof(SlowSmemMma) > sizeof(SlowSmemWgmma)
+                                                                 ? sizeof(SlowSmemMma)
+                                                                 : sizeof(SlowSmemWgmma)) + 1024;
 }
 
-#if defined(MOK_WGMMA)
-__device__ __forceinline__ int core_offset(int row, int k) {
-  return (row >> 3) * 128 + (k >> 3) * 64 + (row & 7) * 8 + (k & 7);
-}
-
-__device__ __forceinline__ uint64_t smem_descriptor(const void* p, uint64_t lbo = 128, uint64_t sbo = 256) {
-  const uint64_t addr = static_cast<uint64_t>(__cvta_generic_to_shared(p));
-  return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32);
+// The block's dynamic shared memory, 1024-byte aligned (128-byte swizzle atoms need it).
+__device__ __forceinline__ uint8_t* aligned_smem(unsigned char* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Loads the 8 x 64 box at (col, row) of a 2D bf16 tensor map into shared memory, completing
-// on the mbarrier (out-of-range elements read as zero).
-__device__ __forceinline__ void tma_load_box(void* dst, const TensorMapBytes& map, int32_t col, int32_t row,
+// Fragment coordinates shared by every path: warp w owns rows 16w..16w+15 of the tile; element
+// e of acc[j] is row g (+8 for e >= 2), column 8j + 2c + (e & 1). This is mma.sync's m16n8
+// layout and wgmma's accumulator layout (warp w % 4 of warpgroup w / 4).
+template <int NJ>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[NJ][4]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+}
+
+template <int NJ, class Epilogue>
+__device__ __forceinline__ void store_accumulators(const float (&acc)[NJ][4], int64_t M, int64_t N, int64_t m0,
+                                                   int64_t n0, Epilogue epilogue) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = m0 + warp * 16 + g + (e >= 2 ? 8 : 0), col = n0 + j * 8 + 2 * c + (e & 1);
+      if (row < M && col < N) epilogue(row, col, acc[j][e]);
+    }
+}
+
+template <int NJ>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[NJ][4]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
+}
+
+__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+#if defined(MOK_WGMMA)
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint64_t desc_noswizzle(const void* p) {
+  const uint64_t addr = smem_u32(p);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t{128 >> 4} << 16) | (uint64_t{256 >> 4} << 32);
+}
+
+// 128-byte swizzle descriptors (layout type 1 in bits 62-63). K-major: 8-row atoms of 128-byte
+// rows, SBO 1024 (LBO unused). MN-major: atoms of 64 MN elements x 8 K rows, K atoms 1024 bytes
+// apart (SBO), 64-element MN blocks one TMA box (8 KiB) apart (LBO).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, bool mn_major) {
+  const uint64_t lbo = mn_major ? kBoxBytes : 16;
+  return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ int core_offset(int row, int k) {
+  return (row >> 3) * 128 + (k >> 3) * 64 + (row & 7) * 8 + (k & 7);
+}
+
+#define MOK_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define MOK_ACC32(d, j) MOK_ACC8(d, j), MOK_ACC8(d, j + 1), MOK_ACC8(d, j + 2), MOK_ACC8(d, j + 3)
+
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;\n"
+      : MOK_ACC32(d, 0), MOK_ACC32(d, 4)
+      : "l"(da), "l"(db)
+      : "memory");
+}
+
+// One wgmma.m64n128k16 with the transpose immediates TA (A MN-major) and TB (B MN-major).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, %66, %67;\n"
+      : MOK_ACC32(d, 0), MOK_ACC32(d, 4), MOK_ACC32(d, 8), MOK_ACC32(d, 12)
+      : "l"(da), "l"(db), "n"(TA), "n"(TB)
+      : "memory");
+}
+
+// Loads the 64 x 64 box at (col, row) of a 2D bf16 tensor map into shared memory, completing
+// on the mbarrier (elements outside the tensor read as zero).
+__device__ __forceinline__ void tma_load_box(void* dst, const TensorMapBytes* map, int32_t col, int32_t row,
                                              uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
       :
-      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(smem_u32(bar))
+      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
       : "memory");
 }
 
@@ -90,34 +183,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
         : "r"(smem_u32(bar)), "r"(phase)
         : "memory");
 }
-
-// acc[j][0..3] is the m16n8 fragment of columns 8j..8j+7 of this warp's 16 rows, which is
-// exactly wgmma's accumulator layout for m64n64 (4 registers per 8 columns).
-__device__ __forceinline__ void wgmma_issue_m64n64k16_bf16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(desc_a), "l"(desc_b)
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-  wgmma_issue_m64n64k16_bf16(d, desc_a, desc_b);
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
 #endif
-
-__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-}
 
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
@@ -127,43 +193,16 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The m16n8 accumulator fragments of this thread: acc[j] covers columns 8j..8j+7 of the warp's
-// 16 rows; element e of acc[j] is row g (+8 for e >= 2), column 8j + 2c + (e & 1).
-template <class Init>
-__device__ __forceinline__ void init_accumulators(float (&acc)[8][4], int64_t M, int64_t N, int64_t m0, int64_t n0,
-                                                  Init init) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = m0 + warp * 16 + g + (e >= 2 ? 8 : 0), col = n0 + j * 8 + 2 * c + (e & 1);
-      acc[j][e] = row < M && col < N ? init(row, col) : 0.0f;
-    }
-}
-
-template <class Epilogue>
-__device__ __forceinline__ void store_accumulators(const float (&acc)[8][4], int64_t M, int64_t N, int64_t m0,
-                                                   int64_t n0, Epilogue epilogue) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = m0 + warp * 16 + g + (e >= 2 ? 8 : 0), col = n0 + j * 8 + 2 * c + (e & 1);
-      if (row < M && col < N) epilogue(row, col, acc[j][e]);
-    }
-}
-
-// Computes C[m0:m0+64, n0:n0+64] = init(m, n) + sum_k A(m, k) * B(k, n) over k in [0, K) with
-// the accessors load_a(m, k) and load_b(k, n) returning bf16 bits (0 outside the problem), then
-// calls epilogue(m, n, value) for every m < M, n < N. `init(m, n)` gives the chain's starting
-// value (0 for a fresh dot product). All threads of the block must call it.
-template <class Init, class LoadA, class LoadB, class Epilogue>
-__device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64_t m0, int64_t n0,
-                          Init init, LoadA load_a, LoadB load_b, Epilogue epilogue) {
+// ---------------------------------------------------------------------------------------------
+// Slow engine: C[m0:m0+128, n0:n0+64] = sum_k A(m, k) * B(k, n) over k in [0, K) with the
+// accessors load_a(m, k) and load_b(k, n) returning bf16 bits (called only inside the problem),
+// then epilogue(m, n, value) for every m < M, n < N. All threads of the block must call it.
+template <class LoadA, class LoadB, class Epilogue>
+__device__ void gemm_slow(uint8_t* smem_raw, int64_t M, int64_t N, int64_t K, int64_t m0, int64_t n0, LoadA load_a,
+                          LoadB load_b, Epilogue epilogue) {
+  SlowSmem& smem = *reinterpret_cast<SlowSmem*>(smem_raw);
   float acc[8][4];
-  init_accumulators(acc, M, N, m0, n0, init);
+  zero_accumulators(acc);
   // ORDER: dot-chain, one MMA step per 16 K-elements, increasing k.
   for (int64_t k0 = 0; k0 < K; k0 += kStepK) {
     __syncthreads();
@@ -171,19 +210,24 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
     for (int idx = threadIdx.x; idx < kTileM * kStepK; idx += kThreads) {
       const int r = idx / kStepK, kk = idx % kStepK;
       const int64_t m = m0 + r, k = k0 + kk, n = n0 + r;
-      smem.a[0][core_offset(r, kk)] = (m < M && k < K) ? load_a(m, k) : uint16_t{0};
-      smem.b[0][core_offset(r, kk)] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
+      smem.a[core_offset(r, kk)] = (m < M && k < K) ? load_a(m, k) : uint16_t{0};
+      if (r < kTileNSlow) smem.b[core_offset(r, kk)] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
     }
     // Ordinary stores that the tensor cores read next need the async-proxy fence.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    wgmma_m64n64k16_bf16(acc, smem_descriptor(smem.a[0]), smem_descriptor(smem.b[0]));
+    const int wg = threadIdx.x / 128;
+    wgmma_fence();
+    wgmma_m64n64k16(acc, desc_noswizzle(smem.a + wg * 64 * kStepK), desc_noswizzle(smem.b));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(acc);
 #else
     for (int idx = threadIdx.x; idx < kTileM * kStepK; idx += kThreads) {
       const int r = idx / kStepK, kk = idx % kStepK;
       const int64_t m = m0 + r, k = k0 + kk, n = n0 + r;
       smem.a[r][kk] = (m < M && k < K) ? load_a(m, k) : uint16_t{0};
-      smem.b[r][kk] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
+      if (r < kTileNSlow) smem.b[r][kk] = (n < N && k < K) ? load_b(k, n) : uint16_t{0};
     }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
@@ -206,75 +250,158 @@ __device__ void gemm_tile(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64
   store_accumulators(acc, M, N, m0, n0, epilogue);
 }
 
-// The same tile as gemm_tile for K-major operands held in tensor maps: A(m, k) is element
-// (a_row0 + m, k) of a_map and B(k, n) is element (b_row0 + n, k) of b_map. On sm_90a the
-// tiles arrive by TMA; elsewhere a_ptr/b_ptr (the same tensors, row-major with leading
-// dimensions lda/ldb, already offset to a_row0/b_row0) feed the thread-filled path. Rows past
-// M or N read neighbouring rows (or zeros past the tensor) and are never stored.
-template <class Init, class Epilogue>
-__device__ void gemm_tile_kmajor(TileSmem& smem, int64_t M, int64_t N, int64_t K, int64_t m0, int64_t n0, Init init,
-                                 const TensorMapBytes& a_map, int64_t a_row0, const uint16_t* a_ptr, int64_t lda,
-                                 const TensorMapBytes& b_map, int64_t b_row0, const uint16_t* b_ptr, int64_t ldb,
-                                 bool use_tma, Epilogue epilogue) {
+// ---------------------------------------------------------------------------------------------
+// Fast engine operands. A 128-wide tile of an operand over K, from up to two tensor maps: K in
+// [0, split) from map[0], [split, K) from map[1] (split a multiple of kChunkK).
+//  - K-major (A(m, k) at row m, column k): tile row i is map row base[s] + i, K column k - start.
+//  - MN-major (A(m, k) at row k, column m): tile element i is column mn0 + i of map row
+//    base[s] + k - start. Rows at or past K are zeroed in shared memory (they may belong to the
+//    next expert).
+struct FastOperand {
+  const TensorMapBytes* map[2];
+  int64_t split;
+  int32_t base[2];
+  int32_t mn0;
+  bool mn_major;
+};
+
+__device__ __forceinline__ FastOperand kmajor(const TensorMapBytes* map, int64_t row0) {
+  return FastOperand{{map, map}, int64_t{1} << 40, {static_cast<int32_t>(row0), static_cast<int32_t>(row0)}, 0, false};
+}
+__device__ __forceinline__ FastOperand kmajor2(const TensorMapBytes* m0, int64_t r0, const TensorMapBytes* m1,
+                                               int64_t r1, int64_t split) {
+  return FastOperand{{m0, m1}, split, {static_cast<int32_t>(r0), static_cast<int32_t>(r1)}, 0, false};
+}
+__device__ __forceinline__ FastOperand mnmajor(const TensorMapBytes* map, int64_t krow0, int64_t mn0) {
+  return FastOperand{{map, map}, int64_t{1} << 40, {static_cast<int32_t>(krow0), static_cast<int32_t>(krow0)},
+                     static_cast<int32_t>(mn0), true};
+}
+__device__ __forceinline__ FastOperand mnmajor2(const TensorMapBytes* m0, int64_t r0, const TensorMapBytes* m1,
+                                                int64_t r1, int64_t split, int64_t mn0) {
+  return FastOperand{{m0, m1}, split, {static_cast<int32_t>(r0), static_cast<int32_t>(r1)}, static_cast<int32_t>(mn0),
+                     true};
+}
+
 #if defined(MOK_WGMMA)
-  if (use_tma) {
-    float acc[8][4];
-    init_accumulators(acc, M, N, m0, n0, init);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int st = 0; st < kStages; ++st)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    const int64_t num_chunks = (K + kChunkK - 1) / kChunkK;
-    // One thread fills stage `chunk % kStages` with chunk `chunk` (boxes past K read zeros).
-    auto load_chunk = [&](int64_t chunk) {
-      const int st = static_cast<int>(chunk % kStages);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.full[st])),
-                   "r"(2 * kTileM * kChunkK * 2)
-                   : "memory");
-      for (int col = 0; col < kChunkK / 8; ++col) {
-        const int32_t k = static_cast<int32_t>(chunk * kChunkK + 8 * col);
-        tma_load_box(smem.a[st] + col * 512, a_map, k, static_cast<int32_t>(a_row0 + m0), &smem.full[st]);
-        tma_load_box(smem.b[st] + col * 512, b_map, k, static_cast<int32_t>(b_row0 + n0), &smem.full[st]);
-      }
-    };
-    if (threadIdx.x == 0)
-      for (int64_t chunk = 0; chunk < kStages - 1 && chunk < num_chunks; ++chunk) load_chunk(chunk);
-    // ORDER: dot-chain: chunks in increasing k, and inside a chunk one wgmma per 16 K-elements
-    // in increasing k, all on the same accumulators (wgmma executes them in issue order).
-    for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-      // The stage refilled here was consumed in the previous iteration (ended by a barrier).
-      if (threadIdx.x == 0 && chunk + kStages - 1 < num_chunks) load_chunk(chunk + kStages - 1);
-      const int st = static_cast<int>(chunk % kStages);
-      mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+__device__ __forceinline__ void fast_load(uint8_t* dst, const FastOperand& op, int64_t k, uint64_t* bar) {
+  const int s = k >= op.split ? 1 : 0;
+  const int32_t kk = static_cast<int32_t>(k - (s ? op.split : 0));
+  if (op.mn_major) {
+    tma_load_box(dst, op.map[s], op.mn0, op.base[s] + kk, bar);
+    tma_load_box(dst + kBoxBytes, op.map[s], op.mn0 + 64, op.base[s] + kk, bar);
+  } else {
+    tma_load_box(dst, op.map[s], kk, op.base[s], bar);
+    tma_load_box(dst + kBoxBytes, op.map[s], kk, op.base[s] + 64, bar);
+  }
+}
+
+// Zeroes K rows [from, 64) of an MN-major operand tile in shared memory (whole 128-byte rows,
+// so the swizzle does not matter), then makes the stores visible to the tensor cores.
+__device__ __forceinline__ void zero_k_rows(uint8_t* tile, int from) {
+  const int words = (64 - from) * 128 / 16;  // uint4 per box
+  for (int i = threadIdx.x; i < 2 * words; i += kThreads) {
+    const int box = i / words, w = i % words;
+    reinterpret_cast<uint4*>(tile + box * kBoxBytes + from * 128)[w] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <int TA, int TB, bool kDual>
+__device__ __forceinline__ void fast_chunk(float (&acc)[16][4], float (&acc2)[16][4], uint8_t* st, int steps) {
+  const int wg = threadIdx.x / 128;
+  const uint32_t a = smem_u32(st) + wg * kBoxBytes;  // this warpgroup's 64 rows of A
+  const uint32_t b = smem_u32(st + kOperandBytes), b2 = smem_u32(st + 2 * kOperandBytes);
+  const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
+  // Every chunk runs all four steps (a branch around wgmma would make ptxas serialise every
+  // wgmma of the kernel). In a partial last chunk the steps past K multiply rows zeroed in
+  // shared memory; under the MMA model such a step returns every accumulator a chain can hold
+  // unchanged (+0, finite, Inf, the canonical NaN); mma_model_test checks it.
+  (void)steps;
 #pragma unroll
-      for (int j = 0; j < kChunkK / kStepK; ++j) {
-        if (chunk * kChunkK + j * kStepK >= K) break;  // no extra steps past K
-        wgmma_issue_m64n64k16_bf16(acc, smem_descriptor(smem.a[st] + 2 * j * 512, 1024, 128),
-                                   smem_descriptor(smem.b[st] + 2 * j * 512, 1024, 128));
+  for (int j = 0; j < kChunkK / kStepK; ++j) {
+    const uint64_t da = desc_sw128(a + j * a_step, TA != 0);
+    wgmma_m64n128k16<TA, TB>(acc, da, desc_sw128(b + j * b_step, TB != 0));
+    if constexpr (kDual) wgmma_m64n128k16<TA, TB>(acc2, da, desc_sw128(b2 + j * b_step, TB != 0));
+  }
+}
+#endif
+
+// Fast engine: C[128 x 128] = A[128 x K] * B[K x 128] (and C2 = A * B2 when kDual), then
+// epilogue(i, j, c) (or epilogue(i, j, c, c2)) for every tile element i < rows, j < cols, with
+// i and j relative to the tile. TA / TB: A / B MN-major. All threads of the block must call it.
+template <int TA, int TB, bool kDual, class Epilogue>
+__device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const FastOperand& A,
+                          const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {
+#if defined(MOK_WGMMA)
+  FastSmem& smem = *reinterpret_cast<FastSmem*>(smem_raw);
+  float acc[16][4], acc2[16][4];  // acc2 is unused (and eliminated) without kDual
+  zero_accumulators(acc);
+  if constexpr (kDual) zero_accumulators(acc2);
+  __syncthreads();  // the previous tile's readers of the buffers are done
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t chunks = (K + kChunkK - 1) / kChunkK;
+  constexpr uint32_t kBytes = (kDual ? 3 : 2) * kOperandBytes;
+  auto load_chunk = [&](int64_t chunk) {  // one thread
+    const int st = static_cast<int>(chunk % kStages);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.full[st])),
+                 "r"(kBytes)
+                 : "memory");
+    fast_load(smem.stage[st][0], A, chunk * kChunkK, &smem.full[st]);
+    fast_load(smem.stage[st][1], B, chunk * kChunkK, &smem.full[st]);
+    if constexpr (kDual) fast_load(smem.stage[st][2], B2, chunk * kChunkK, &smem.full[st]);
+  };
+  if (threadIdx.x == 0)
+    for (int64_t chunk = 0; chunk < kStages - 1 && chunk < chunks; ++chunk) load_chunk(chunk);
+  // ORDER: dot-chain: chunks in increasing k, and inside a chunk one wgmma per 16 K-elements in
+  // increasing k on the same accumulators (wgmma executes a warpgroup's steps in issue order).
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int st = static_cast<int>(chunk % kStages);
+    mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
+    const int64_t left = K - chunk * kChunkK;
+    if (left < kChunkK) {  // the last, partial chunk: rows past K of MN-major operands must be zero
+      if (TA) zero_k_rows(smem.stage[st][0], static_cast<int>(left));
+      if (TB) {
+        zero_k_rows(smem.stage[st][1], static_cast<int>(left));
+        if constexpr (kDual) zero_k_rows(smem.stage[st][2], static_cast<int>(left));
       }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       __syncthreads();
     }
-    if (threadIdx.x == 0)  // every phase has completed: retire the barriers before the memory is reused
-      for (int st = 0; st < kStages; ++st)
-        asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
-    store_accumulators(acc, M, N, m0, n0, epilogue);
-    return;
+    const int steps = static_cast<int>(left < kChunkK ? (left + kStepK - 1) / kStepK : kChunkK / kStepK);
+    wgmma_fence();
+    fast_chunk<TA, TB, kDual>(acc, acc2, smem.stage[st][0], steps);
+    wgmma_commit();
+    wgmma_wait<1>();  // this warpgroup's previous chunk is done
+    __syncthreads();  // ... and the other's: its stage can be refilled
+    if (threadIdx.x == 0 && chunk + kStages - 1 < chunks) load_chunk(chunk + kStages - 1);
   }
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if constexpr (kDual) fence_accumulators(acc2);
+  __syncthreads();
+  if (threadIdx.x == 0)  // every phase has completed: retire the barriers before the memory is reused
+    for (int st = 0; st < kStages; ++st)
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c + (e & 1);
+      if (i < rows && jj < cols) {
+        if constexpr (kDual)
+          epilogue(i, jj, acc[j][e], acc2[j][e]);
+        else
+          epilogue(i, jj, acc[j][e]);
+      }
+    }
 #else
-  (void)a_map;
-  (void)b_map;
-  (void)a_row0;
-  (void)b_row0;
-  (void)use_tma;
+  (void)smem_raw, (void)K, (void)rows, (void)cols, (void)A, (void)B, (void)B2, (void)epilogue;
 #endif
-  gemm_tile(smem, M, N, K, m0, n0, init, [&](int64_t m, int64_t k) { return a_ptr[m * lda + k]; },
-            [&](int64_t k, int64_t n) { return b_ptr[n * ldb + k]; }, epilogue);
 }
 
 }  // namespace mok::kernel::device

@@ -42,7 +42,7 @@ __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
   const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_local = c.experts_per_rank();
   RankState& S = const_cast<RankState&>(P.state[role.rank]);
   __shared__ int64_t base;
-  __shared__ int warp_counts[kThreads / 32];
+  __shared__ int warp_counts[kWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // Validation (every rank checks every token it reads): ids in [-1, E), distinct in a row.
   for (int64_t e_local = role.block; e_local < E_local; e_local += P.blocks_per_rank) {
@@ -72,7 +72,7 @@ __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
       }
       __syncthreads();
       if (threadIdx.x == 0)
-        for (int w = 0; w < kThreads / 32; ++w) base += warp_counts[w];
+        for (int w = 0; w < kWarps; ++w) base += warp_counts[w];
       __syncthreads();
     }
   }
@@ -101,15 +101,25 @@ __device__ inline void count_rows(const LaunchParams& P, const Role& role) {
         run += static_cast<int64_t>(counts[e - e0]);
         S.expert_offsets[e + 1] = run;
       }
-      // Only invalid routing (duplicate ids) can exceed the workspace; stop before using it.
+      // Invalid routing (duplicate ids) or a workspace sized for other routing can exceed it.
       if (run > P.row_capacity) raise_error(P, 2, role.rank, kFlagBadRouting, P.row_capacity, run, -1);
     }
     __syncthreads();
   }
 }
 
-// Expected arrivals of a pass: this rank's non-empty slots, each pushed exactly once. Block 0
-// of the rank computes it before a rank barrier that precedes every wait on it.
+// Tile widths of the engine in use (the fast engine's tiles are twice as wide).
+__device__ __forceinline__ int64_t tile_n(const LaunchParams& P) { return P.fast ? kTileNFast : kTileNSlow; }
+__device__ __forceinline__ int64_t col_tiles(const LaunchParams& P, int64_t n) {
+  return (n + tile_n(P) - 1) / tile_n(P);
+}
+
+__device__ inline int64_t shared_tiles(const spec::LayerConfig& c) {
+  return c.has_shared() ? (c.tokens_per_rank + kTileM - 1) / kTileM : 0;
+}
+
+// Expected arrivals of a pass: this rank's non-empty slots, each pushed once per column tile of
+// H. Block 0 of the rank computes it before a rank barrier that precedes every wait on it.
 __device__ inline void count_expected_arrivals(const LaunchParams& P, const Role& role) {
   const int64_t n_slots = P.cfg.tokens_per_rank * P.cfg.top_k;
   __shared__ unsigned int total;
@@ -119,23 +129,30 @@ __device__ inline void count_expected_arrivals(const LaunchParams& P, const Role
   for (int64_t i = threadIdx.x; i < n_slots; i += kThreads) mine += P.peers[role.rank].topk[i] >= 0;
   atomicAdd(&total, mine);
   __syncthreads();
-  if (threadIdx.x == 0) P.state[role.rank].counters[4] = total;
+  if (threadIdx.x == 0) P.state[role.rank].counters[4] = total * static_cast<uint32_t>(col_tiles(P, P.cfg.hidden));
 }
 
-// Gathers rows of a token-major bf16 tensor (x or d_output) from their owners into the rank's
-// row-major workspace and raises each row's ready flag to the launch epoch.
-template <class Source>
+// Gathers rows of a token-major bf16 tensor (x, or d_output scaled by the slot's router weight)
+// from their owners into the rank's row-major workspace and raises each row's ready flag to the
+// launch epoch.
+template <bool kScale, class Source>
 __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint16_t* dst, uint32_t* ready,
                                    Source source) {
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, T = c.tokens_per_rank;
+  const int64_t H = c.hidden, T = c.tokens_per_rank, K = c.top_k;
   const int64_t n_rows = S.expert_offsets[c.experts_per_rank()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t p = role.index * (kThreads / 32) + warp; p < n_rows; p += role.count * (kThreads / 32)) {
+  for (int64_t p = role.index * kWarps + warp; p < n_rows; p += role.count * kWarps) {
     const RowRef row = S.rows[p];
-    const uint16_t* src = source(P.peers[row.token_idx / T]) + (row.token_idx % T) * H;
-    for (int64_t h = lane; h < H; h += 32) dst[p * H + h] = src[h];
+    const PeerBuffers& owner = P.peers[row.token_idx / T];
+    const uint16_t* src = source(owner) + (row.token_idx % T) * H;
+    if constexpr (kScale) {
+      const float w = owner.router_weights[(row.token_idx % T) * K + row.slot_idx];
+      for (int64_t h = lane; h < H; h += 32) dst[p * H + h] = spec::scale_grad(w, src[h]);
+    } else {
+      for (int64_t h = lane; h < H; h += 32) dst[p * H + h] = src[h];
+    }
     async_proxy_fence();  // the row is read next by TMA (async proxy)
     __threadfence();
     __syncwarp();
@@ -153,6 +170,20 @@ __device__ inline bool wait_rows(const LaunchParams& P, const Role& role, const 
   return __syncthreads_and(ok ? 1 : 0) != 0;
 }
 
+// A row tile's first GEMM is done when all its column tiles have published.
+__device__ inline bool wait_tile(const LaunchParams& P, const Role& role, const uint32_t* counter, uint32_t target,
+                                 int64_t index) {
+  const bool ok = block_wait(P, counter, target, role.rank, kFlagTileDone, index);
+  async_proxy_fence();  // the tile's intermediates are read next by TMA
+  return ok;
+}
+
+// A tile's intermediates are complete: fence for the async proxy and count the tile.
+__device__ inline void publish_tile(uint32_t* counter) {
+  async_proxy_fence();
+  publish(counter, 1);
+}
+
 // Combine and backward push: row p's value at column `col`, rounded to bf16, goes straight into
 // the token owner's slot buffer (y_slots or dx_slots), where each (token, slot) is written once.
 __device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
@@ -164,7 +195,7 @@ __device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, 
 }
 
 // After a tile's pushes: every thread fences its stores, then each row is counted at its owner
-// (arrivals[which]: 0 forward, 1 backward).
+// (arrivals[which]: 0 forward, 1 backward; once per column tile).
 __device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which) {
   __threadfence();
   __syncthreads();
@@ -173,106 +204,156 @@ __device__ inline void publish_rows(const LaunchParams& P, const RankState& S, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward.
+// Work items. A row tile is up to 128 rows of one local expert (canonical rows p0 .. p0+n-1)
+// or of the rank's own tokens for the shared expert (e = -1, tokens p0 .. p0+n-1). Each pass
+// runs two GEMM phases over column tiles: phase 1 (forward gate/up; backward d_act) and phase 2
+// (forward down; backward d_x), whose row tile waits for all of its phase-1 column tiles. Items
+// go to compute blocks round-robin in list order (phase 1 of every row tile first), so a wait
+// only ever waits for items earlier in every block's list: no deadlock, and who computes never
+// changes how.
+struct RowTile {
+  int64_t e;      // local expert, or -1 for the shared expert
+  int64_t p0, n;  // first row (canonical row or token) and row count
+  int64_t index;  // counter index in tiles_done
+};
 
-__device__ inline bool forward_expert_tile(const LaunchParams& P, const Role& role, TileSmem& smem, int64_t e_local,
-                                           int64_t p0, int64_t n) {
+// Calls f(tile) for every row tile: routed experts in order, then the shared expert's tiles;
+// stops (returning false) when f does.
+template <class F>
+__device__ bool for_each_row_tile(const LaunchParams& P, const RankState& S, F f) {
   const spec::LayerConfig& c = P.cfg;
-  const int64_t H = c.hidden, I = c.intermediate;
-  const RankState& S = P.state[role.rank];
-  const RankTensors& W = P.tensors[role.rank];
-  if (!wait_rows(P, role, S.row_ready, p0, n, kFlagDispatchRow)) return false;
-  const uint16_t* xd = S.xd + p0 * H;
-  const uint16_t* wg = W.w_routed_gate + e_local * I * H;
-  const uint16_t* wu = W.w_routed_up + e_local * I * H;
-  const uint16_t* wd = W.w_routed_down + e_local * H * I;
-  float* gate = S.gate + p0 * I;
-  float* up = S.up + p0 * I;
-  uint16_t* act = S.act + p0 * I;
-  auto zero = [] __device__(int64_t, int64_t) { return 0.0f; };
-  const RankTensorMaps& maps = P.maps[role.rank];
-  const bool tma = P.use_tma != 0;
-  for (int64_t n0 = 0; n0 < I; n0 += kTileN) {
-    // ORDER: dot-chain over H for g and u.
-    gemm_tile_kmajor(smem, n, I, H, 0, n0, zero, maps.xd, p0, xd, H, maps.w_routed_gate, e_local * I, wg, H, tma,
-                     [&](int64_t m, int64_t col, float v) { gate[m * I + col] = v; });
-    gemm_tile_kmajor(smem, n, I, H, 0, n0, zero, maps.xd, p0, xd, H, maps.w_routed_up, e_local * I, wu, H, tma,
-                     [&](int64_t m, int64_t col, float v) { up[m * I + col] = v; });
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n * I; i += kThreads) act[i] = spec::swiglu_act(gate[i], up[i]);
-  async_proxy_fence();  // act is read next by TMA
-  __syncthreads();
-  for (int64_t n0 = 0; n0 < H; n0 += kTileN) {
-    // ORDER: dot-chain over I; the result is pushed into the token owner's slot buffer.
-    gemm_tile_kmajor(smem, n, H, I, 0, n0, zero, maps.act, p0, act, I, maps.w_routed_down, e_local * H, wd, I, tma,
-                     [&](int64_t m, int64_t col, float v) { push_to_owner(P, S, &PeerBuffers::y_slots, p0 + m, col, v); });
-  }
-  publish_rows(P, S, p0, n, 0);
-  return true;
-}
-
-__device__ inline void forward_shared_tile(const LaunchParams& P, const Role& role, TileSmem& smem, int64_t t0,
-                                           int64_t n) {
-  const spec::LayerConfig& c = P.cfg;
-  const int64_t H = c.hidden, Is = c.shared_intermediate;
-  const RankState& S = P.state[role.rank];
-  const RankTensors& W = P.tensors[role.rank];
-  const uint16_t* x = P.peers[role.rank].x + t0 * H;
-  auto zero = [] __device__(int64_t, int64_t) { return 0.0f; };
-  float* sg = S.shared_gate + t0 * Is;
-  float* su = S.shared_up + t0 * Is;
-  uint16_t* sa = S.shared_act + t0 * Is;
-  const RankTensorMaps& maps = P.maps[role.rank];
-  const bool tma = P.use_tma != 0;
-  for (int64_t n0 = 0; n0 < Is; n0 += kTileN) {
-    gemm_tile_kmajor(smem, n, Is, H, 0, n0, zero, maps.x, t0, x, H, maps.w_shared_gate, 0, W.w_shared_gate, H, tma,
-                     [&](int64_t m, int64_t col, float v) { sg[m * Is + col] = v; });
-    gemm_tile_kmajor(smem, n, Is, H, 0, n0, zero, maps.x, t0, x, H, maps.w_shared_up, 0, W.w_shared_up, H, tma,
-                     [&](int64_t m, int64_t col, float v) { su[m * Is + col] = v; });
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n * Is; i += kThreads) sa[i] = spec::swiglu_act(sg[i], su[i]);
-  async_proxy_fence();  // shared_act is read next by TMA
-  __syncthreads();
-  float* so = S.shared_out + t0 * H;
-  for (int64_t n0 = 0; n0 < H; n0 += kTileN)
-    gemm_tile_kmajor(smem, n, H, Is, 0, n0, zero, maps.shared_act, t0, sa, Is, maps.w_shared_down, 0, W.w_shared_down,
-                     Is, tma, [&](int64_t m, int64_t col, float v) { so[m * H + col] = v; });
-  publish(&S.counters[2], 1);
-}
-
-__device__ inline int64_t shared_tiles(const spec::LayerConfig& c) {
-  return c.has_shared() ? (c.tokens_per_rank + kTileM - 1) / kTileM : 0;
-}
-
-// The compute role's work list: every local expert's rows in 64-row tiles, then the shared
-// expert's token tiles; item i goes to compute block i mod count (who computes, never how).
-// Returns false when the pass is aborting.
-template <class ExpertTile, class SharedTile>
-__device__ bool for_each_compute_item(const LaunchParams& P, const Role& role, ExpertTile expert_tile,
-                                      SharedTile shared_tile) {
-  const spec::LayerConfig& c = P.cfg;
-  const RankState& S = P.state[role.rank];
-  const int64_t T = c.tokens_per_rank;
-  int64_t item = 0;
+  int64_t index = 0;
   for (int64_t e = 0; e < c.experts_per_rank(); ++e) {
     const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
-    for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++item)
-      if (item % role.count == role.index && !expert_tile(e, p0, min(static_cast<int64_t>(kTileM), hi - p0)))
-        return false;
+    for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++index)
+      if (!f(RowTile{e, p0, min(static_cast<int64_t>(kTileM), hi - p0), index})) return false;
   }
-  for (int64_t j = 0; j < shared_tiles(c); ++j, ++item)
-    if (item % role.count == role.index) shared_tile(j * kTileM, min(static_cast<int64_t>(kTileM), T - j * kTileM));
+  for (int64_t j = 0; j < shared_tiles(c); ++j, ++index)
+    if (!f(RowTile{-1, j * kTileM, min(static_cast<int64_t>(kTileM), c.tokens_per_rank - j * kTileM), index}))
+      return false;
   return true;
 }
 
-__global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParams* params) {
+// Runs phase 1 then phase 2 items of this block. phase1(tile, n0) / phase2(tile, n0) compute
+// one column tile starting at column n0 and return false when the pass is aborting.
+template <class Phase1, class Phase2>
+__device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_routed, int64_t n1_shared,
+                           Phase1 phase1, Phase2 phase2) {
+  const RankState& S = P.state[role.rank];
+  const int64_t NT = tile_n(P);
+  int64_t item = 0;
+  auto mine = [&] { return (item++ % role.count) == role.index; };
+  if (!for_each_row_tile(P, S, [&](const RowTile& t) {
+        const int64_t width = t.e >= 0 ? n1_routed : n1_shared;
+        for (int64_t n0 = 0; n0 < width; n0 += NT)
+          if (mine() && !phase1(t, n0)) return false;
+        return true;
+      }))
+    return false;
+  return for_each_row_tile(P, S, [&](const RowTile& t) {
+    for (int64_t n0 = 0; n0 < P.cfg.hidden; n0 += NT)
+      if (mine()) {
+        const int64_t width = t.e >= 0 ? n1_routed : n1_shared;
+        if (!wait_tile(P, role, &S.tiles_done[t.index], static_cast<uint32_t>(col_tiles(P, width)), t.index))
+          return false;
+        if (!phase2(t, n0)) return false;
+      }
+    return true;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward.
+
+// gate/up of one column tile: g, u fp32 and act = swiglu(g, u) bf16.
+__device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
+                                      int64_t n0) {
+  const spec::LayerConfig& c = P.cfg;
+  const RankState& S = P.state[role.rank];
+  const RankTensors& W = P.tensors[role.rank];
+  const RankTensorMaps& maps = P.maps[role.rank];
+  const int64_t H = c.hidden, p0 = t.p0, n = t.n;
+  const bool routed = t.e >= 0;
+  if (routed && !wait_rows(P, role, S.row_ready, p0, n, kFlagDispatchRow)) return false;
+  const int64_t N = routed ? c.intermediate : c.shared_intermediate;
+  float* gate = routed ? S.gate : S.shared_gate;
+  float* up = routed ? S.up : S.shared_up;
+  uint16_t* act = routed ? S.act : S.shared_act;
+  const uint16_t* a_src = routed ? S.xd : P.peers[role.rank].x;
+  const uint16_t* wg = routed ? W.w_routed_gate + t.e * N * H : W.w_shared_gate;
+  const uint16_t* wu = routed ? W.w_routed_up + t.e * N * H : W.w_shared_up;
+  // ORDER: dot-chain over H for g and u.
+  if (P.fast) {
+    const TensorMapBytes* am = routed ? &maps.xd : &maps.x;
+    const int64_t wrow = (routed ? t.e * N : 0) + n0;
+    const FastOperand A = kmajor(am, p0);
+    const FastOperand B = kmajor(routed ? &maps.w_routed_gate : &maps.w_shared_gate, wrow);
+    const FastOperand B2 = kmajor(routed ? &maps.w_routed_up : &maps.w_shared_up, wrow);
+    gemm_fast<0, 0, true>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
+                          [&](int64_t i, int64_t j, float g, float u) {
+                            const int64_t idx = (p0 + i) * N + n0 + j;
+                            gate[idx] = g;
+                            up[idx] = u;
+                            act[idx] = spec::swiglu_act(g, u);
+                          });
+  } else {
+    auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
+    gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wg[col * H + k]; },
+              [&](int64_t m, int64_t col, float g) { gate[(p0 + m) * N + col] = g; });
+    // The same thread holds (m, col) in both tiles: it reads back its own gate value.
+    gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wu[col * H + k]; },
+              [&](int64_t m, int64_t col, float u) {
+                const int64_t idx = (p0 + m) * N + col;
+                up[idx] = u;
+                act[idx] = spec::swiglu_act(gate[idx], u);
+              });
+  }
+  publish_tile(&S.tiles_done[t.index]);
+  return true;
+}
+
+// down of one column tile of H: routed rows are pushed into their owners' y slots; the shared
+// expert's rows go to shared_out (fp32).
+__device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
+                                      int64_t n0) {
+  const spec::LayerConfig& c = P.cfg;
+  const RankState& S = P.state[role.rank];
+  const RankTensors& W = P.tensors[role.rank];
+  const RankTensorMaps& maps = P.maps[role.rank];
+  const int64_t H = c.hidden, p0 = t.p0, n = t.n;
+  const bool routed = t.e >= 0;
+  const int64_t Kd = routed ? c.intermediate : c.shared_intermediate;
+  const uint16_t* act = routed ? S.act : S.shared_act;
+  const uint16_t* wd = routed ? W.w_routed_down + t.e * H * Kd : W.w_shared_down;
+  auto out = [&](int64_t m, int64_t col, float v) {
+    if (routed)
+      push_to_owner(P, S, &PeerBuffers::y_slots, p0 + m, col, v);
+    else
+      S.shared_out[(p0 + m) * H + col] = v;
+  };
+  // ORDER: dot-chain over I (Is).
+  if (P.fast) {
+    const FastOperand A = kmajor(routed ? &maps.act : &maps.shared_act, p0);
+    const FastOperand B = kmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, (routed ? t.e * H : 0) + n0);
+    gemm_fast<0, 0, false>(smem, Kd, n, min(static_cast<int64_t>(kTileNFast), H - n0), A, B, B,
+                           [&](int64_t i, int64_t j, float v) { out(i, n0 + j, v); });
+  } else {
+    gemm_slow(smem, n, H, Kd, 0, n0, [&](int64_t m, int64_t k) { return act[(p0 + m) * Kd + k]; },
+              [&](int64_t k, int64_t col) { return wd[col * Kd + k]; }, out);
+  }
+  if (routed)
+    publish_rows(P, S, p0, n, 0);
+  else
+    publish(&S.counters[2], 1);
+  return true;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchParams* params) {
   const LaunchParams& P = *params;
   const Role role = my_role(P);
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
-  TileSmem& smem = *reinterpret_cast<TileSmem*>(dynamic_smem);
+  uint8_t* smem = aligned_smem(dynamic_smem);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;
@@ -286,18 +367,19 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
   if (!rank_barrier(P, role.rank)) return;
 
   if (role.comm) {
-    gather_rows(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
+    gather_rows<false>(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
   } else {
-    if (!for_each_compute_item(
-            P, role,
-            [&](int64_t e, int64_t p0, int64_t n) { return forward_expert_tile(P, role, smem, e, p0, n); },
-            [&](int64_t t0, int64_t n) { forward_shared_tile(P, role, smem, t0, n); }))
+    if (!run_phases(
+            P, role, c.intermediate, c.shared_intermediate,
+            [&](const RowTile& t, int64_t n0) { return forward_phase1(P, role, smem, t, n0); },
+            [&](const RowTile& t, int64_t n0) { return forward_phase2(P, role, smem, t, n0); }))
       return;
   }
   // Every block of the rank combines a share of its tokens once every slot has arrived and the
   // shared expert is done (the element partition changes who computes, never the order).
   if (!block_wait(P, &P.peers[role.rank].arrivals[0], S.counters[4], role.rank, kFlagForwardArrivals, -1)) return;
-  if (!block_wait(P, &S.counters[2], static_cast<uint32_t>(shared_tiles(c)), role.rank, kFlagSharedForward, -1))
+  if (!block_wait(P, &S.counters[2], static_cast<uint32_t>(shared_tiles(c) * col_tiles(P, H)), role.rank,
+                  kFlagSharedForward, -1))
     return;
   const uint16_t* y = P.peers[role.rank].y_slots;
   const int32_t* topk = P.peers[role.rank].topk;
@@ -315,90 +397,111 @@ __global__ void __launch_bounds__(kThreads) moe_forward_kernel(const LaunchParam
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
-__device__ inline bool backward_expert_tile(const LaunchParams& P, const Role& role, TileSmem& smem, int64_t e_local,
-                                            int64_t p0, int64_t n) {
+// d_act of one column tile: da = dy . W_down (routed) or d_output . W_shared_down, then
+// d_gate, d_up (bf16) from the forward's g, u.
+__device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
+                                       int64_t n0) {
   const spec::LayerConfig& c = P.cfg;
-  const int64_t H = c.hidden, I = c.intermediate, K = c.top_k, T = c.tokens_per_rank;
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
-  if (!wait_rows(P, role, S.row_ready_bwd, p0, n, kFlagBackwardDispatchRow)) return false;
-  const uint16_t* wg = W.w_routed_gate + e_local * I * H;
-  const uint16_t* wu = W.w_routed_up + e_local * I * H;
-  const uint16_t* wd = W.w_routed_down + e_local * H * I;
-  uint16_t* dy = S.dy + p0 * H;
-  for (int64_t i = threadIdx.x; i < n * H; i += kThreads) {
-    const RowRef row = S.rows[p0 + i / H];
-    const float w = P.peers[row.token_idx / T].router_weights[(row.token_idx % T) * K + row.slot_idx];
-    dy[i] = spec::scale_grad(w, S.dod[p0 * H + i]);
+  const RankTensorMaps& maps = P.maps[role.rank];
+  const int64_t H = c.hidden, p0 = t.p0, n = t.n;
+  const bool routed = t.e >= 0;
+  if (routed && !wait_rows(P, role, S.row_ready_bwd, p0, n, kFlagBackwardDispatchRow)) return false;
+  const int64_t N = routed ? c.intermediate : c.shared_intermediate;
+  const float* gate = routed ? S.gate : S.shared_gate;
+  const float* up = routed ? S.up : S.shared_up;
+  uint16_t* dg = routed ? S.d_gate : S.shared_d_gate;
+  uint16_t* du = routed ? S.d_up : S.shared_d_up;
+  const uint16_t* a_src = routed ? S.dy : P.peers[role.rank].d_output;
+  const uint16_t* wd = routed ? W.w_routed_down + t.e * H * N : W.w_shared_down;  // [H, N]
+  auto epi = [&](int64_t m, int64_t col, float da) {
+    const int64_t j = (p0 + m) * N + col;
+    dg[j] = spec::swiglu_grad_gate(da, gate[j], up[j]);
+    du[j] = spec::swiglu_grad_up(da, gate[j]);
+  };
+  // ORDER: dot-chain over H.
+  if (P.fast) {
+    const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
+    const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
+    gemm_fast<0, 1, false>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B,
+                           [&](int64_t i, int64_t j, float v) { epi(i, n0 + j, v); });
+  } else {
+    gemm_slow(smem, n, N, H, 0, n0, [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; },
+              [&](int64_t k, int64_t col) { return wd[k * N + col]; }, epi);
   }
-  __syncthreads();
-  const float* gate = S.gate + p0 * I;
-  const float* up = S.up + p0 * I;
-  uint16_t* dg = S.d_gate + p0 * I;
-  uint16_t* du = S.d_up + p0 * I;
-  auto zero = [] __device__(int64_t, int64_t) { return 0.0f; };
-  for (int64_t n0 = 0; n0 < I; n0 += kTileN)  // ORDER: dot-chain over H (da = dy . W_down[e])
-    gemm_tile(smem, n, I, H, 0, n0, zero, [&](int64_t m, int64_t k) { return dy[m * H + k]; },
-              [&](int64_t k, int64_t col) { return wd[k * I + col]; },
-              [&](int64_t m, int64_t col, float da) {
-                const int64_t j = m * I + col;
-                dg[j] = spec::swiglu_grad_gate(da, gate[j], up[j]);
-                du[j] = spec::swiglu_grad_up(da, gate[j]);
-              });
-  __syncthreads();
-  for (int64_t n0 = 0; n0 < H; n0 += kTileN)  // ORDER: dot-chain over 2I, gate half first
-    gemm_tile(smem, n, H, 2 * I, 0, n0, zero,
-              [&](int64_t m, int64_t k) { return k < I ? dg[m * I + k] : du[m * I + (k - I)]; },
-              [&](int64_t k, int64_t col) { return k < I ? wg[k * H + col] : wu[(k - I) * H + col]; },
-              [&](int64_t m, int64_t col, float v) { push_to_owner(P, S, &PeerBuffers::dx_slots, p0 + m, col, v); });
-  publish_rows(P, S, p0, n, 1);
+  publish_tile(&S.tiles_done[t.index]);
   return true;
 }
 
-__device__ inline void backward_shared_tile(const LaunchParams& P, const Role& role, TileSmem& smem, int64_t t0,
-                                            int64_t n) {
+// d_x of one column tile of H: [d_gate | d_up] . [W_gate; W_up] over 2I, gate half first;
+// routed rows are pushed into their owners' dx slots, shared rows go to dx_shared (fp32).
+__device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
+                                       int64_t n0) {
   const spec::LayerConfig& c = P.cfg;
-  const int64_t H = c.hidden, Is = c.shared_intermediate;
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
-  const uint16_t* dout = P.peers[role.rank].d_output + t0 * H;
-  const float* sg = S.shared_gate + t0 * Is;
-  const float* su = S.shared_up + t0 * Is;
-  uint16_t* sdg = S.shared_d_gate + t0 * Is;
-  uint16_t* sdu = S.shared_d_up + t0 * Is;
-  auto zero = [] __device__(int64_t, int64_t) { return 0.0f; };
-  for (int64_t n0 = 0; n0 < Is; n0 += kTileN)
-    gemm_tile(smem, n, Is, H, 0, n0, zero, [&](int64_t m, int64_t k) { return dout[m * H + k]; },
-              [&](int64_t k, int64_t col) { return W.w_shared_down[k * Is + col]; },
-              [&](int64_t m, int64_t col, float da) {
-                const int64_t j = m * Is + col;
-                sdg[j] = spec::swiglu_grad_gate(da, sg[j], su[j]);
-                sdu[j] = spec::swiglu_grad_up(da, sg[j]);
-              });
-  __syncthreads();
-  float* dxs = S.dx_shared + t0 * H;
-  for (int64_t n0 = 0; n0 < H; n0 += kTileN)
-    gemm_tile(smem, n, H, 2 * Is, 0, n0, zero,
-              [&](int64_t m, int64_t k) { return k < Is ? sdg[m * Is + k] : sdu[m * Is + (k - Is)]; },
-              [&](int64_t k, int64_t col) {
-                return k < Is ? W.w_shared_gate[k * H + col] : W.w_shared_up[(k - Is) * H + col];
-              },
-              [&](int64_t m, int64_t col, float v) { dxs[m * H + col] = v; });
-  publish(&S.counters[3], 1);
+  const RankTensorMaps& maps = P.maps[role.rank];
+  const int64_t H = c.hidden, p0 = t.p0, n = t.n;
+  const bool routed = t.e >= 0;
+  const int64_t N1 = routed ? c.intermediate : c.shared_intermediate;
+  const uint16_t* dg = routed ? S.d_gate : S.shared_d_gate;
+  const uint16_t* du = routed ? S.d_up : S.shared_d_up;
+  const uint16_t* wg = routed ? W.w_routed_gate + t.e * N1 * H : W.w_shared_gate;  // [N1, H]
+  const uint16_t* wu = routed ? W.w_routed_up + t.e * N1 * H : W.w_shared_up;
+  auto out = [&](int64_t m, int64_t col, float v) {
+    if (routed)
+      push_to_owner(P, S, &PeerBuffers::dx_slots, p0 + m, col, v);
+    else
+      S.dx_shared[(p0 + m) * H + col] = v;
+  };
+  // ORDER: dot-chain over 2I, gate half first.
+  if (P.fast) {
+    const FastOperand A = routed ? kmajor2(&maps.d_gate, p0, &maps.d_up, p0, N1)
+                                 : kmajor2(&maps.shared_d_gate, p0, &maps.shared_d_up, p0, N1);
+    const int64_t wrow = routed ? t.e * N1 : 0;
+    const FastOperand B = routed ? mnmajor2(&maps.w_routed_gate, wrow, &maps.w_routed_up, wrow, N1, n0)
+                                 : mnmajor2(&maps.w_shared_gate, wrow, &maps.w_shared_up, wrow, N1, n0);
+    gemm_fast<0, 1, false>(smem, 2 * N1, n, min(static_cast<int64_t>(kTileNFast), H - n0), A, B, B,
+                           [&](int64_t i, int64_t j, float v) { out(i, n0 + j, v); });
+  } else {
+    gemm_slow(
+        smem, n, H, 2 * N1, 0, n0,
+        [&](int64_t m, int64_t k) { return k < N1 ? dg[(p0 + m) * N1 + k] : du[(p0 + m) * N1 + (k - N1)]; },
+        [&](int64_t k, int64_t col) { return k < N1 ? wg[k * H + col] : wu[(k - N1) * H + col]; }, out);
+  }
+  if (routed)
+    publish_rows(P, S, p0, n, 1);
+  else
+    publish(&S.counters[3], 1);
+  return true;
 }
 
 // Weight-gradient tile items: routed (per local expert: gate, up [I x H]; down [H x I]) then
 // shared (gate, up [Is x H]; down [H x Is]). ORDER: weight-grad chain over the canonical row
 // list (routed) or the rank's tokens in order (shared), 16 rows per MMA step.
-__device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role, TileSmem& smem) {
+__device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role, uint8_t* smem) {
   const spec::LayerConfig& c = P.cfg;
   const int64_t H = c.hidden, I = c.intermediate, Is = c.shared_intermediate, T = c.tokens_per_rank;
-  const int64_t E_local = c.experts_per_rank();
+  const int64_t E_local = c.experts_per_rank(), NT = tile_n(P);
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
-  auto zero = [] __device__(int64_t, int64_t) { return 0.0f; };
-  auto tiles = [](int64_t M, int64_t N) { return ((M + kTileM - 1) / kTileM) * ((N + kTileN - 1) / kTileN); };
+  const RankTensorMaps& maps = P.maps[role.rank];
   int64_t item = 0;
+  // One [128 x NT] tile of out[M, N] = sum over rows r0 .. r0+nr-1 of a_src[r, m] * b_src[r, n].
+  auto tile = [&](int64_t M, int64_t N, int64_t m0, int64_t n0, int64_t r0, int64_t nr, const uint16_t* a_src,
+                  const uint16_t* b_src, const TensorMapBytes* am, const TensorMapBytes* bm, float* out) {
+    if (P.fast) {
+      gemm_fast<1, 1, false>(smem, nr, min(static_cast<int64_t>(kTileM), M - m0),
+                             min(static_cast<int64_t>(kTileNFast), N - n0), mnmajor(am, r0, m0), mnmajor(bm, r0, n0),
+                             mnmajor(bm, r0, n0),
+                             [&](int64_t i, int64_t j, float v) { out[(m0 + i) * N + n0 + j] = v; });
+    } else {
+      gemm_slow(smem, M, N, nr, m0, n0, [&](int64_t m, int64_t k) { return a_src[(r0 + k) * M + m]; },
+                [&](int64_t k, int64_t col) { return b_src[(r0 + k) * N + col]; },
+                [&](int64_t m, int64_t col, float v) { out[m * N + col] = v; });
+    }
+  };
   for (int64_t e = 0; e < E_local; ++e) {
     const int64_t r0 = S.expert_offsets[e], nr = S.expert_offsets[e + 1] - r0;
     for (int which = 0; which < 3; ++which) {
@@ -406,15 +509,12 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
       const int64_t M = down ? H : I, N = down ? I : H;
       const uint16_t* a_src = which == 0 ? S.d_gate : which == 1 ? S.d_up : S.dy;  // [rows, M]
       const uint16_t* b_src = down ? S.act : S.xd;                                 // [rows, N]
+      const TensorMapBytes* am = which == 0 ? &maps.d_gate : which == 1 ? &maps.d_up : &maps.dy;
+      const TensorMapBytes* bm = down ? &maps.act : &maps.xd;
       float* out = (which == 0 ? W.d_w_routed_gate : which == 1 ? W.d_w_routed_up : W.d_w_routed_down) + e * M * N;
-      const int64_t tn = (N + kTileN - 1) / kTileN;
-      for (int64_t t = 0; t < tiles(M, N); ++t, ++item) {
-        if (item % role.count != role.index) continue;
-        gemm_tile(smem, M, N, nr, (t / tn) * kTileM, (t % tn) * kTileN, zero,
-                  [&](int64_t m, int64_t k) { return a_src[(r0 + k) * M + m]; },
-                  [&](int64_t k, int64_t col) { return b_src[(r0 + k) * N + col]; },
-                  [&](int64_t m, int64_t col, float v) { out[m * N + col] = v; });
-      }
+      for (int64_t m0 = 0; m0 < M; m0 += kTileM)
+        for (int64_t n0 = 0; n0 < N; n0 += NT)
+          if (item++ % role.count == role.index) tile(M, N, m0, n0, r0, nr, a_src, b_src, am, bm, out);
     }
   }
   if (!c.has_shared()) return;
@@ -425,24 +525,21 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
     const int64_t M = down ? H : Is, N = down ? Is : H;
     const uint16_t* a_src = which == 0 ? S.shared_d_gate : which == 1 ? S.shared_d_up : dout;  // [T, M]
     const uint16_t* b_src = down ? S.shared_act : x;                                           // [T, N]
+    const TensorMapBytes* am = which == 0 ? &maps.shared_d_gate : which == 1 ? &maps.shared_d_up : &maps.d_output;
+    const TensorMapBytes* bm = down ? &maps.shared_act : &maps.x;
     float* out = which == 0 ? W.d_w_shared_gate : which == 1 ? W.d_w_shared_up : W.d_w_shared_down;
-    const int64_t tn = (N + kTileN - 1) / kTileN;
-    for (int64_t t = 0; t < tiles(M, N); ++t, ++item) {
-      if (item % role.count != role.index) continue;
-      gemm_tile(smem, M, N, T, (t / tn) * kTileM, (t % tn) * kTileN, zero,
-                [&](int64_t m, int64_t k) { return a_src[k * M + m]; },
-                [&](int64_t k, int64_t col) { return b_src[k * N + col]; },
-                [&](int64_t m, int64_t col, float v) { out[m * N + col] = v; });
-    }
+    for (int64_t m0 = 0; m0 < M; m0 += kTileM)
+      for (int64_t n0 = 0; n0 < N; n0 += NT)
+        if (item++ % role.count == role.index) tile(M, N, m0, n0, 0, T, a_src, b_src, am, bm, out);
   }
 }
 
-__global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchParams* params) {
+__global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchParams* params) {
   const LaunchParams& P = *params;
   const Role role = my_role(P);
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
-  TileSmem& smem = *reinterpret_cast<TileSmem*>(dynamic_smem);
+  uint8_t* smem = aligned_smem(dynamic_smem);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;
@@ -450,19 +547,20 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   // gate/up/act) stay in the workspace from the forward pass of the same inputs.
   if (role.block == 0) count_expected_arrivals(P, role);
   if (role.comm) {
-    gather_rows(P, role, S.dod, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
+    gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   } else {
-    if (!for_each_compute_item(
-            P, role,
-            [&](int64_t e, int64_t p0, int64_t n) { return backward_expert_tile(P, role, smem, e, p0, n); },
-            [&](int64_t t0, int64_t n) { backward_shared_tile(P, role, smem, t0, n); }))
+    if (!run_phases(
+            P, role, c.intermediate, c.shared_intermediate,
+            [&](const RowTile& t, int64_t n0) { return backward_phase1(P, role, smem, t, n0); },
+            [&](const RowTile& t, int64_t n0) { return backward_phase2(P, role, smem, t, n0); }))
       return;
   }
   if (!rank_barrier(P, role.rank)) return;
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then
   // the compute blocks produce the weight gradients.
   if (!block_wait(P, &P.peers[role.rank].arrivals[1], S.counters[4], role.rank, kFlagBackwardArrivals, -1)) return;
-  if (!block_wait(P, &S.counters[3], static_cast<uint32_t>(shared_tiles(c)), role.rank, kFlagSharedBackward, -1))
+  if (!block_wait(P, &S.counters[3], static_cast<uint32_t>(shared_tiles(c) * col_tiles(P, H)), role.rank,
+                  kFlagSharedBackward, -1))
     return;
   const uint16_t* dx = P.peers[role.rank].dx_slots;
   const uint16_t* y = P.peers[role.rank].y_slots;
@@ -478,7 +576,7 @@ __global__ void __launch_bounds__(kThreads) moe_backward_kernel(const LaunchPara
   }
   // ORDER: router-grad-lanes: one warp per slot, lane j sums h = j mod 32, xor butterfly.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t s = role.block * (kThreads / 32) + warp; s < T * K; s += P.blocks_per_rank * (kThreads / 32)) {
+  for (int64_t s = role.block * kWarps + warp; s < T * K; s += P.blocks_per_rank * kWarps) {
     if (topk[s] < 0) {
       if (lane == 0) R.d_router_weights[s] = 0.0f;
       continue;

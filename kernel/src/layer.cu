@@ -42,18 +42,18 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A 2D bf16 [rows, cols] row-major tensor as a TMA map with 8 x 64 boxes (16 bytes of K x 64 rows).
+// A 2D bf16 [rows, cols] row-major tensor as a TMA map with 64 x 64 boxes and 128-byte swizzle.
 bool encode_map(TensorMapBytes* out, const void* base, int64_t rows, int64_t cols) {
   static_assert(sizeof(TensorMapBytes) == sizeof(CUtensorMap), "opaque tensor map must match CUtensorMap");
   auto encode = tensor_map_encoder();
   if (!encode || !base || rows <= 0 || cols <= 0) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {8, 64};
+  const cuuint32_t box[2] = {64, 64};
   const cuuint32_t elem[2] = {1, 1};
   return encode(reinterpret_cast<CUtensorMap*>(out), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base),
-                dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -99,7 +99,11 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   MOK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   hopper_ = major == 9;
   if (!coop) throw Error("kernel: this GPU does not support cooperative launches", ErrorKind::kUnsupported);
-  smem_bytes_ = device::smem_bytes_for(major);
+  // The fast engine: sm_90a, the driver's tensor-map encoder, and every GEMM dimension a whole
+  // number of 64-wide TMA boxes (K chunks never straddle a tensor or expert boundary).
+  fast_ = hopper_ && !options.disable_tma && tensor_map_encoder() != nullptr && cfg.hidden % 64 == 0 &&
+          cfg.intermediate % 64 == 0 && cfg.shared_intermediate % 64 == 0;
+  smem_bytes_ = device::smem_bytes_for(major, fast_);
   for (const void* k : {reinterpret_cast<const void*>(device::moe_forward_kernel),
                         reinterpret_cast<const void*>(device::moe_backward_kernel)})
     MOK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes_)));
@@ -109,7 +113,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
                                                          smem_bytes_));
   const int resident = sms * std::min(per_sm_fwd, per_sm_bwd);
   const int L = local_ranks;
-  blocks_per_rank_ = options.blocks_per_rank > 0 ? options.blocks_per_rank : std::min(resident / L, 64);
+  blocks_per_rank_ = options.blocks_per_rank > 0 ? options.blocks_per_rank : resident / L;
   if (blocks_per_rank_ * L > resident)
     throw Error("kernel: " + std::to_string(blocks_per_rank_) + " blocks per rank x " + std::to_string(L) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
@@ -124,7 +128,10 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
 
   const int64_t T = cfg.tokens_per_rank, H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
                 K = cfg.top_k, G = cfg.num_tokens(), El = cfg.experts_per_rank();
-  const int64_t cap = G * std::min<int64_t>(K, El);  // rows a rank can receive, worst case
+  const int64_t worst = G * std::min<int64_t>(K, El);  // rows a rank can receive, worst case
+  if (options.row_capacity < 0) throw Error("kernel: row_capacity must be >= 0 (0: the worst case G * min(K, E/R))");
+  const int64_t cap = options.row_capacity > 0 ? std::min(options.row_capacity, worst) : worst;
+  const int64_t tile_counters = cap / device::kTileM + El + T / device::kTileM + 2;
   LaunchParams& P = host_;
   P.cfg = cfg;
   P.num_ranks = static_cast<int32_t>(cfg.num_ranks);
@@ -134,7 +141,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   P.silent_rank = options.silent_rank;
   P.row_capacity = cap;
   P.timeout_ns = static_cast<uint64_t>(options.wait_timeout_s * 1e9);
-  control_words_ = int64_t{L} * 8 + 1;
+  control_words_ = int64_t{L} * 8 + 1 + int64_t{L} * tile_counters;
   control_ = device_alloc<uint32_t>(owned_, control_words_);
   error_ = device_alloc<ErrorRecord>(owned_, 1);
   device_params_ = device_alloc<LaunchParams>(owned_, 1);
@@ -149,8 +156,8 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     MOK_CUDA(cudaMemset(s.row_ready, 0, cap * sizeof(uint32_t)));
     MOK_CUDA(cudaMemset(s.row_ready_bwd, 0, cap * sizeof(uint32_t)));
     s.counters = control_ + int64_t{r - first_rank} * 8;
+    s.tiles_done = control_ + int64_t{L} * 8 + 1 + int64_t{r - first_rank} * tile_counters;
     s.xd = device_alloc<uint16_t>(owned_, cap * H);
-    s.dod = device_alloc<uint16_t>(owned_, cap * H);
     s.gate = device_alloc<float>(owned_, cap * I);
     s.up = device_alloc<float>(owned_, cap * I);
     s.act = device_alloc<uint16_t>(owned_, cap * I);
@@ -201,22 +208,28 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   const int64_t T = c.tokens_per_rank, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate,
                 El = c.experts_per_rank();
   host_.epoch = ++epoch_;
-  // TMA maps of every K-major operand (sm_90a); any failure falls back to thread-filled tiles.
-  bool maps_ok = hopper_ && tensor_map_encoder() != nullptr;
-  for (int r = first_rank_; r < first_rank_ + local_ranks_ && maps_ok; ++r) {
+  // TMA maps of every operand of the fast engine.
+  for (int r = first_rank_; r < first_rank_ + local_ranks_ && fast_; ++r) {
     RankTensorMaps& m = host_.maps[r];
     const RankState& s = host_.state[r];
     const RankTensors& t = host_.tensors[r];
     const int64_t cap = host_.row_capacity;
-    maps_ok = encode_map(&m.xd, s.xd, cap, H) && encode_map(&m.act, s.act, cap, I) && encode_map(&m.dy, s.dy, cap, H) &&
+    bool ok = encode_map(&m.xd, s.xd, cap, H) && encode_map(&m.act, s.act, cap, I) && encode_map(&m.dy, s.dy, cap, H) &&
+              encode_map(&m.d_gate, s.d_gate, cap, I) && encode_map(&m.d_up, s.d_up, cap, I) &&
               encode_map(&m.w_routed_gate, t.w_routed_gate, El * I, H) &&
               encode_map(&m.w_routed_up, t.w_routed_up, El * I, H) &&
               encode_map(&m.w_routed_down, t.w_routed_down, El * H, I) && encode_map(&m.x, host_.peers[r].x, T, H);
-    if (maps_ok && Is > 0)
-      maps_ok = encode_map(&m.shared_act, s.shared_act, T, Is) && encode_map(&m.w_shared_gate, t.w_shared_gate, Is, H) &&
-                encode_map(&m.w_shared_up, t.w_shared_up, Is, H) && encode_map(&m.w_shared_down, t.w_shared_down, H, Is);
+    if (ok && host_.peers[r].d_output) ok = encode_map(&m.d_output, host_.peers[r].d_output, T, H);
+    if (ok && Is > 0)
+      ok = encode_map(&m.shared_act, s.shared_act, T, Is) && encode_map(&m.shared_d_gate, s.shared_d_gate, T, Is) &&
+           encode_map(&m.shared_d_up, s.shared_d_up, T, Is) && encode_map(&m.w_shared_gate, t.w_shared_gate, Is, H) &&
+           encode_map(&m.w_shared_up, t.w_shared_up, Is, H) && encode_map(&m.w_shared_down, t.w_shared_down, H, Is);
+    if (!ok)
+      throw Error("kernel: the driver refused a TMA tensor map for rank " + std::to_string(r) +
+                      " (are the device pointers 16-byte aligned?); KernelOptions::disable_tma runs without them",
+                  ErrorKind::kInternal);
   }
-  host_.use_tma = maps_ok && !options_.disable_tma ? 1 : 0;
+  host_.fast = fast_ ? 1 : 0;
   MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));
@@ -236,7 +249,8 @@ void LayerCore::check_errors(cudaStream_t stream) {
     const int64_t K = host_.cfg.top_k;
     if (e.index < 0)
       s << "kernel: rank " << e.rank << " received " << e.observed << " rows, more than its workspace's "
-        << e.expected << ": topk_experts repeats an expert within a row; ids must be distinct in a row";
+        << e.expected << ": either topk_experts repeats an expert within a row (ids must be distinct in a row) "
+        << "or KernelOptions::row_capacity is below the routing's rows per rank (0 sizes for the worst case)";
     else
       s << "kernel: rank " << e.rank << " found invalid routing at token " << e.index / K << " slot " << e.index % K
         << " (expert id " << static_cast<int64_t>(static_cast<int32_t>(e.observed)) << ", E="
@@ -320,6 +334,14 @@ bool Layer::uses_tma() const { return impl_->core.uses_tma(); }
 const uint16_t* Layer::y_slots() const { return impl_->y_slots; }
 const uint16_t* Layer::dx_slots() const { return impl_->dx_slots; }
 
+int64_t rows_per_rank(const spec::LayerConfig& cfg, const int32_t* topk_experts) {
+  const int64_t El = cfg.experts_per_rank(), GK = cfg.num_tokens() * cfg.top_k;
+  std::vector<int64_t> rows(static_cast<size_t>(cfg.num_ranks), 0);
+  for (int64_t i = 0; i < GK; ++i)
+    if (topk_experts[i] >= 0 && topk_experts[i] < cfg.num_experts) ++rows[static_cast<size_t>(topk_experts[i] / El)];
+  return rows.empty() ? 0 : *std::max_element(rows.begin(), rows.end());
+}
+
 bool gpu_available(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
@@ -371,7 +393,11 @@ ref::TensorMap run_layer(const spec::LayerConfig& cfg, const ref::TensorMap& inp
   std::map<std::string, void*> dev;
   for (const char* p : detail::result_paths(cfg, backward)) dev[p] = make(p);
   const DeviceOutputs out = detail::outputs_from(dev);
-  Layer layer(cfg, options);
+  KernelOptions sized = options;
+  if (sized.row_capacity == 0)  // exactly what this routing needs (at least one row)
+    sized.row_capacity = std::max<int64_t>(
+        1, rows_per_rank(cfg, reinterpret_cast<const int32_t*>(inputs.at("inputs/topk_experts").raw())));
+  Layer layer(cfg, sized);
   layer.forward(in, out);
   layer.check_errors();
   if (backward) {

@@ -56,14 +56,14 @@ class LayerCore {
   const spec::LayerConfig& cfg() const { return host_.cfg; }
   const KernelOptions& options() const { return options_; }
   int blocks_per_rank() const { return blocks_per_rank_; }
-  bool uses_tma() const { return host_.use_tma != 0; }
+  bool uses_tma() const { return fast_; }
   PeerBuffers& peer(int r) { return host_.peers[r]; }
   std::vector<void*>& owned() { return owned_; }
 
  private:
   KernelOptions options_;
   int first_rank_ = 0, local_ranks_ = 0, blocks_per_rank_ = 0;
-  bool hopper_ = false;
+  bool hopper_ = false, fast_ = false;
   size_t smem_bytes_ = 0;
   uint32_t epoch_ = 0;
   std::vector<void*> owned_;

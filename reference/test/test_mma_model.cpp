@@ -151,6 +151,31 @@ RC_GTEST_PROP(MmaModel, MatchesRationalEvaluationOfTheDefinition, ()) {
   RC_ASSERT(f32_bits(got) == f32_bits(want));
 }
 
+// The kernel's fast engine may add steps past K whose products are all zero (+0 or -0
+// operands): such a step must return every accumulator a chain can hold unchanged (+0, any
+// finite value including subnormals, Inf, the canonical NaN; -0 is never a step's result).
+RC_GTEST_PROP(MmaModel, AllZeroStepLeavesReachableAccumulatorsUnchanged, ()) {
+  const uint32_t bits = *rc::gen::arbitrary<uint32_t>();
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  const float acc = nan ? f32_from_bits(kMmaNanBits) : f32_from_bits(bits == 0x80000000u ? 0u : bits);
+  const int n = *rc::gen::inRange(1, 17);
+  std::vector<uint16_t> a(n), b(n);
+  for (int i = 0; i < n; ++i) {
+    a[i] = *rc::gen::element<uint16_t>(0x0000, 0x8000);
+    b[i] = *rc::gen::arbitrary<uint16_t>();
+    if ((b[i] & 0x7FFF) >= 0x7F80) b[i] = 0x3F80;  // zero times Inf or NaN is not a zero product
+  }
+  RC_ASSERT(f32_bits(step(acc, a, b)) == f32_bits(acc));
+}
+
+TEST(MmaModel, AllZeroStepKeepsEdgeAccumulators) {
+  const std::vector<uint16_t> z(16, 0), one(16, 0x3F80);
+  for (uint32_t bits : {0u, 1u, 0x80000001u, 0x007FFFFFu, 0x00800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x7F800000u,
+                        0xFF800000u, 0x3F800001u, 0xB3800000u})
+    EXPECT_EQ(f32_bits(step(f32_from_bits(bits), z, one)), bits) << std::hex << bits;
+  EXPECT_EQ(f32_bits(step(f32_from_bits(kMmaNanBits), z, one)), kMmaNanBits);
+}
+
 TEST(MmaModel, ChainIsStepsOf16InIncreasingOrder) {
   // dot_chain_bf16 over 40 elements = three steps (16, 16, 8) continuing one accumulator.
   std::vector<uint16_t> a(40), b(40);

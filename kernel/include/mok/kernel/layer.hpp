@@ -17,7 +17,13 @@ struct KernelOptions {
   double wait_timeout_s = 10.0;  // bound on every wait for a flag; a timeout ends the pass with a diagnostic
   int silent_rank = -1;          // testing only: this rank never runs (its peers must time out)
   bool disable_tma = false;      // sm_90a: fill every tile with threads instead of TMA (same bits)
+  int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
+                                 // rows_per_rank() gives the exact need of a routing
 };
+
+// The most routed rows any rank receives under this routing (topk_experts [G, K] on the host):
+// the smallest KernelOptions::row_capacity that runs it.
+int64_t rows_per_rank(const spec::LayerConfig& cfg, const int32_t* topk_experts);
 
 // Global arrays on the device, in global token order (rank r's tokens are rows r*T .. r*T+T-1,
 // its experts are experts r*E/R .. (r+1)*E/R-1). Shapes as in the golden schema.
@@ -68,7 +74,7 @@ class Layer {
 
   int blocks_per_rank() const;
   int comm_blocks_per_rank() const;
-  bool uses_tma() const;  // true after a launch on sm_90a whose tensor maps could be encoded
+  bool uses_tma() const;  // true when the fast engine runs (sm_90a, TMA, H, I, Is multiples of 64)
   // Device pointers of the slot buffers [G, K, H] (intermediates y and dx_slot, for checking).
   const uint16_t* y_slots() const;
   const uint16_t* dx_slots() const;

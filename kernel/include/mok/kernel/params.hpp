@@ -34,6 +34,7 @@ enum FlagId : int32_t {
   kFlagBackwardArrivals = 6,
   kFlagSharedBackward = 7,
   kFlagBadRouting = 8,
+  kFlagTileDone = 9,
 };
 
 // First error of a launch: which rank waited for which flag, for what value, and what it saw.
@@ -53,19 +54,22 @@ struct alignas(64) TensorMapBytes {
   uint64_t bytes[16];
 };
 
-// Tensor maps of the K-major operands, all 2D bf16 [rows, cols] with 8 x 64 boxes (16 bytes
-// of K by 64 rows): A operands (rows = tokens or routed rows) and weight matrices viewed as
-// [out-features of every local expert, in-features].
+// Tensor maps of every operand the fast engine loads, all 2D bf16 [rows, cols] row-major with
+// 64 x 64 boxes and 128-byte swizzle; the same map serves K-major and MN-major (transposed) use.
 struct RankTensorMaps {
   TensorMapBytes xd;             // [capacity, H] gathered x rows
   TensorMapBytes act;            // [capacity, I]
   TensorMapBytes dy;             // [capacity, H]
+  TensorMapBytes d_gate;         // [capacity, I]
+  TensorMapBytes d_up;           // [capacity, I]
   TensorMapBytes w_routed_gate;  // [E_local * I, H]
   TensorMapBytes w_routed_up;    // [E_local * I, H]
   TensorMapBytes w_routed_down;  // [E_local * H, I]
   TensorMapBytes x;              // [T, H] this rank's tokens
   TensorMapBytes d_output;       // [T, H]
   TensorMapBytes shared_act;     // [T, Is]
+  TensorMapBytes shared_d_gate;  // [T, Is]
+  TensorMapBytes shared_d_up;    // [T, Is]
   TensorMapBytes w_shared_gate;  // [Is, H]
   TensorMapBytes w_shared_up;    // [Is, H]
   TensorMapBytes w_shared_down;  // [H, Is]
@@ -78,12 +82,13 @@ struct RankState {
   uint32_t* row_ready;        // [capacity]: dispatch epoch of each gathered x row
   uint32_t* row_ready_bwd;    // [capacity]: same for d_output rows
   uint32_t* counters;         // [8]: barrier count, barrier generation, shared done (fwd, bwd), expected arrivals
+  uint32_t* tiles_done;       // [row tiles + shared tiles]: column tiles of a row tile's first GEMM finished
+                              // (zeroed before every pass; the second GEMM of the row tile waits on it)
   uint16_t* xd;               // [capacity, H] gathered x rows
-  uint16_t* dod;              // [capacity, H] gathered d_output rows
   float* gate;                // [capacity, I]
   float* up;                  // [capacity, I]
   uint16_t* act;              // [capacity, I]
-  uint16_t* dy;               // [capacity, H]
+  uint16_t* dy;               // [capacity, H] gathered d_output rows scaled by their router weight
   uint16_t* d_gate;           // [capacity, I]
   uint16_t* d_up;             // [capacity, I]
   float* shared_gate;         // [T, Is]
@@ -129,7 +134,7 @@ struct LaunchParams {
   RankState state[kMaxRanks];
   RankTensors tensors[kMaxRanks];
   RankTensorMaps maps[kMaxRanks];
-  int32_t use_tma;                // 1 when the maps are valid (sm_90a code uses them)
+  int32_t fast;                   // 1: the fast engine (sm_90a, TMA maps valid, H, I, Is multiples of 64)
   ErrorRecord* error;
   uint32_t* abort;
 };
@@ -144,6 +149,7 @@ inline const char* flag_name(int32_t flag) {
     case kFlagBackwardArrivals: return "backward arrivals (dx rows pushed into this rank's slots)";
     case kFlagSharedBackward: return "shared expert backward done";
     case kFlagBadRouting: return "routing validation";
+    case kFlagTileDone: return "row tile's first GEMM done (all its column tiles)";
     default: return "unknown flag";
   }
 }

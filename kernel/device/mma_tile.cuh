@@ -326,8 +326,9 @@ __device__ __forceinline__ void fast_chunk(float (&acc)[16][4], float (&acc2)[16
 #endif
 
 // Fast engine: C[128 x 128] = A[128 x K] * B[K x 128] (and C2 = A * B2 when kDual), then
-// epilogue(i, j, c) (or epilogue(i, j, c, c2)) for every tile element i < rows, j < cols, with
-// i and j relative to the tile. TA / TB: A / B MN-major. All threads of the block must call it.
+// epilogue(i, j, c[i][j], c[i][j+1]) (or with c2's pair appended) for every even j < cols and
+// i < rows, relative to the tile (cols must be even). TA / TB: A / B MN-major. All threads of
+// the block must call it.
 template <int TA, int TB, bool kDual, class Epilogue>
 __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const FastOperand& A,
                           const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {
@@ -391,12 +392,13 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c + (e & 1);
+      if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row
+      const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
       if (i < rows && jj < cols) {
         if constexpr (kDual)
-          epilogue(i, jj, acc[j][e], acc2[j][e]);
+          epilogue(i, jj, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
         else
-          epilogue(i, jj, acc[j][e]);
+          epilogue(i, jj, acc[j][e], acc[j][e + 1]);
       }
     }
 #else

@@ -134,7 +134,8 @@ __device__ inline void count_expected_arrivals(const LaunchParams& P, const Role
 
 // Gathers rows of a token-major bf16 tensor (x, or d_output scaled by the slot's router weight)
 // from their owners into the rank's row-major workspace and raises each row's ready flag to the
-// launch epoch.
+// launch epoch. One warp per row; with H a multiple of 8 every lane moves 16 bytes per access,
+// four accesses in flight (a row of 7168 is 28 loads per lane).
 template <bool kScale, class Source>
 __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint16_t* dst, uint32_t* ready,
                                    Source source) {
@@ -143,15 +144,38 @@ __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint
   const int64_t H = c.hidden, T = c.tokens_per_rank, K = c.top_k;
   const int64_t n_rows = S.expert_offsets[c.experts_per_rank()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool vec = H % 8 == 0;
   for (int64_t p = role.index * kWarps + warp; p < n_rows; p += role.count * kWarps) {
     const RowRef row = S.rows[p];
     const PeerBuffers& owner = P.peers[row.token_idx / T];
-    const uint16_t* src = source(owner) + (row.token_idx % T) * H;
-    if constexpr (kScale) {
-      const float w = owner.router_weights[(row.token_idx % T) * K + row.slot_idx];
-      for (int64_t h = lane; h < H; h += 32) dst[p * H + h] = spec::scale_grad(w, src[h]);
+    const uint16_t* __restrict__ src = source(owner) + (row.token_idx % T) * H;
+    uint16_t* __restrict__ out = dst + p * H;
+    const float w = kScale ? owner.router_weights[(row.token_idx % T) * K + row.slot_idx] : 0.0f;
+    auto convert = [&](uint4 v) {
+      if constexpr (kScale) {
+        uint32_t* u = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          u[q] = pack2(spec::scale_grad(w, static_cast<uint16_t>(u[q] & 0xFFFF)),
+                       spec::scale_grad(w, static_cast<uint16_t>(u[q] >> 16)));
+      }
+      return v;
+    };
+    if (vec) {
+      const uint4* __restrict__ s4 = reinterpret_cast<const uint4*>(src);
+      uint4* __restrict__ d4 = reinterpret_cast<uint4*>(out);
+      const int64_t n4 = H / 8;
+      int64_t i = lane;
+      for (; i + 96 < n4; i += 128) {
+        const uint4 v0 = s4[i], v1 = s4[i + 32], v2 = s4[i + 64], v3 = s4[i + 96];
+        d4[i] = convert(v0);
+        d4[i + 32] = convert(v1);
+        d4[i + 64] = convert(v2);
+        d4[i + 96] = convert(v3);
+      }
+      for (; i < n4; i += 32) d4[i] = convert(s4[i]);
     } else {
-      for (int64_t h = lane; h < H; h += 32) dst[p * H + h] = src[h];
+      for (int64_t h = lane; h < H; h += 32) out[h] = kScale ? spec::scale_grad(w, src[h]) : src[h];
     }
     async_proxy_fence();  // the row is read next by TMA (async proxy)
     __threadfence();
@@ -192,6 +216,16 @@ __device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, 
   const RowRef row = S.rows[p];
   uint16_t* dst = P.peers[row.token_idx / c.tokens_per_rank].*slots;
   dst[((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden + col] = spec::bf16_from_f32_rne(v);
+}
+
+// Two adjacent columns (col even) of row p in one 4-byte store.
+__device__ inline void push_pair(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots, int64_t p,
+                                 int64_t col, float v0, float v1) {
+  const spec::LayerConfig& c = P.cfg;
+  const RowRef row = S.rows[p];
+  uint16_t* dst = P.peers[row.token_idx / c.tokens_per_rank].*slots;
+  *reinterpret_cast<uint32_t*>(dst + ((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden + col) =
+      pack2(spec::bf16_from_f32_rne(v0), spec::bf16_from_f32_rne(v1));
 }
 
 // After a tile's pushes: every thread fences its stores, then each row is counted at its owner
@@ -262,6 +296,45 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_r
   });
 }
 
+// The rank's per-token reductions over its slots (forward combine, backward d_x): out[t, h] =
+// rn(step(... step(init(t*H + h), slot k0) ..., slot k_last)) over the non-empty slots in
+// increasing k. Every block of the rank takes a share; each thread V adjacent columns, read
+// from the slot buffer 16 bytes at a time when V = 8.
+template <int V, class Init, class Step>
+__device__ inline void combine_columns(const LaunchParams& P, const Role& role, const uint16_t* slots,
+                                       const int32_t* topk, Init init, Step step, uint16_t* out) {
+  const int64_t H = P.cfg.hidden, K = P.cfg.top_k, T = P.cfg.tokens_per_rank;
+  for (int64_t i = (role.block * kThreads + threadIdx.x) * int64_t{V}; i < T * H;
+       i += int64_t{P.blocks_per_rank} * kThreads * V) {
+    const int64_t t = i / H, h = i % H;
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = init(i + v);
+    for (int64_t k = 0; k < K; ++k) {  // ORDER: slots in increasing k
+      if (topk[t * K + k] < 0) continue;
+      const uint16_t* src = &slots[(t * K + k) * H + h];
+      if constexpr (V == 8) {
+        const uint4 q = __ldcg(reinterpret_cast<const uint4*>(src));
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int v = 0; v < 8; ++v)
+          acc[v] = step(acc[v], t, k, static_cast<uint16_t>(v & 1 ? u[v / 2] >> 16 : u[v / 2] & 0xFFFF));
+      } else {
+        acc[0] = step(acc[0], t, k, __ldcg(src));
+      }
+    }
+    if constexpr (V == 8) {
+      uint32_t u[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        u[q] = pack2(spec::bf16_from_f32_rne(acc[2 * q]), spec::bf16_from_f32_rne(acc[2 * q + 1]));
+      *reinterpret_cast<uint4*>(out + i) = make_uint4(u[0], u[1], u[2], u[3]);
+    } else {
+      out[i] = spec::bf16_from_f32_rne(acc[0]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward.
 
@@ -290,11 +363,12 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
     const FastOperand B = kmajor(routed ? &maps.w_routed_gate : &maps.w_shared_gate, wrow);
     const FastOperand B2 = kmajor(routed ? &maps.w_routed_up : &maps.w_shared_up, wrow);
     gemm_fast<0, 0, true>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
-                          [&](int64_t i, int64_t j, float g, float u) {
+                          [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
                             const int64_t idx = (p0 + i) * N + n0 + j;
-                            gate[idx] = g;
-                            up[idx] = u;
-                            act[idx] = spec::swiglu_act(g, u);
+                            *reinterpret_cast<float2*>(gate + idx) = make_float2(g0, g1);
+                            *reinterpret_cast<float2*>(up + idx) = make_float2(u0, u1);
+                            *reinterpret_cast<uint32_t*>(act + idx) =
+                                pack2(spec::swiglu_act(g0, u0), spec::swiglu_act(g1, u1));
                           });
   } else {
     auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
@@ -336,7 +410,12 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
     const FastOperand A = kmajor(routed ? &maps.act : &maps.shared_act, p0);
     const FastOperand B = kmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, (routed ? t.e * H : 0) + n0);
     gemm_fast<0, 0, false>(smem, Kd, n, min(static_cast<int64_t>(kTileNFast), H - n0), A, B, B,
-                           [&](int64_t i, int64_t j, float v) { out(i, n0 + j, v); });
+                           [&](int64_t i, int64_t j, float v0, float v1) {
+                             if (routed)
+                               push_pair(P, S, &PeerBuffers::y_slots, p0 + i, n0 + j, v0, v1);
+                             else
+                               *reinterpret_cast<float2*>(S.shared_out + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
+                           });
   } else {
     gemm_slow(smem, n, H, Kd, 0, n0, [&](int64_t m, int64_t k) { return act[(p0 + m) * Kd + k]; },
               [&](int64_t k, int64_t col) { return wd[col * Kd + k]; }, out);
@@ -356,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   uint8_t* smem = aligned_smem(dynamic_smem);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;
+  const int64_t H = c.hidden, K = c.top_k;
 
   if (role.block == 0) {
     count_rows(P, role);
@@ -385,13 +464,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   const int32_t* topk = P.peers[role.rank].topk;
   const float* w = P.peers[role.rank].router_weights;
   uint16_t* out = P.tensors[role.rank].output;
-  for (int64_t i = role.block * kThreads + threadIdx.x; i < T * H; i += P.blocks_per_rank * kThreads) {
-    const int64_t t = i / H, h = i % H;
-    float acc = c.has_shared() ? __ldcg(&S.shared_out[i]) : 0.0f;
-    for (int64_t k = 0; k < K; ++k)  // ORDER: combine-slots
-      if (topk[t * K + k] >= 0) acc = spec::combine_step(acc, w[t * K + k], __ldcg(&y[(t * K + k) * H + h]));
-    out[i] = spec::bf16_from_f32_rne(acc);
-  }
+  // ORDER: combine-slots (per element; V adjacent columns per thread).
+  auto init = [&](int64_t i) { return c.has_shared() ? __ldcg(&S.shared_out[i]) : 0.0f; };
+  auto step = [&](float acc, int64_t t, int64_t k, uint16_t y_bits) { return spec::combine_step(acc, w[t * K + k], y_bits); };
+  if (H % 8 == 0)
+    combine_columns<8>(P, role, y, topk, init, step, out);
+  else
+    combine_columns<1>(P, role, y, topk, init, step, out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -425,7 +504,15 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
     const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
     gemm_fast<0, 1, false>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B,
-                           [&](int64_t i, int64_t j, float v) { epi(i, n0 + j, v); });
+                           [&](int64_t i, int64_t j, float da0, float da1) {
+                             const int64_t idx = (p0 + i) * N + n0 + j;
+                             const float2 g = *reinterpret_cast<const float2*>(gate + idx);
+                             const float2 u = *reinterpret_cast<const float2*>(up + idx);
+                             *reinterpret_cast<uint32_t*>(dg + idx) =
+                                 pack2(spec::swiglu_grad_gate(da0, g.x, u.x), spec::swiglu_grad_gate(da1, g.y, u.y));
+                             *reinterpret_cast<uint32_t*>(du + idx) =
+                                 pack2(spec::swiglu_grad_up(da0, g.x), spec::swiglu_grad_up(da1, g.y));
+                           });
   } else {
     gemm_slow(smem, n, N, H, 0, n0, [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; },
               [&](int64_t k, int64_t col) { return wd[k * N + col]; }, epi);
@@ -463,7 +550,12 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
     const FastOperand B = routed ? mnmajor2(&maps.w_routed_gate, wrow, &maps.w_routed_up, wrow, N1, n0)
                                  : mnmajor2(&maps.w_shared_gate, wrow, &maps.w_shared_up, wrow, N1, n0);
     gemm_fast<0, 1, false>(smem, 2 * N1, n, min(static_cast<int64_t>(kTileNFast), H - n0), A, B, B,
-                           [&](int64_t i, int64_t j, float v) { out(i, n0 + j, v); });
+                           [&](int64_t i, int64_t j, float v0, float v1) {
+                             if (routed)
+                               push_pair(P, S, &PeerBuffers::dx_slots, p0 + i, n0 + j, v0, v1);
+                             else
+                               *reinterpret_cast<float2*>(S.dx_shared + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
+                           });
   } else {
     gemm_slow(
         smem, n, H, 2 * N1, 0, n0,
@@ -495,7 +587,9 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
       gemm_fast<1, 1, false>(smem, nr, min(static_cast<int64_t>(kTileM), M - m0),
                              min(static_cast<int64_t>(kTileNFast), N - n0), mnmajor(am, r0, m0), mnmajor(bm, r0, n0),
                              mnmajor(bm, r0, n0),
-                             [&](int64_t i, int64_t j, float v) { out[(m0 + i) * N + n0 + j] = v; });
+                             [&](int64_t i, int64_t j, float v0, float v1) {
+                               *reinterpret_cast<float2*>(out + (m0 + i) * N + n0 + j) = make_float2(v0, v1);
+                             });
     } else {
       gemm_slow(smem, M, N, nr, m0, n0, [&](int64_t m, int64_t k) { return a_src[(r0 + k) * M + m]; },
                 [&](int64_t k, int64_t col) { return b_src[(r0 + k) * N + col]; },
@@ -567,13 +661,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   const uint16_t* dout = P.peers[role.rank].d_output;
   const int32_t* topk = P.peers[role.rank].topk;
   const RankTensors& R = P.tensors[role.rank];
-  for (int64_t i = role.block * kThreads + threadIdx.x; i < T * H; i += P.blocks_per_rank * kThreads) {
-    const int64_t t = i / H, h = i % H;
-    float acc = c.has_shared() ? __ldcg(&S.dx_shared[i]) : 0.0f;
-    for (int64_t k = 0; k < K; ++k)  // ORDER: dx-slots
-      if (topk[t * K + k] >= 0) acc = spec::dx_step(acc, __ldcg(&dx[(t * K + k) * H + h]));
-    R.d_x[i] = spec::bf16_from_f32_rne(acc);
-  }
+  // ORDER: dx-slots (per element; V adjacent columns per thread).
+  auto init = [&](int64_t i) { return c.has_shared() ? __ldcg(&S.dx_shared[i]) : 0.0f; };
+  auto step = [](float acc, int64_t, int64_t, uint16_t dx_bits) { return spec::dx_step(acc, dx_bits); };
+  if (H % 8 == 0)
+    combine_columns<8>(P, role, dx, topk, init, step, R.d_x);
+  else
+    combine_columns<1>(P, role, dx, topk, init, step, R.d_x);
   // ORDER: router-grad-lanes: one warp per slot, lane j sums h = j mod 32, xor butterfly.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t s = role.block * kWarps + warp; s < T * K; s += P.blocks_per_rank * kWarps) {

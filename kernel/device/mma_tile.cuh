@@ -1,14 +1,15 @@
 // Tensor-core tile engines. A block (two warpgroups) computes one [128 x N] fp32 tile of a GEMM
 // as one MMA chain per output element; two engines share the chain and differ in how operands
 // reach shared memory:
-//  - gemm_fast (sm_90a): 128 x 128 tiles, operands by TMA with 128-byte swizzle in a 4-stage
+//  - gemm_fast (sm_90a): 128 x 128 tiles, operands by TMA with 128-byte swizzle in a 4- or 6-stage
 //    mbarrier pipeline, K-major or MN-major (transposed) operands read directly by wgmma, an
 //    optional second B operand sharing A (gate and up in one pass);
 //  - gemm_slow (any GPU): 128 x 64 tiles filled element by element by threads through accessor
 //    functions; wgmma.m64n64k16 on sm_90a, mma.sync.m16n8k16 elsewhere.
 // ORDER: dot-chain: K advances 16 at a time in increasing order, one MMA step per 16 K-elements
-// (the fast engine may add all-zero steps past K, which change no accumulator); every path rounds exactly like spec::mma_bf16_step (the probes check it),
-// so neither the engine nor the tile shape changes an element's chain.
+// (the fast engine may add all-zero steps past K, which change no accumulator); every path
+// rounds exactly like spec::mma_bf16_step (the probes check it), so neither the engine nor the
+// tile shape changes an element's chain.
 #pragma once
 
 #include "mok/kernel/params.hpp"
@@ -33,13 +34,20 @@ static_assert(kTileM == 16 * kWarps, "one m16 slab per warp");
 // ---- fast engine geometry: a 64 x 64 bf16 TMA box is 8 KiB (64 rows of 128 swizzled bytes);
 // a 128-wide operand tile of one 64-wide K chunk is two boxes.
 constexpr int kChunkK = 64;
-constexpr int kStages = 4;
 constexpr int kBoxBytes = 64 * 64 * 2;
 constexpr int kOperandBytes = 2 * kBoxBytes;
+constexpr int kRingBytes = 12 * kOperandBytes;  // 192 KiB of stages
+// A stage holds A and B (and B2 with kDual) of one chunk: 4 stages of 48 KiB with two B
+// operands, 6 of 32 KiB otherwise; either way 144-160 KiB of loads run ahead of the chunk in use.
+template <bool kDual>
+constexpr int kOperandsPerStage = kDual ? 3 : 2;
+template <bool kDual>
+constexpr int kStagesFor = 12 / kOperandsPerStage<kDual>;
+constexpr int kMaxStages = 6;
 
 struct FastSmem {
-  alignas(1024) uint8_t stage[kStages][3][kOperandBytes];  // A, B, B2 of each stage
-  alignas(8) uint64_t full[kStages];
+  alignas(1024) uint8_t ring[kRingBytes];
+  alignas(8) uint64_t full[kMaxStages];
 };
 
 // Slow engine buffers. wgmma reads the no-swizzle canonical layout (8x8 core matrices of 128
@@ -309,7 +317,7 @@ template <int TA, int TB, bool kDual>
 __device__ __forceinline__ void fast_chunk(float (&acc)[16][4], float (&acc2)[16][4], uint8_t* st, int steps) {
   const int wg = threadIdx.x / 128;
   const uint32_t a = smem_u32(st) + wg * kBoxBytes;  // this warpgroup's 64 rows of A
-  const uint32_t b = smem_u32(st + kOperandBytes), b2 = smem_u32(st + 2 * kOperandBytes);
+  const uint32_t b = smem_u32(st + kOperandBytes), b2 = smem_u32(st + 2 * kOperandBytes);  // B2 only with kDual
   const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
   // Every chunk runs all four steps (a branch around wgmma would make ptxas serialise every
   // wgmma of the kernel). In a partial last chunk the steps past K multiply rows zeroed in
@@ -334,6 +342,9 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
                           const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {
 #if defined(MOK_WGMMA)
   FastSmem& smem = *reinterpret_cast<FastSmem*>(smem_raw);
+  constexpr int kStages = kStagesFor<kDual>;
+  constexpr int kStageBytes = kOperandsPerStage<kDual> * kOperandBytes;
+  auto stage = [&](int st, int operand) { return smem.ring + st * kStageBytes + operand * kOperandBytes; };
   float acc[16][4], acc2[16][4];  // acc2 is unused (and eliminated) without kDual
   zero_accumulators(acc);
   if constexpr (kDual) zero_accumulators(acc2);
@@ -345,15 +356,15 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   }
   __syncthreads();
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
-  constexpr uint32_t kBytes = (kDual ? 3 : 2) * kOperandBytes;
+  constexpr uint32_t kBytes = kStageBytes;
   auto load_chunk = [&](int64_t chunk) {  // one thread
     const int st = static_cast<int>(chunk % kStages);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.full[st])),
                  "r"(kBytes)
                  : "memory");
-    fast_load(smem.stage[st][0], A, chunk * kChunkK, &smem.full[st]);
-    fast_load(smem.stage[st][1], B, chunk * kChunkK, &smem.full[st]);
-    if constexpr (kDual) fast_load(smem.stage[st][2], B2, chunk * kChunkK, &smem.full[st]);
+    fast_load(stage(st, 0), A, chunk * kChunkK, &smem.full[st]);
+    fast_load(stage(st, 1), B, chunk * kChunkK, &smem.full[st]);
+    if constexpr (kDual) fast_load(stage(st, 2), B2, chunk * kChunkK, &smem.full[st]);
   };
   if (threadIdx.x == 0)
     for (int64_t chunk = 0; chunk < kStages - 1 && chunk < chunks; ++chunk) load_chunk(chunk);
@@ -364,17 +375,17 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
     const int64_t left = K - chunk * kChunkK;
     if (left < kChunkK) {  // the last, partial chunk: rows past K of MN-major operands must be zero
-      if (TA) zero_k_rows(smem.stage[st][0], static_cast<int>(left));
+      if (TA) zero_k_rows(stage(st, 0), static_cast<int>(left));
       if (TB) {
-        zero_k_rows(smem.stage[st][1], static_cast<int>(left));
-        if constexpr (kDual) zero_k_rows(smem.stage[st][2], static_cast<int>(left));
+        zero_k_rows(stage(st, 1), static_cast<int>(left));
+        if constexpr (kDual) zero_k_rows(stage(st, 2), static_cast<int>(left));
       }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       __syncthreads();
     }
     const int steps = static_cast<int>(left < kChunkK ? (left + kStepK - 1) / kStepK : kChunkK / kStepK);
     wgmma_fence();
-    fast_chunk<TA, TB, kDual>(acc, acc2, smem.stage[st][0], steps);
+    fast_chunk<TA, TB, kDual>(acc, acc2, stage(st, 0), steps);
     wgmma_commit();
     wgmma_wait<1>();  // this warpgroup's previous chunk is done
     __syncthreads();  // ... and the other's: its stage can be refilled

@@ -230,11 +230,18 @@ __device__ inline void push_pair(const LaunchParams& P, const RankState& S, uint
 
 // After a tile's pushes: every thread fences its stores, then each row is counted at its owner
 // (arrivals[which]: 0 forward, 1 backward; once per column tile).
+// Rows are tallied per owner in shared memory first: one global atomic per owner and tile, not
+// one per row (a single owner's counter would otherwise take every row of the pass).
 __device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which) {
+  __shared__ uint32_t per_owner[kMaxRanks];
   __threadfence();
+  for (int r = threadIdx.x; r < P.num_ranks; r += kThreads) per_owner[r] = 0;
   __syncthreads();
   for (int64_t m = threadIdx.x; m < n; m += kThreads)
-    atomicAdd(&P.peers[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank].arrivals[which], 1u);
+    atomicAdd(&per_owner[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank], 1u);
+  __syncthreads();
+  for (int r = threadIdx.x; r < P.num_ranks; r += kThreads)
+    if (per_owner[r]) atomicAdd(&P.peers[r].arrivals[which], per_owner[r]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,49 +258,52 @@ struct RowTile {
   int64_t index;  // counter index in tiles_done
 };
 
-// Calls f(tile) for every row tile: routed experts in order, then the shared expert's tiles;
-// stops (returning false) when f does.
-template <class F>
-__device__ bool for_each_row_tile(const LaunchParams& P, const RankState& S, F f) {
-  const spec::LayerConfig& c = P.cfg;
-  int64_t index = 0;
-  for (int64_t e = 0; e < c.experts_per_rank(); ++e) {
-    const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
-    for (int64_t p0 = lo; p0 < hi; p0 += kTileM, ++index)
-      if (!f(RowTile{e, p0, min(static_cast<int64_t>(kTileM), hi - p0), index})) return false;
-  }
-  for (int64_t j = 0; j < shared_tiles(c); ++j, ++index)
-    if (!f(RowTile{-1, j * kTileM, min(static_cast<int64_t>(kTileM), c.tokens_per_rank - j * kTileM), index}))
-      return false;
-  return true;
+// Row tiles of the rank's routed experts (the shared expert's follow them).
+__device__ inline int64_t routed_row_tiles(const LaunchParams& P, const RankState& S) {
+  int64_t n = 0;
+  for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e)
+    n += (S.expert_offsets[e + 1] - S.expert_offsets[e] + kTileM - 1) / kTileM;
+  return n;
 }
 
-// Runs phase 1 then phase 2 items of this block. phase1(tile, n0) / phase2(tile, n0) compute
+// Row tile number rt: routed experts in order, each in 128-row tiles, then the shared expert's.
+__device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S, int64_t rt) {
+  const int64_t index = rt;
+  for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e) {
+    const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
+    const int64_t tiles = (hi - lo + kTileM - 1) / kTileM;
+    if (rt < tiles) return RowTile{e, lo + rt * kTileM, min(static_cast<int64_t>(kTileM), hi - lo - rt * kTileM), index};
+    rt -= tiles;
+  }
+  return RowTile{-1, rt * kTileM, min(static_cast<int64_t>(kTileM), P.cfg.tokens_per_rank - rt * kTileM), index};
+}
+
+// Runs this block's phase 1 then phase 2 items. Item numbers: phase 1 is every routed row tile's
+// column tiles (row-tile major), then the shared expert's; phase 2 likewise over H. Block b of
+// the role takes items b, b + count, ... directly. phase1(tile, n0) / phase2(tile, n0) compute
 // one column tile starting at column n0 and return false when the pass is aborting.
 template <class Phase1, class Phase2>
 __device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_routed, int64_t n1_shared,
                            Phase1 phase1, Phase2 phase2) {
   const RankState& S = P.state[role.rank];
   const int64_t NT = tile_n(P);
-  int64_t item = 0;
-  auto mine = [&] { return (item++ % role.count) == role.index; };
-  if (!for_each_row_tile(P, S, [&](const RowTile& t) {
-        const int64_t width = t.e >= 0 ? n1_routed : n1_shared;
-        for (int64_t n0 = 0; n0 < width; n0 += NT)
-          if (mine() && !phase1(t, n0)) return false;
-        return true;
-      }))
-    return false;
-  return for_each_row_tile(P, S, [&](const RowTile& t) {
-    for (int64_t n0 = 0; n0 < P.cfg.hidden; n0 += NT)
-      if (mine()) {
-        const int64_t width = t.e >= 0 ? n1_routed : n1_shared;
-        if (!wait_tile(P, role, &S.tiles_done[t.index], static_cast<uint32_t>(col_tiles(P, width)), t.index))
-          return false;
-        if (!phase2(t, n0)) return false;
-      }
-    return true;
-  });
+  const int64_t c1r = col_tiles(P, n1_routed), c1s = col_tiles(P, n1_shared), c2 = col_tiles(P, P.cfg.hidden);
+  const int64_t rr = routed_row_tiles(P, S), rs = shared_tiles(P.cfg);
+  const int64_t p1_routed = rr * c1r, p1 = p1_routed + rs * c1s, total = p1 + (rr + rs) * c2;
+  for (int64_t item = role.index; item < total; item += role.count) {
+    if (item < p1) {
+      const int64_t rt = item < p1_routed ? item / c1r : rr + (item - p1_routed) / c1s;
+      const int64_t n0 = (item < p1_routed ? item % c1r : (item - p1_routed) % c1s) * NT;
+      if (!phase1(row_tile_at(P, S, rt), n0)) return false;
+    } else {
+      const int64_t rt = (item - p1) / c2, n0 = ((item - p1) % c2) * NT;
+      const RowTile t = row_tile_at(P, S, rt);
+      const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
+      if (!wait_tile(P, role, &S.tiles_done[t.index], need, t.index)) return false;
+      if (!phase2(t, n0)) return false;
+    }
+  }
+  return true;
 }
 
 // The rank's per-token reductions over its slots (forward combine, backward d_x): out[t, h] =
@@ -579,7 +589,6 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
   const RankTensorMaps& maps = P.maps[role.rank];
-  int64_t item = 0;
   // One [128 x NT] tile of out[M, N] = sum over rows r0 .. r0+nr-1 of a_src[r, m] * b_src[r, n].
   auto tile = [&](int64_t M, int64_t N, int64_t m0, int64_t n0, int64_t r0, int64_t nr, const uint16_t* a_src,
                   const uint16_t* b_src, const TensorMapBytes* am, const TensorMapBytes* bm, float* out) {
@@ -596,35 +605,41 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
                 [&](int64_t m, int64_t col, float v) { out[m * N + col] = v; });
     }
   };
-  for (int64_t e = 0; e < E_local; ++e) {
-    const int64_t r0 = S.expert_offsets[e], nr = S.expert_offsets[e + 1] - r0;
-    for (int which = 0; which < 3; ++which) {
-      const bool down = which == 2;
-      const int64_t M = down ? H : I, N = down ? I : H;
+  // Item numbers: per local expert gate, up (tiles of [I x H]) and down ([H x I]), row-tile
+  // major; then the shared expert's three. Block b of the role takes items b, b + count, ...
+  auto tiles_of = [&](int64_t M, int64_t N) { return ((M + kTileM - 1) / kTileM) * ((N + NT - 1) / NT); };
+  const int64_t tgu = tiles_of(I, H), td = tiles_of(H, I), per_expert = 2 * tgu + td;
+  const int64_t sgu = c.has_shared() ? tiles_of(Is, H) : 0, sd = c.has_shared() ? tiles_of(H, Is) : 0;
+  const int64_t routed_items = E_local * per_expert, total = routed_items + 2 * sgu + sd;
+  const uint16_t* x = P.peers[role.rank].x;
+  const uint16_t* dout = P.peers[role.rank].d_output;
+  for (int64_t item = role.index; item < total; item += role.count) {
+    const bool routed = item < routed_items;
+    const int64_t e = routed ? item / per_expert : -1;
+    const int64_t r = routed ? item % per_expert : item - routed_items;
+    const int64_t gu = routed ? tgu : sgu;
+    const int which = r < gu ? 0 : r < 2 * gu ? 1 : 2;
+    const int64_t t = r - which * gu;
+    const bool down = which == 2;
+    const int64_t Nin = routed ? I : Is;  // the expert's intermediate size
+    const int64_t M = down ? H : Nin, N = down ? Nin : H;
+    const int64_t tn = (N + NT - 1) / NT, m0 = (t / tn) * kTileM, n0 = (t % tn) * NT;
+    if (routed) {
+      const int64_t r0 = S.expert_offsets[e], nr = S.expert_offsets[e + 1] - r0;
       const uint16_t* a_src = which == 0 ? S.d_gate : which == 1 ? S.d_up : S.dy;  // [rows, M]
       const uint16_t* b_src = down ? S.act : S.xd;                                 // [rows, N]
       const TensorMapBytes* am = which == 0 ? &maps.d_gate : which == 1 ? &maps.d_up : &maps.dy;
       const TensorMapBytes* bm = down ? &maps.act : &maps.xd;
       float* out = (which == 0 ? W.d_w_routed_gate : which == 1 ? W.d_w_routed_up : W.d_w_routed_down) + e * M * N;
-      for (int64_t m0 = 0; m0 < M; m0 += kTileM)
-        for (int64_t n0 = 0; n0 < N; n0 += NT)
-          if (item++ % role.count == role.index) tile(M, N, m0, n0, r0, nr, a_src, b_src, am, bm, out);
+      tile(M, N, m0, n0, r0, nr, a_src, b_src, am, bm, out);
+    } else {
+      const uint16_t* a_src = which == 0 ? S.shared_d_gate : which == 1 ? S.shared_d_up : dout;  // [T, M]
+      const uint16_t* b_src = down ? S.shared_act : x;                                           // [T, N]
+      const TensorMapBytes* am = which == 0 ? &maps.shared_d_gate : which == 1 ? &maps.shared_d_up : &maps.d_output;
+      const TensorMapBytes* bm = down ? &maps.shared_act : &maps.x;
+      float* out = which == 0 ? W.d_w_shared_gate : which == 1 ? W.d_w_shared_up : W.d_w_shared_down;
+      tile(M, N, m0, n0, 0, T, a_src, b_src, am, bm, out);
     }
-  }
-  if (!c.has_shared()) return;
-  const uint16_t* x = P.peers[role.rank].x;
-  const uint16_t* dout = P.peers[role.rank].d_output;
-  for (int which = 0; which < 3; ++which) {
-    const bool down = which == 2;
-    const int64_t M = down ? H : Is, N = down ? Is : H;
-    const uint16_t* a_src = which == 0 ? S.shared_d_gate : which == 1 ? S.shared_d_up : dout;  // [T, M]
-    const uint16_t* b_src = down ? S.shared_act : x;                                           // [T, N]
-    const TensorMapBytes* am = which == 0 ? &maps.shared_d_gate : which == 1 ? &maps.shared_d_up : &maps.d_output;
-    const TensorMapBytes* bm = down ? &maps.shared_act : &maps.x;
-    float* out = which == 0 ? W.d_w_shared_gate : which == 1 ? W.d_w_shared_up : W.d_w_shared_down;
-    for (int64_t m0 = 0; m0 < M; m0 += kTileM)
-      for (int64_t n0 = 0; n0 < N; n0 += NT)
-        if (item++ % role.count == role.index) tile(M, N, m0, n0, 0, T, a_src, b_src, am, bm, out);
   }
 }
 

@@ -23,7 +23,8 @@ constexpr int kThreads = 256;        // two warpgroups
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileM = 128;          // rows of every tile: 64 per warpgroup, 16 per warp
 constexpr int kTileNSlow = 64;
-constexpr int kTileNFast = 128;
+constexpr int kTileNFast = 128;      // fast engine with two B operands (gate and up)
+constexpr int kTileNWide = 256;      // fast engine with one B operand
 constexpr int kStepK = spec::kMmaK;
 static_assert(kTileM == 16 * kWarps, "one m16 slab per warp");
 
@@ -37,12 +38,11 @@ constexpr int kChunkK = 64;
 constexpr int kBoxBytes = 64 * 64 * 2;
 constexpr int kOperandBytes = 2 * kBoxBytes;
 constexpr int kRingBytes = 12 * kOperandBytes;  // 192 KiB of stages
-// A stage holds A and B (and B2 with kDual) of one chunk: 4 stages of 48 KiB with two B
-// operands, 6 of 32 KiB otherwise; either way 144-160 KiB of loads run ahead of the chunk in use.
-template <bool kDual>
-constexpr int kOperandsPerStage = kDual ? 3 : 2;
-template <bool kDual>
-constexpr int kStagesFor = 12 / kOperandsPerStage<kDual>;
+// A stage holds one chunk of A (128 rows), B (kBN rows) and, with kDual, B2 (128 rows), in
+// 16 KiB units: 3 units (4 stages) for 128 + 128 + 128 or 128 + 256, 2 units (6 stages) for
+// 128 + 128; 144-160 KiB of loads run ahead of the chunk in use.
+template <bool kDual, int kBN>
+constexpr int kUnitsPerStage = 1 + kBN / 128 + (kDual ? 1 : 0);
 constexpr int kMaxStages = 6;
 
 struct FastSmem {
@@ -146,6 +146,7 @@ __device__ __forceinline__ int core_offset(int row, int k) {
 
 #define MOK_ACC8(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define MOK_ACC32(d, j) MOK_ACC8(d, j), MOK_ACC8(d, j + 1), MOK_ACC8(d, j + 2), MOK_ACC8(d, j + 3)
+#define MOK_ACC128(d, j) MOK_ACC32(d, j), MOK_ACC32(d, j + 4), MOK_ACC32(d, j + 8), MOK_ACC32(d, j + 12)
 
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], uint64_t da, uint64_t db) {
   asm volatile(
@@ -169,6 +170,33 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], uint64_t da,
       : MOK_ACC32(d, 0), MOK_ACC32(d, 4), MOK_ACC32(d, 8), MOK_ACC32(d, 12)
       : "l"(da), "l"(db), "n"(TA), "n"(TB)
       : "memory");
+}
+
+// One wgmma.m64n256k16 (B MN-major when TB; A always K-major or MN-major per TA).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[32][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+      "%128, %129, 1, 1, 1, %130, %131;\n"
+      : MOK_ACC128(d, 0), MOK_ACC128(d, 16)
+      : "l"(da), "l"(db), "n"(TA), "n"(TB)
+      : "memory");
+}
+
+template <int TA, int TB, int NJ>
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[NJ][4], uint64_t da, uint64_t db) {
+  if constexpr (NJ == 16)
+    wgmma_m64n128k16<TA, TB>(d, da, db);
+  else
+    wgmma_m64n256k16<TA, TB>(d, da, db);
 }
 
 // Loads the 64 x 64 box at (col, row) of a 2D bf16 tensor map into shared memory, completing
@@ -291,30 +319,30 @@ __device__ __forceinline__ FastOperand mnmajor2(const TensorMapBytes* m0, int64_
 }
 
 #if defined(MOK_WGMMA)
-__device__ __forceinline__ void fast_load(uint8_t* dst, const FastOperand& op, int64_t k, uint64_t* bar) {
+// One chunk of a `width`-wide operand tile: width / 64 boxes, 8 KiB apart.
+__device__ __forceinline__ void fast_load(uint8_t* dst, const FastOperand& op, int64_t k, uint64_t* bar, int width) {
   const int s = k >= op.split ? 1 : 0;
   const int32_t kk = static_cast<int32_t>(k - (s ? op.split : 0));
-  if (op.mn_major) {
-    tma_load_box(dst, op.map[s], op.mn0, op.base[s] + kk, bar);
-    tma_load_box(dst + kBoxBytes, op.map[s], op.mn0 + 64, op.base[s] + kk, bar);
-  } else {
-    tma_load_box(dst, op.map[s], kk, op.base[s], bar);
-    tma_load_box(dst + kBoxBytes, op.map[s], kk, op.base[s] + 64, bar);
+  for (int b = 0; b < width / 64; ++b) {
+    if (op.mn_major)
+      tma_load_box(dst + b * kBoxBytes, op.map[s], op.mn0 + 64 * b, op.base[s] + kk, bar);
+    else
+      tma_load_box(dst + b * kBoxBytes, op.map[s], kk, op.base[s] + 64 * b, bar);
   }
 }
 
-// Zeroes K rows [from, 64) of an MN-major operand tile in shared memory (whole 128-byte rows,
-// so the swizzle does not matter), then makes the stores visible to the tensor cores.
-__device__ __forceinline__ void zero_k_rows(uint8_t* tile, int from) {
+// Zeroes K rows [from, 64) of an MN-major operand tile of `boxes` boxes in shared memory (whole
+// 128-byte rows, so the swizzle does not matter).
+__device__ __forceinline__ void zero_k_rows(uint8_t* tile, int from, int boxes) {
   const int words = (64 - from) * 128 / 16;  // uint4 per box
-  for (int i = threadIdx.x; i < 2 * words; i += kThreads) {
+  for (int i = threadIdx.x; i < boxes * words; i += kThreads) {
     const int box = i / words, w = i % words;
     reinterpret_cast<uint4*>(tile + box * kBoxBytes + from * 128)[w] = make_uint4(0, 0, 0, 0);
   }
 }
 
-template <int TA, int TB, bool kDual>
-__device__ __forceinline__ void fast_chunk(float (&acc)[16][4], float (&acc2)[16][4], uint8_t* st, int steps) {
+template <int TA, int TB, bool kDual, int NJ>
+__device__ __forceinline__ void fast_chunk(float (&acc)[NJ][4], float (&acc2)[16][4], uint8_t* st, int steps) {
   const int wg = threadIdx.x / 128;
   const uint32_t a = smem_u32(st) + wg * kBoxBytes;  // this warpgroup's 64 rows of A
   const uint32_t b = smem_u32(st + kOperandBytes), b2 = smem_u32(st + 2 * kOperandBytes);  // B2 only with kDual
@@ -327,25 +355,30 @@ __device__ __forceinline__ void fast_chunk(float (&acc)[16][4], float (&acc2)[16
 #pragma unroll
   for (int j = 0; j < kChunkK / kStepK; ++j) {
     const uint64_t da = desc_sw128(a + j * a_step, TA != 0);
-    wgmma_m64n128k16<TA, TB>(acc, da, desc_sw128(b + j * b_step, TB != 0));
+    wgmma_m64nNk16<TA, TB, NJ>(acc, da, desc_sw128(b + j * b_step, TB != 0));
     if constexpr (kDual) wgmma_m64n128k16<TA, TB>(acc2, da, desc_sw128(b2 + j * b_step, TB != 0));
   }
 }
 #endif
 
-// Fast engine: C[128 x 128] = A[128 x K] * B[K x 128] (and C2 = A * B2 when kDual), then
+// Fast engine: C[128 x kBN] = A[128 x K] * B[K x kBN] (and C2 = A * B2 when kDual, kBN = 128), then
 // epilogue(i, j, c[i][j], c[i][j+1]) (or with c2's pair appended) for every even j < cols and
 // i < rows, relative to the tile (cols must be even). TA / TB: A / B MN-major. All threads of
 // the block must call it.
-template <int TA, int TB, bool kDual, class Epilogue>
+template <int TA, int TB, bool kDual, int kBN, class Epilogue>
 __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const FastOperand& A,
                           const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {
 #if defined(MOK_WGMMA)
   FastSmem& smem = *reinterpret_cast<FastSmem*>(smem_raw);
-  constexpr int kStages = kStagesFor<kDual>;
-  constexpr int kStageBytes = kOperandsPerStage<kDual> * kOperandBytes;
-  auto stage = [&](int st, int operand) { return smem.ring + st * kStageBytes + operand * kOperandBytes; };
-  float acc[16][4], acc2[16][4];  // acc2 is unused (and eliminated) without kDual
+  static_assert(kBN == 128 || (kBN == 256 && !kDual), "tile widths: 128 (one or two B operands) or 256 (one)");
+  constexpr int kStages = 12 / kUnitsPerStage<kDual, kBN>;
+  constexpr int kStageBytes = kUnitsPerStage<kDual, kBN> * kOperandBytes;
+  constexpr int NJ = kBN / 8;
+  // operand 0: A (16 KiB), 1: B (kBN / 8 KiB), 2: B2 (16 KiB, after B)
+  auto stage = [&](int st, int operand) {
+    return smem.ring + st * kStageBytes + (operand == 0 ? 0 : operand == 1 ? kOperandBytes : 2 * kOperandBytes);
+  };
+  float acc[NJ][4], acc2[16][4];  // acc2 is unused (and eliminated) without kDual
   zero_accumulators(acc);
   if constexpr (kDual) zero_accumulators(acc2);
   __syncthreads();  // the previous tile's readers of the buffers are done
@@ -362,9 +395,9 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.full[st])),
                  "r"(kBytes)
                  : "memory");
-    fast_load(stage(st, 0), A, chunk * kChunkK, &smem.full[st]);
-    fast_load(stage(st, 1), B, chunk * kChunkK, &smem.full[st]);
-    if constexpr (kDual) fast_load(stage(st, 2), B2, chunk * kChunkK, &smem.full[st]);
+    fast_load(stage(st, 0), A, chunk * kChunkK, &smem.full[st], kTileM);
+    fast_load(stage(st, 1), B, chunk * kChunkK, &smem.full[st], kBN);
+    if constexpr (kDual) fast_load(stage(st, 2), B2, chunk * kChunkK, &smem.full[st], 128);
   };
   if (threadIdx.x == 0)
     for (int64_t chunk = 0; chunk < kStages - 1 && chunk < chunks; ++chunk) load_chunk(chunk);
@@ -375,17 +408,17 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
     const int64_t left = K - chunk * kChunkK;
     if (left < kChunkK) {  // the last, partial chunk: rows past K of MN-major operands must be zero
-      if (TA) zero_k_rows(stage(st, 0), static_cast<int>(left));
+      if (TA) zero_k_rows(stage(st, 0), static_cast<int>(left), kTileM / 64);
       if (TB) {
-        zero_k_rows(stage(st, 1), static_cast<int>(left));
-        if constexpr (kDual) zero_k_rows(stage(st, 2), static_cast<int>(left));
+        zero_k_rows(stage(st, 1), static_cast<int>(left), kBN / 64);
+        if constexpr (kDual) zero_k_rows(stage(st, 2), static_cast<int>(left), 2);
       }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       __syncthreads();
     }
     const int steps = static_cast<int>(left < kChunkK ? (left + kStepK - 1) / kStepK : kChunkK / kStepK);
     wgmma_fence();
-    fast_chunk<TA, TB, kDual>(acc, acc2, stage(st, 0), steps);
+    fast_chunk<TA, TB, kDual, NJ>(acc, acc2, stage(st, 0), steps);
     wgmma_commit();
     wgmma_wait<1>();  // this warpgroup's previous chunk is done
     __syncthreads();  // ... and the other's: its stage can be refilled
@@ -400,7 +433,7 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
       asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row

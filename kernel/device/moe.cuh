@@ -108,11 +108,11 @@ __device__ inline void count_rows(const LaunchParams& P, const Role& role) {
   }
 }
 
-// Tile widths of the engine in use (the fast engine's tiles are twice as wide).
-__device__ __forceinline__ int64_t tile_n(const LaunchParams& P) { return P.fast ? kTileNFast : kTileNSlow; }
-__device__ __forceinline__ int64_t col_tiles(const LaunchParams& P, int64_t n) {
-  return (n + tile_n(P) - 1) / tile_n(P);
-}
+// Column-tile widths of the engine in use: GEMMs with two B operands (forward gate and up) and
+// with one (everything else). The slow engine's tiles are 64 wide.
+__device__ __forceinline__ int64_t width_dual(const LaunchParams& P) { return P.fast ? kTileNFast : kTileNSlow; }
+__device__ __forceinline__ int64_t width_single(const LaunchParams& P) { return P.fast ? kTileNWide : kTileNSlow; }
+__device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ inline int64_t shared_tiles(const spec::LayerConfig& c) {
   return c.has_shared() ? (c.tokens_per_rank + kTileM - 1) / kTileM : 0;
@@ -129,7 +129,8 @@ __device__ inline void count_expected_arrivals(const LaunchParams& P, const Role
   for (int64_t i = threadIdx.x; i < n_slots; i += kThreads) mine += P.peers[role.rank].topk[i] >= 0;
   atomicAdd(&total, mine);
   __syncthreads();
-  if (threadIdx.x == 0) P.state[role.rank].counters[4] = total * static_cast<uint32_t>(col_tiles(P, P.cfg.hidden));
+  if (threadIdx.x == 0)
+    P.state[role.rank].counters[4] = total * static_cast<uint32_t>(ceil_div(P.cfg.hidden, width_single(P)));
 }
 
 // Gathers rows of a token-major bf16 tensor (x, or d_output scaled by the slot's router weight)
@@ -249,7 +250,7 @@ __device__ inline void publish_rows(const LaunchParams& P, const RankState& S, i
 // or of the rank's own tokens for the shared expert (e = -1, tokens p0 .. p0+n-1). Each pass
 // runs two GEMM phases over column tiles: phase 1 (forward gate/up; backward d_act) and phase 2
 // (forward down; backward d_x), whose row tile waits for all of its phase-1 column tiles. Items
-// go to compute blocks round-robin in list order (phase 1 of every row tile first), so a wait
+// go to the rank's blocks round-robin in list order (phase 1 of every row tile first), so a wait
 // only ever waits for items earlier in every block's list: no deadlock, and who computes never
 // changes how.
 struct RowTile {
@@ -257,6 +258,13 @@ struct RowTile {
   int64_t p0, n;  // first row (canonical row or token) and row count
   int64_t index;  // counter index in tiles_done
 };
+
+// Every block of the rank computes work items: the compute blocks as workers 0 .. count-1, the
+// communication blocks after them, once their gather is done (they never wait before that, so
+// the earliest unfinished item can always progress).
+__device__ __forceinline__ int64_t worker(const LaunchParams& P, const Role& role) {
+  return role.comm ? P.blocks_per_rank - P.comm_blocks_per_rank + role.index : role.index;
+}
 
 // Row tiles of the rank's routed experts (the shared expert's follow them).
 __device__ inline int64_t routed_row_tiles(const LaunchParams& P, const RankState& S) {
@@ -279,24 +287,24 @@ __device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S,
 }
 
 // Runs this block's phase 1 then phase 2 items. Item numbers: phase 1 is every routed row tile's
-// column tiles (row-tile major), then the shared expert's; phase 2 likewise over H. Block b of
-// the role takes items b, b + count, ... directly. phase1(tile, n0) / phase2(tile, n0) compute
+// column tiles (row-tile major), then the shared expert's; phase 2 likewise over H. Worker w
+// (see worker()) takes items w, w + blocks_per_rank, ... directly. phase1(tile, n0) / phase2(tile, n0) compute
 // one column tile starting at column n0 and return false when the pass is aborting.
 template <class Phase1, class Phase2>
-__device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_routed, int64_t n1_shared,
+__device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_routed, int64_t n1_shared, int64_t NT1,
                            Phase1 phase1, Phase2 phase2) {
   const RankState& S = P.state[role.rank];
-  const int64_t NT = tile_n(P);
-  const int64_t c1r = col_tiles(P, n1_routed), c1s = col_tiles(P, n1_shared), c2 = col_tiles(P, P.cfg.hidden);
+  const int64_t NT2 = width_single(P);
+  const int64_t c1r = ceil_div(n1_routed, NT1), c1s = ceil_div(n1_shared, NT1), c2 = ceil_div(P.cfg.hidden, NT2);
   const int64_t rr = routed_row_tiles(P, S), rs = shared_tiles(P.cfg);
   const int64_t p1_routed = rr * c1r, p1 = p1_routed + rs * c1s, total = p1 + (rr + rs) * c2;
-  for (int64_t item = role.index; item < total; item += role.count) {
+  for (int64_t item = worker(P, role); item < total; item += P.blocks_per_rank) {
     if (item < p1) {
       const int64_t rt = item < p1_routed ? item / c1r : rr + (item - p1_routed) / c1s;
-      const int64_t n0 = (item < p1_routed ? item % c1r : (item - p1_routed) % c1s) * NT;
+      const int64_t n0 = (item < p1_routed ? item % c1r : (item - p1_routed) % c1s) * NT1;
       if (!phase1(row_tile_at(P, S, rt), n0)) return false;
     } else {
-      const int64_t rt = (item - p1) / c2, n0 = ((item - p1) % c2) * NT;
+      const int64_t rt = (item - p1) / c2, n0 = ((item - p1) % c2) * NT2;
       const RowTile t = row_tile_at(P, S, rt);
       const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
       if (!wait_tile(P, role, &S.tiles_done[t.index], need, t.index)) return false;
@@ -372,7 +380,7 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
     const FastOperand A = kmajor(am, p0);
     const FastOperand B = kmajor(routed ? &maps.w_routed_gate : &maps.w_shared_gate, wrow);
     const FastOperand B2 = kmajor(routed ? &maps.w_routed_up : &maps.w_shared_up, wrow);
-    gemm_fast<0, 0, true>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
+    gemm_fast<0, 0, true, kTileNFast>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
                           [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
                             const int64_t idx = (p0 + i) * N + n0 + j;
                             *reinterpret_cast<float2*>(gate + idx) = make_float2(g0, g1);
@@ -419,7 +427,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   if (P.fast) {
     const FastOperand A = kmajor(routed ? &maps.act : &maps.shared_act, p0);
     const FastOperand B = kmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, (routed ? t.e * H : 0) + n0);
-    gemm_fast<0, 0, false>(smem, Kd, n, min(static_cast<int64_t>(kTileNFast), H - n0), A, B, B,
+    gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, min(static_cast<int64_t>(kTileNWide), H - n0), A, B, B,
                            [&](int64_t i, int64_t j, float v0, float v1) {
                              if (routed)
                                push_pair(P, S, &PeerBuffers::y_slots, p0 + i, n0 + j, v0, v1);
@@ -455,19 +463,16 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   if (!build_plan(P, role)) return;
   if (!rank_barrier(P, role.rank)) return;
 
-  if (role.comm) {
-    gather_rows<false>(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
-  } else {
-    if (!run_phases(
-            P, role, c.intermediate, c.shared_intermediate,
-            [&](const RowTile& t, int64_t n0) { return forward_phase1(P, role, smem, t, n0); },
-            [&](const RowTile& t, int64_t n0) { return forward_phase2(P, role, smem, t, n0); }))
-      return;
-  }
+  if (role.comm) gather_rows<false>(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
+  if (!run_phases(
+          P, role, c.intermediate, c.shared_intermediate, width_dual(P),
+          [&](const RowTile& t, int64_t n0) { return forward_phase1(P, role, smem, t, n0); },
+          [&](const RowTile& t, int64_t n0) { return forward_phase2(P, role, smem, t, n0); }))
+    return;
   // Every block of the rank combines a share of its tokens once every slot has arrived and the
   // shared expert is done (the element partition changes who computes, never the order).
   if (!block_wait(P, &P.peers[role.rank].arrivals[0], S.counters[4], role.rank, kFlagForwardArrivals, -1)) return;
-  if (!block_wait(P, &S.counters[2], static_cast<uint32_t>(shared_tiles(c) * col_tiles(P, H)), role.rank,
+  if (!block_wait(P, &S.counters[2], static_cast<uint32_t>(shared_tiles(c) * ceil_div(H, width_single(P))), role.rank,
                   kFlagSharedForward, -1))
     return;
   const uint16_t* y = P.peers[role.rank].y_slots;
@@ -513,7 +518,7 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   if (P.fast) {
     const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
-    gemm_fast<0, 1, false>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B,
+    gemm_fast<0, 1, false, kTileNWide>(smem, H, n, min(static_cast<int64_t>(kTileNWide), N - n0), A, B, B,
                            [&](int64_t i, int64_t j, float da0, float da1) {
                              const int64_t idx = (p0 + i) * N + n0 + j;
                              const float2 g = *reinterpret_cast<const float2*>(gate + idx);
@@ -559,7 +564,7 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
     const int64_t wrow = routed ? t.e * N1 : 0;
     const FastOperand B = routed ? mnmajor2(&maps.w_routed_gate, wrow, &maps.w_routed_up, wrow, N1, n0)
                                  : mnmajor2(&maps.w_shared_gate, wrow, &maps.w_shared_up, wrow, N1, n0);
-    gemm_fast<0, 1, false>(smem, 2 * N1, n, min(static_cast<int64_t>(kTileNFast), H - n0), A, B, B,
+    gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, min(static_cast<int64_t>(kTileNWide), H - n0), A, B, B,
                            [&](int64_t i, int64_t j, float v0, float v1) {
                              if (routed)
                                push_pair(P, S, &PeerBuffers::dx_slots, p0 + i, n0 + j, v0, v1);
@@ -585,7 +590,7 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
 __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role, uint8_t* smem) {
   const spec::LayerConfig& c = P.cfg;
   const int64_t H = c.hidden, I = c.intermediate, Is = c.shared_intermediate, T = c.tokens_per_rank;
-  const int64_t E_local = c.experts_per_rank(), NT = tile_n(P);
+  const int64_t E_local = c.experts_per_rank(), NT = width_single(P);
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
   const RankTensorMaps& maps = P.maps[role.rank];
@@ -593,8 +598,8 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
   auto tile = [&](int64_t M, int64_t N, int64_t m0, int64_t n0, int64_t r0, int64_t nr, const uint16_t* a_src,
                   const uint16_t* b_src, const TensorMapBytes* am, const TensorMapBytes* bm, float* out) {
     if (P.fast) {
-      gemm_fast<1, 1, false>(smem, nr, min(static_cast<int64_t>(kTileM), M - m0),
-                             min(static_cast<int64_t>(kTileNFast), N - n0), mnmajor(am, r0, m0), mnmajor(bm, r0, n0),
+      gemm_fast<1, 1, false, kTileNWide>(smem, nr, min(static_cast<int64_t>(kTileM), M - m0),
+                             min(static_cast<int64_t>(kTileNWide), N - n0), mnmajor(am, r0, m0), mnmajor(bm, r0, n0),
                              mnmajor(bm, r0, n0),
                              [&](int64_t i, int64_t j, float v0, float v1) {
                                *reinterpret_cast<float2*>(out + (m0 + i) * N + n0 + j) = make_float2(v0, v1);
@@ -606,14 +611,14 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
     }
   };
   // Item numbers: per local expert gate, up (tiles of [I x H]) and down ([H x I]), row-tile
-  // major; then the shared expert's three. Block b of the role takes items b, b + count, ...
+  // major; then the shared expert's three. Worker w takes items w, w + blocks_per_rank, ...
   auto tiles_of = [&](int64_t M, int64_t N) { return ((M + kTileM - 1) / kTileM) * ((N + NT - 1) / NT); };
   const int64_t tgu = tiles_of(I, H), td = tiles_of(H, I), per_expert = 2 * tgu + td;
   const int64_t sgu = c.has_shared() ? tiles_of(Is, H) : 0, sd = c.has_shared() ? tiles_of(H, Is) : 0;
   const int64_t routed_items = E_local * per_expert, total = routed_items + 2 * sgu + sd;
   const uint16_t* x = P.peers[role.rank].x;
   const uint16_t* dout = P.peers[role.rank].d_output;
-  for (int64_t item = role.index; item < total; item += role.count) {
+  for (int64_t item = worker(P, role); item < total; item += P.blocks_per_rank) {
     const bool routed = item < routed_items;
     const int64_t e = routed ? item / per_expert : -1;
     const int64_t r = routed ? item % per_expert : item - routed_items;
@@ -655,20 +660,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
   // gate/up/act) stay in the workspace from the forward pass of the same inputs.
   if (role.block == 0) count_expected_arrivals(P, role);
-  if (role.comm) {
-    gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
-  } else {
-    if (!run_phases(
-            P, role, c.intermediate, c.shared_intermediate,
-            [&](const RowTile& t, int64_t n0) { return backward_phase1(P, role, smem, t, n0); },
-            [&](const RowTile& t, int64_t n0) { return backward_phase2(P, role, smem, t, n0); }))
-      return;
-  }
+  if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
+  if (!run_phases(
+          P, role, c.intermediate, c.shared_intermediate, width_single(P),
+          [&](const RowTile& t, int64_t n0) { return backward_phase1(P, role, smem, t, n0); },
+          [&](const RowTile& t, int64_t n0) { return backward_phase2(P, role, smem, t, n0); }))
+    return;
   if (!rank_barrier(P, role.rank)) return;
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then
-  // the compute blocks produce the weight gradients.
+  // every block produces a share of the weight gradients.
   if (!block_wait(P, &P.peers[role.rank].arrivals[1], S.counters[4], role.rank, kFlagBackwardArrivals, -1)) return;
-  if (!block_wait(P, &S.counters[3], static_cast<uint32_t>(shared_tiles(c) * col_tiles(P, H)), role.rank,
+  if (!block_wait(P, &S.counters[3], static_cast<uint32_t>(shared_tiles(c) * ceil_div(H, width_single(P))), role.rank,
                   kFlagSharedBackward, -1))
     return;
   const uint16_t* dx = P.peers[role.rank].dx_slots;
@@ -697,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
     for (int offset = 16; offset >= 1; offset /= 2) acc = spec::fadd(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
     if (lane == 0) R.d_router_weights[s] = acc;
   }
-  if (!role.comm) weight_grad_tiles(P, role, smem);
+  weight_grad_tiles(P, role, smem);
 }
 
 }  // namespace mok::kernel::device

@@ -1,6 +1,7 @@
-// mok-bench: forward and backward time of the fused kernel against the unfused cuBLAS pipeline,
-// with the bf16 matrix peak and copy bandwidth measured in the same run (device events, warm-up,
-// median of N). The PyTorch baseline is tools/moe_torch_baseline.py, run in the same call.
+// mok-bench: forward and backward time of the fused kernel against the unfused cuBLAS pipeline
+// and the PyTorch pipeline (tools/moe_torch_baseline.py, started by this program with the same
+// shape), with the bf16 matrix peak and copy bandwidth measured in the same run (device events,
+// warm-up, median of N), and the bytes a pass must move at least.
 #include "mok/kernel/layer.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/generate.hpp"
@@ -12,9 +13,13 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
@@ -32,6 +37,18 @@ void* upload(const mok::ref::TensorMap& m, const char* p) {
   CK(cudaMalloc(&d, it->second.size_bytes()));
   CK(cudaMemcpy(d, it->second.raw(), it->second.size_bytes(), cudaMemcpyHostToDevice));
   return d;
+}
+
+// Runs the PyTorch baseline script with --json and returns its output ("" when it could not run).
+std::string run_torch(const std::string& python, const std::string& script, const std::string& args) {
+  const std::string cmd = python + " '" + script + "' " + args + " --json";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return "";
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  return pclose(f) == 0 ? out : "";
 }
 
 void* zeros(size_t bytes) {
@@ -65,9 +82,27 @@ int main(int argc, char** argv) {
   app.add_option("--comm-sms", comm, "communication blocks per rank: they gather rows, then compute (0: blocks per rank / 4)")->capture_default_str();
   app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str();
   bool no_tma = false, no_baseline = false;
-  app.add_flag("--no-baseline", no_baseline, "time only the fused kernel");
+  std::string torch_script = "auto", python = "python3";
+  app.add_flag("--no-baseline", no_baseline, "time only the fused kernel (no cuBLAS, no PyTorch)");
+  app.add_option("--torch", torch_script,
+                 "PyTorch baseline script run in the same call with the same shape; auto: $MOK_TORCH_BASELINE, "
+                 "else ./tools/moe_torch_baseline.py, else the source tree's (\"\": skip it)")
+      ->capture_default_str();
+  app.add_option("--python", python, "interpreter for --torch (needs torch with torch._grouped_mm)")
+      ->capture_default_str();
   app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
   CLI11_PARSE(app, argc, argv);
+  if (torch_script == "auto") {
+    const char* env = std::getenv("MOK_TORCH_BASELINE");
+    if (env && *env)
+      torch_script = env;
+    else if (FILE* f = std::fopen("tools/moe_torch_baseline.py", "r")) {
+      std::fclose(f);
+      torch_script = "tools/moe_torch_baseline.py";
+    } else {
+      torch_script = MOK_TORCH_BASELINE;
+    }
+  }
   try {
     std::string why;
     if (!mok::kernel::gpu_available(&why)) {
@@ -219,6 +254,36 @@ int main(int argc, char** argv) {
       agree = 100.0 * close / fused.numel();
       gemm_path = base.gemm_path();
     }
+    // PyTorch, same global shape (one GPU: T = G), same routing family (its own random draw).
+    double torch_f = 0, torch_fb = 0;
+    std::string torch_note;
+    if (!no_baseline && !torch_script.empty() && file.empty()) {
+      if (routing != "uniform" && routing.rfind("zipf:", 0) != 0) {
+        torch_note = "PyTorch baseline skipped: its script takes uniform or zipf:S routing only";
+      } else {
+        const std::string args = "--H " + std::to_string(Hc) + " --I " + std::to_string(Ic) + " --Is " +
+                                 std::to_string(Isc) + " --E " + std::to_string(Ec) + " --K " + std::to_string(Kc) +
+                                 " --T " + std::to_string(G) + " --routing " + routing + " --reps " +
+                                 std::to_string(reps) + " --warmup " + std::to_string(warmup);
+        const std::string out = run_torch(python, torch_script, args);
+        try {
+          const auto j = nlohmann::json::parse(out);
+          torch_f = j.at("forward_ms").get<double>();
+          if (!j.at("forward_backward_ms").is_null()) torch_fb = j.at("forward_backward_ms").get<double>();
+          torch_note = "PyTorch " + j.at("torch").get<std::string>() + ", fastest variant " +
+                       j.at("chosen").get<std::string>() + "; its backward is forward+backward minus forward";
+        } catch (const std::exception&) {
+          torch_note = "PyTorch baseline did not run (" + python + " " + torch_script +
+                       " needs a CUDA GPU and torch._grouped_mm; --torch \"\" skips it)";
+        }
+      }
+    }
+    // Bytes a pass must move at least, whatever the pipeline: its inputs, every weight once, its
+    // outputs (forward: x, routing, weights -> output; backward: x, d_output, routing, weights ->
+    // d_x, d_router_weights, fp32 weight gradients).
+    const double w_elems = 3.0 * Ec * Ic * Hc + 3.0 * Rn * Isc * Hc;
+    const double fwd_bytes = 2.0 * G * Hc + 8.0 * G * Kc + 2.0 * w_elems + 2.0 * G * Hc;
+    const double bwd_bytes = 4.0 * G * Hc + 8.0 * G * Kc + 2.0 * w_elems + 2.0 * G * Hc + 4.0 * G * Kc + 4.0 * w_elems;
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# mok-bench %s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
@@ -228,18 +293,28 @@ int main(int argc, char** argv) {
                 layer.uses_tma() ? "on" : "off", reps, warmup);
     std::printf("# measured now: bf16 GEMM peak %.0f TFLOP/s (8192^3 cublasGemmEx), copy %.0f GB/s (read+write)\n",
                 peak_tflops, copy_gbps);
-    std::printf("%-22s %10s %10s %9s\n", "pipeline / pass", "ms", "TFLOP/s", "% peak");
-    auto row = [&](const char* name, double ms, double flops) {
-      if (ms > 0) std::printf("%-22s %10.3f %10.2f %8.1f%%\n", name, ms, flops / (ms * 1e-3) / 1e12,
-                              100.0 * flops / (ms * 1e-3) / 1e12 / peak_tflops);
+    std::printf("# floors at the measured rates: forward %.3f ms of FLOPs, %.3f ms of bytes (%.2f GB); backward %.3f ms "
+                "of FLOPs, %.3f ms of bytes (%.2f GB)\n",
+                fwd_flops / (peak_tflops * 1e12) * 1e3, fwd_bytes / (copy_gbps * 1e9) * 1e3, fwd_bytes / 1e9,
+                bwd_flops / (peak_tflops * 1e12) * 1e3, bwd_bytes / (copy_gbps * 1e9) * 1e3, bwd_bytes / 1e9);
+    std::printf("%-22s %10s %10s %9s %10s\n", "pipeline / pass", "ms", "TFLOP/s", "% peak", "GB/s");
+    auto row = [&](const char* name, double ms, double flops, double bytes) {
+      if (ms > 0) std::printf("%-22s %10.3f %10.2f %8.1f%% %10.0f\n", name, ms, flops / (ms * 1e-3) / 1e12,
+                              100.0 * flops / (ms * 1e-3) / 1e12 / peak_tflops, bytes / (ms * 1e-3) / 1e9);
     };
-    row("fused forward", f_ms, fwd_flops);
-    row("fused backward", b_ms, bwd_flops);
-    row("unfused forward", base_f, fwd_flops);
-    row("unfused backward", base_b, bwd_flops);
+    row("fused forward", f_ms, fwd_flops, fwd_bytes);
+    row("fused backward", b_ms, bwd_flops, bwd_bytes);
+    row("unfused forward", base_f, fwd_flops, fwd_bytes);
+    row("unfused backward", base_b, bwd_flops, bwd_bytes);
+    row("pytorch forward", torch_f, fwd_flops, fwd_bytes);
+    row("pytorch backward", torch_fb > torch_f ? torch_fb - torch_f : 0.0, bwd_flops, bwd_bytes);
     if (base_f > 0) std::printf("# unfused GEMMs: %s\n", gemm_path.c_str());
     if (base_f > 0) std::printf("# fused / unfused speed: forward %.2fx, backward %.2fx; outputs agree within 2^-6 relative on %.1f%% of elements\n",
                                 base_f / f_ms, b_ms > 0 ? base_b / b_ms : 0.0, agree);
+    if (!torch_note.empty()) std::printf("# %s\n", torch_note.c_str());
+    if (torch_f > 0)
+      std::printf("# fused / PyTorch speed: forward %.2fx, forward+backward %.2fx\n", torch_f / f_ms,
+                  torch_fb > 0 && b_ms > 0 ? torch_fb / (f_ms + b_ms) : 0.0);
     return 0;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok-bench: %s\n", e.what());

@@ -111,12 +111,13 @@ struct Transfer {
   double window_bytes;     // bytes the initiating SM keeps in flight (0: not window-limited)
   int64_t latency_ns;      // one-way
   int64_t start_ns = -1;
+  bool in_group = false;   // one of a row-order chunk's transfers, started together (push_order)
 };
 
-enum class OpKind : int8_t { kTransfer, kWaitLocalReady, kWaitRemoteReady, kBarrierArrive };
+enum class OpKind : int8_t { kTransfer, kTransferGroup, kWaitLocalReady, kWaitRemoteReady, kBarrierArrive };
 struct Op {
   OpKind kind;
-  int32_t arg;  // transfer id, peer GPU or phase
+  int32_t arg;  // transfer id, transfer group id, peer GPU or phase
 };
 
 enum EventKind : int32_t {
@@ -342,6 +343,8 @@ class LayerSim {
 
   // Programs
   std::vector<Transfer> transfers_;
+  std::vector<std::pair<int32_t, int32_t>> groups_;  // row-order chunk: (first transfer, count)
+  std::vector<int32_t> group_pending_;               // per agent: its group's unfinished transfers
   std::vector<std::vector<Op>> programs_;  // agent = gpu * S + sm
   std::vector<int32_t> pc_;
   std::vector<int64_t> ready_visible_ns_;  // per GPU, -1 until expert outputs are ready
@@ -608,6 +611,54 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     programs[sm].push_back(Op{OpKind::kTransfer, static_cast<int32_t>(transfers_.size())});
     transfers_.push_back(t);
   };
+  if (phase == kDispatch && dir == Direction::kPush && proto_.push_row_order) {
+    // Row order: chunk c of the initiator's tokens goes to SM c % S, which writes its rows to
+    // every destination at once (one transfer per destination, started together) with one
+    // shared window: destination p gets the share b_p / B of the SM's rate cap, B the chunk's
+    // bytes; a fence per chunk (fence_flag, counter) stalls the SM once per chunk.
+    std::vector<std::vector<std::pair<int, int64_t>>> by_chunk(num_chunks_);  // (peer, piece)
+    for (int k = 0; k < R_; ++k) {
+      const int peer = (initiator + k) % R_;
+      const size_t pair = static_cast<size_t>(initiator) * R_ + peer;
+      for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
+        by_chunk[traffic_.pieces[i].chunk_idx].emplace_back(peer, i);
+    }
+    const bool fenced = proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter;
+    for (int64_t c = 0; c < num_chunks_; ++c) {
+      const auto& members = by_chunk[c];
+      if (members.empty()) continue;
+      const int sm = static_cast<int>(c % S_);
+      const int32_t first = static_cast<int32_t>(transfers_.size());
+      int64_t chunk_bytes = 0;
+      for (const auto& [peer, piece] : members) {
+        make_transfer(sm, peer, piece, 1, 1);
+        programs[sm].pop_back();  // the group op below starts them
+        chunk_bytes += transfers_.back().bytes;
+      }
+      const double B = static_cast<double>(std::max<int64_t>(chunk_bytes, 1));
+      int64_t L = 0;
+      for (size_t m = first; m < transfers_.size(); ++m) L = std::max(L, transfers_[m].latency_ns);
+      for (size_t m = first; m < transfers_.size(); ++m) {
+        Transfer& t = transfers_[m];
+        t.in_group = true;
+        const double share = static_cast<double>(t.bytes) / B;
+        const bool nic = t.src != t.dst && topo_.domain_of(t.src) != topo_.domain_of(t.dst);
+        if (nic) continue;  // NIC DMA engines move it, not the SM
+        const double issue = proto_.copy_engine == CopyEngine::kTma ? topo_.sm_tma_store_gbps : topo_.sm_store_gbps;
+        double d = t.src == t.dst ? issue : std::min(issue, topo_.sm_store_inflight_bytes / (2.0 * static_cast<double>(t.latency_ns)));
+        d *= share;
+        if (fenced && t.src != t.dst) {
+          const double b = static_cast<double>(t.bytes);
+          d = b / (b / d + 2.0 * static_cast<double>(L) + topo_.fence_overhead_ns);
+        }
+        t.demand_gbps = d;
+        t.window_bytes *= share;
+      }
+      groups_.emplace_back(first, static_cast<int32_t>(transfers_.size()) - first);
+      programs[sm].push_back(Op{OpKind::kTransferGroup, static_cast<int32_t>(groups_.size() - 1)});
+    }
+    return;
+  }
   for (int k = 0; k < R_; ++k) {
     const int peer = (initiator + k) % R_;
     const int src = dir == Direction::kPush ? initiator : peer;
@@ -650,6 +701,7 @@ void LayerSim::build_programs() {
     for (int sm = 0; sm < S_; ++sm) programs_[static_cast<size_t>(g) * S_ + sm] = std::move(programs[sm]);
   }
   pc_.assign(programs_.size(), 0);
+  group_pending_.assign(programs_.size(), 0);
   wait_start_ns_.assign(programs_.size(), 0);
   std::vector<double> demands;
   demands.reserve(transfers_.size());
@@ -673,7 +725,7 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   checkpoints_.erase(f);
   if (departed_agent_ == agent) {
     departed_agent_ = -1;
-    if (!dirty_ && net_.admit_in_place_of(f, departed_)) {
+    if (!tr.in_group && !dirty_ && net_.admit_in_place_of(f, departed_)) {
       set_rate_segment(f, net_.flow(f).rate_gbps, now);
       return;
     }
@@ -772,10 +824,14 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
   if (opt_.rate_quantum_ns > 0) {
     dirty_ = true;
   } else if (!net_.path_has_slack(f)) {
+    if (tr.in_group) {
+      dirty_ = true;  // one of several flows of its SM: no single successor takes the rate over
+    } else {
     // Its SM may start its next transfer right now and take over the rate (start_transfer).
     departed_ = net_.describe(f);
     departed_agent_ = agent;
     hand_over = true;
+    }
   }
   net_.finish_flow(f);
   if (opt_.record_trace && tr.initiator < opt_.trace_max_gpus)
@@ -783,6 +839,7 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
                                std::string(kPhaseName[tr.phase]) + (tr.is_read ? " pull " : " push ") +
                                    std::to_string(tr.src) + "->" + std::to_string(tr.dst),
                                tr.bytes});
+  if (tr.in_group && --group_pending_[agent] > 0) return;  // the SM waits for its whole chunk
   ++pc_[agent];
   step_agent(agent, now);
   if (hand_over && departed_agent_ >= 0) dirty_ = true;  // nobody took the rate over
@@ -1022,6 +1079,12 @@ void LayerSim::step_agent(int agent, int64_t now) {
       case OpKind::kTransfer:
         start_transfer(agent, op.arg, now);
         return;  // resumes in on_flow_complete
+      case OpKind::kTransferGroup: {
+        const auto [first, count] = groups_[op.arg];
+        group_pending_[agent] = count;
+        for (int32_t m = 0; m < count; ++m) start_transfer(agent, first + m, now);
+        return;  // resumes in on_flow_complete when the last of them completes
+      }
       case OpKind::kWaitLocalReady:
       case OpKind::kWaitRemoteReady: {
         const int peer = op.arg;

@@ -92,17 +92,22 @@ ProtocolConfig protocol_from_json(const nlohmann::json& doc, const std::string& 
     } else if (key == "combine_reduce_per_rank") {
       if (!v.is_boolean()) throw Error(where + key + " must be true or false");
       p.combine_reduce_per_rank = v.get<bool>();
+    } else if (key == "push_order") {
+      const std::string s = text(key, v);
+      if (s == "per_peer") p.push_row_order = false;
+      else if (s == "row_order") p.push_row_order = true;
+      else throw Error(where + "push_order = \"" + s + "\": use per_peer or row_order");
     } else {
       throw Error(where + key + " is unknown; known: dispatch, combine, signaling, copy_engine, phases, " +
                   "chunk_tokens, comm_sms, signal_threads, poll_interval_ns, gemm_tile_rows, dispatch_dtype, dispatch_dedup, " +
-                  "combine_reduce_per_rank");
+                  "combine_reduce_per_rank, push_order");
     }
   }
   return p;
 }
 
 nlohmann::json protocol_to_json(const ProtocolConfig& p) {
-  return nlohmann::json{{"dispatch", to_string(p.dispatch)},
+  nlohmann::json j{{"dispatch", to_string(p.dispatch)},
                         {"combine", to_string(p.combine)},
                         {"signaling", to_string(p.signaling)},
                         {"copy_engine", p.copy_engine == CopyEngine::kTma ? "tma" : "ldst"},
@@ -115,6 +120,9 @@ nlohmann::json protocol_to_json(const ProtocolConfig& p) {
                         {"dispatch_dtype", p.dispatch_bytes_per_element == 1 ? "fp8" : "bf16"},
                         {"dispatch_dedup", p.dispatch_dedup},
                         {"combine_reduce_per_rank", p.combine_reduce_per_rank}};
+  // Written only when not the default, so that outputs of per_peer runs keep their bytes.
+  if (p.push_row_order) j["push_order"] = "row_order";
+  return j;
 }
 
 }  // namespace mok::sim

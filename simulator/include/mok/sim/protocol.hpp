@@ -48,6 +48,15 @@ struct ProtocolConfig {
   int combine_bytes_per_element = 2;    // bf16 y rows
   bool dispatch_dedup = true;           // a token travels once per destination GPU
   bool combine_reduce_per_rank = false; // false: every slot's y travels (mok: slot order fixes sums)
+  // Push dispatch work split ("push_order"). false ("per_peer", the default): each comm SM
+  // serves whole peers one after the other (one destination at a time). true ("row_order"): the
+  // owner's chunks are dealt round-robin over its comm SMs and an SM walks its chunk's rows,
+  // writing each row to its destination GPUs; its in-flight store window is shared by all those
+  // destinations (each gets the share of its bytes in the chunk), and the SM moves on to its next
+  // chunk only when every destination's writes of this one have completed: a congested
+  // destination holds the window and delays the SM's later writes to uncongested destinations
+  // (head-of-line blocking). Combine and pull are unaffected.
+  bool push_row_order = false;
 };
 
 ProtocolConfig protocol_from_json(const nlohmann::json& doc, const std::string& origin);

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,16 +40,34 @@ void* upload(const mok::ref::TensorMap& m, const char* p) {
   return d;
 }
 
-// Runs the PyTorch baseline script with --json and returns its output ("" when it could not run).
-std::string run_torch(const std::string& python, const std::string& script, const std::string& args) {
-  const std::string cmd = python + " '" + script + "' " + args + " --json";
+// One shell word: single-quoted, embedded quotes escaped.
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// Runs the PyTorch baseline script with --json (stderr merged); `ok` says whether it exited 0.
+std::string run_torch(const std::vector<std::string>& argv, bool* ok) {
+  std::string cmd;
+  for (const std::string& a : argv) cmd += shell_quote(a) + " ";
+  cmd += "--json 2>&1";
+  *ok = false;
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return "";
   std::string out;
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  return pclose(f) == 0 ? out : "";
+  *ok = pclose(f) == 0;
+  return out;
+}
+
+// uniform, or zipf:S with S a plain decimal number: the routings the PyTorch script takes.
+bool torch_routing(const std::string& r) {
+  if (r == "uniform") return true;
+  if (r.rfind("zipf:", 0) != 0 || r.size() == 5) return false;
+  return r.find_first_not_of("0123456789.", 5) == std::string::npos;
 }
 
 void* zeros(size_t bytes) {
@@ -258,32 +277,39 @@ int main(int argc, char** argv) {
     double torch_f = 0, torch_fb = 0;
     std::string torch_note;
     if (!no_baseline && !torch_script.empty() && file.empty()) {
-      if (routing != "uniform" && routing.rfind("zipf:", 0) != 0) {
+      if (!torch_routing(routing)) {
         torch_note = "PyTorch baseline skipped: its script takes uniform or zipf:S routing only";
       } else {
-        const std::string args = "--H " + std::to_string(Hc) + " --I " + std::to_string(Ic) + " --Is " +
-                                 std::to_string(Isc) + " --E " + std::to_string(Ec) + " --K " + std::to_string(Kc) +
-                                 " --T " + std::to_string(G) + " --routing " + routing + " --reps " +
-                                 std::to_string(reps) + " --warmup " + std::to_string(warmup);
-        const std::string out = run_torch(python, torch_script, args);
+        bool ok = false;
+        const std::string out =
+            run_torch({python, torch_script, "--H", std::to_string(Hc), "--I", std::to_string(Ic), "--Is",
+                       std::to_string(Isc), "--E", std::to_string(Ec), "--K", std::to_string(Kc), "--T",
+                       std::to_string(G), "--routing", routing, "--reps", std::to_string(reps), "--warmup",
+                       std::to_string(warmup)},
+                      &ok);
         try {
-          const auto j = nlohmann::json::parse(out);
+          if (!ok) throw std::runtime_error("exit status");
+          const auto j = nlohmann::json::parse(out.substr(std::min(out.find('{'), out.size())));
           torch_f = j.at("forward_ms").get<double>();
           if (!j.at("forward_backward_ms").is_null()) torch_fb = j.at("forward_backward_ms").get<double>();
           torch_note = "PyTorch " + j.at("torch").get<std::string>() + ", fastest variant " +
                        j.at("chosen").get<std::string>() + "; its backward is forward+backward minus forward";
         } catch (const std::exception&) {
-          torch_note = "PyTorch baseline did not run (" + python + " " + torch_script +
-                       " needs a CUDA GPU and torch._grouped_mm; --torch \"\" skips it)";
+          std::string last = out;  // the script's last message says why
+          while (!last.empty() && (last.back() == '\n' || last.back() == ' ')) last.pop_back();
+          last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
+          torch_note = "PyTorch baseline did not run (" + python + " " + torch_script + ": " +
+                       (last.empty() ? std::string("no output") : last) + "); --torch \"\" skips it";
         }
       }
     }
     // Bytes a pass must move at least, whatever the pipeline: its inputs, every weight once, its
     // outputs (forward: x, routing, weights -> output; backward: x, d_output, routing, weights ->
     // d_x, d_router_weights, fp32 weight gradients).
-    const double w_elems = 3.0 * Ec * Ic * Hc + 3.0 * Rn * Isc * Hc;
+    // (the shared expert's weights are one copy; its gradients are one per rank)
+    const double w_elems = 3.0 * Ec * Ic * Hc + 3.0 * Isc * Hc, wg_elems = 3.0 * Ec * Ic * Hc + 3.0 * Rn * Isc * Hc;
     const double fwd_bytes = 2.0 * G * Hc + 8.0 * G * Kc + 2.0 * w_elems + 2.0 * G * Hc;
-    const double bwd_bytes = 4.0 * G * Hc + 8.0 * G * Kc + 2.0 * w_elems + 2.0 * G * Hc + 4.0 * G * Kc + 4.0 * w_elems;
+    const double bwd_bytes = 4.0 * G * Hc + 8.0 * G * Kc + 2.0 * w_elems + 2.0 * G * Hc + 4.0 * G * Kc + 4.0 * wg_elems;
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# mok-bench %s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "

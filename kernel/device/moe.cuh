@@ -76,7 +76,9 @@ __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
       __syncthreads();
     }
   }
-  return load_volatile(P.abort) == 0;
+  // One decision for the whole block: a block whose threads read the flag at different moments
+  // would split, and a part without thread 0 would wait forever on its TMA barriers.
+  return __syncthreads_or(load_volatile(P.abort) != 0 ? 1 : 0) == 0;
 }
 
 // Row counts per local expert -> offsets (one block per rank, before the plan is filled).
@@ -235,14 +237,19 @@ __device__ inline void push_pair(const LaunchParams& P, const RankState& S, uint
 // one per row (a single owner's counter would otherwise take every row of the pass).
 __device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which) {
   __shared__ uint32_t per_owner[kMaxRanks];
-  __threadfence();
+  publish_fence(P);  // the pushes may have gone to other GPUs
   for (int r = threadIdx.x; r < P.num_ranks; r += kThreads) per_owner[r] = 0;
   __syncthreads();
   for (int64_t m = threadIdx.x; m < n; m += kThreads)
     atomicAdd(&per_owner[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank], 1u);
   __syncthreads();
   for (int r = threadIdx.x; r < P.num_ranks; r += kThreads)
-    if (per_owner[r]) atomicAdd(&P.peers[r].arrivals[which], per_owner[r]);
+    if (per_owner[r]) {
+      if (P.system_scope)
+        atomicAdd_system(&P.peers[r].arrivals[which], per_owner[r]);
+      else
+        atomicAdd(&P.peers[r].arrivals[which], per_owner[r]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,6 +458,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);
+#if defined(MOK_WGMMA)
+  if (P.fast) acquire_tensor_maps(&P.maps[role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+#endif
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k;
@@ -654,6 +664,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);
+#if defined(MOK_WGMMA)
+  if (P.fast) acquire_tensor_maps(&P.maps[role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+#endif
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;

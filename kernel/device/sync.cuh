@@ -23,6 +23,16 @@ __device__ __forceinline__ void async_proxy_fence() {
 #endif
 }
 
+// Release / acquire fences of the signals that cross ranks: GPU scope on one GPU (the virtual
+// rack), system scope when the peers are other GPUs (the NCCL transport with several GPUs).
+__device__ __forceinline__ void publish_fence(const LaunchParams& P) {
+  if (P.system_scope)
+    __threadfence_system();
+  else
+    __threadfence();
+}
+__device__ __forceinline__ void acquire_fence(const LaunchParams& P) { publish_fence(P); }
+
 // Records the first error of the launch and tells every block to stop.
 __device__ inline void raise_error(const LaunchParams& P, uint32_t code, int rank, int flag, uint64_t expected,
                                    uint64_t observed, int64_t index) {
@@ -44,14 +54,14 @@ __device__ inline bool wait_at_least(const LaunchParams& P, const uint32_t* p, u
                                      int64_t index) {
   uint32_t seen = load_volatile(p);
   if (seen >= target) {
-    __threadfence();  // acquire on the fast path too
+    acquire_fence(P);  // acquire on the fast path too
     return true;
   }
   const uint64_t start = global_time_ns();
   for (;;) {
     seen = load_volatile(p);
     if (seen >= target) {
-      __threadfence();
+      acquire_fence(P);
       return true;
     }
     if (load_volatile(P.abort)) return false;

@@ -101,8 +101,11 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   if (!coop) throw Error("kernel: this GPU does not support cooperative launches", ErrorKind::kUnsupported);
   // The fast engine: sm_90a, the driver's tensor-map encoder, and every GEMM dimension a whole
   // number of 64-wide TMA boxes (K chunks never straddle a tensor or expert boundary).
-  fast_ = hopper_ && !options.disable_tma && tensor_map_encoder() != nullptr && cfg.hidden % 64 == 0 &&
-          cfg.intermediate % 64 == 0 && cfg.shared_intermediate % 64 == 0;
+  // The loaded code must be the sm_90a build (a build for other targets runs its sm_80 code here).
+  cudaFuncAttributes fa{};
+  MOK_CUDA(cudaFuncGetAttributes(&fa, device::moe_forward_kernel));
+  fast_ = hopper_ && fa.binaryVersion == 90 && !options.disable_tma && tensor_map_encoder() != nullptr &&
+          cfg.hidden % 64 == 0 && cfg.intermediate % 64 == 0 && cfg.shared_intermediate % 64 == 0;
   smem_bytes_ = device::smem_bytes_for(major, fast_);
   for (const void* k : {reinterpret_cast<const void*>(device::moe_forward_kernel),
                         reinterpret_cast<const void*>(device::moe_backward_kernel)})

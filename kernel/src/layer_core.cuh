@@ -58,6 +58,8 @@ class LayerCore {
   int blocks_per_rank() const { return blocks_per_rank_; }
   bool uses_tma() const { return fast_; }
   PeerBuffers& peer(int r) { return host_.peers[r]; }
+  // Peers on other GPUs (NCCL with several GPUs): signals across ranks use system scope.
+  void set_system_scope(bool on) { host_.system_scope = on ? 1 : 0; }
   std::vector<void*>& owned() { return owned_; }
 
  private:

@@ -86,6 +86,7 @@ struct NcclLayer::Impl {
     if (nranks != cfg.num_ranks)
       throw Error("NcclLayer: the communicator has " + std::to_string(nranks) + " ranks but config.R is " +
                   std::to_string(cfg.num_ranks));
+    core.set_system_scope(nranks > 1);  // peers are other GPUs
     lay = layout(cfg);
     MOK_NCCL(ncclMemAlloc(&window_buf, lay.total));
     MOK_CUDA(cudaMemset(window_buf, 0, lay.total));

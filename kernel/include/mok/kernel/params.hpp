@@ -135,6 +135,7 @@ struct LaunchParams {
   RankTensors tensors[kMaxRanks];
   RankTensorMaps maps[kMaxRanks];
   int32_t fast;                   // 1: the fast engine (sm_90a, TMA maps valid, H, I, Is multiples of 64)
+  int32_t system_scope;           // 1: peers are other GPUs: cross-rank signals use system-scope fences
   ErrorRecord* error;
   uint32_t* abort;
 };

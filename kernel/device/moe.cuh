@@ -12,8 +12,9 @@ namespace mok::kernel::device {
 using spec::RowRef;
 
 // Which rank a block serves and its role: blocks [0, comm) of a rank communicate (gather rows
-// from peers); the rest compute (expert and shared-expert GEMMs, weight gradients). Every block
-// of the rank then takes a share of the combines for the rank's own tokens. Roles change who
+// from peers) and then join the rest on the GEMM work items (expert and shared-expert GEMMs,
+// weight gradients). Every block of the rank then takes a share of the combines for the rank's
+// own tokens. Roles change who
 // does the work, never its order.
 struct Role {
   int rank;

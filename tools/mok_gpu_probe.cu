@@ -222,7 +222,9 @@ int main(int argc, char** argv) {
   for (const auto& r : copy_rows)
     std::printf("      %4d %20d %19lld %11.1f %12.2f\n", r.blocks, r.inflight, static_cast<long long>(r.inflight_bytes),
                 r.gbps_total, r.gbps_per_sm);
-  std::printf("hot-address atomicAdd from %d SMs: %.3f ns per atomic (service time)\n", sms, atomic_ns);
+  std::printf("hot-address atomicAdd from %d SMs: %.3f ns per thread-level atomic (the compiler may merge a warp's\n"
+              "  same-address atomics into one, so this is not the service time of one remote atomic)\n",
+              sms, atomic_ns);
   for (const auto& f : fence_rows)
     std::printf("__threadfence with %2d stores pending: %.0f ns (median of %d)\n", f.pending, f.ns, freps - 4);
   std::printf("flag one-way latency between two SMs (volatile poll, fence, store): %.0f ns\n", flag_ns);

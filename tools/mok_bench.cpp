@@ -317,6 +317,10 @@ int main(int argc, char** argv) {
                 prop.name, (long long)G, (long long)Hc, (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc,
                 (long long)Rn, (long long)rows, layer.blocks_per_rank(), layer.comm_blocks_per_rank(),
                 layer.uses_tma() ? "on" : "off", reps, warmup);
+#if defined(MOK_ATOMICS_VARIANT)
+    std::printf("# ATOMICS VARIANT (benchmark build): combine, d_x and weight gradients by fp32 atomics, not "
+                "deterministic; d_router_weights reads y slots this variant's forward does not write (same cost)\n");
+#endif
     std::printf("# measured now: bf16 GEMM peak %.0f TFLOP/s (8192^3 cublasGemmEx), copy %.0f GB/s (read+write)\n",
                 peak_tflops, copy_gbps);
     std::printf("# floors at the measured rates: forward %.3f ms of FLOPs, %.3f ms of bytes (%.2f GB); backward %.3f ms "

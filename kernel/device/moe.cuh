@@ -11,6 +11,18 @@ namespace mok::kernel::device {
 
 using spec::RowRef;
 
+// The atomics variant (-DMOK_ATOMICS_VARIANT, built only as the benchmark mok-bench-atomics):
+// the same kernel with the combine, d_x and weight gradients accumulated by fp32 atomics in
+// arrival order, the design the deterministic kernel is measured against (issue 4). Its results
+// are not bit-reproducible and nothing but the benchmark uses it.
+#if defined(MOK_ATOMICS_VARIANT)
+inline constexpr bool kAtomics = true;
+#else
+inline constexpr bool kAtomics = false;
+#endif
+// Row splits of each weight-gradient tile in the atomics variant (partial sums added atomically).
+inline constexpr int64_t kAtomicSplits = 4;
+
 // Which rank a block serves and its role: blocks [0, comm) of a rank communicate (gather rows
 // from peers) and then join the rest on the GEMM work items (expert and shared-expert GEMMs,
 // weight gradients). Every block of the rank then takes a share of the combines for the rank's
@@ -232,6 +244,47 @@ __device__ inline void push_pair(const LaunchParams& P, const RankState& S, uint
       pack2(spec::bf16_from_f32_rne(v0), spec::bf16_from_f32_rne(v1));
 }
 
+// Atomics variant: adds a column pair of row p to its token's fp32 accumulator at the owner,
+// forward w * rn(y) (scale), backward rn(dx); a shared-expert row (routed false, p the token)
+// adds its fp32 value to this rank's own accumulator. Order of arrival decides the sum's bits.
+__device__ inline void atomic_pair(const LaunchParams& P, const Role& role, const RankState& S, bool routed,
+                                   bool scale, int64_t p, int64_t col, float v0, float v1) {
+  const int64_t H = P.cfg.hidden, T = P.cfg.tokens_per_rank;
+  float* a;
+  if (routed) {
+    const RowRef row = S.rows[p];
+    const PeerBuffers& owner = P.peers[row.token_idx / T];
+    const int64_t t = row.token_idx % T;
+    const float w = scale ? owner.router_weights[t * P.cfg.top_k + row.slot_idx] : 1.0f;
+    v0 = spec::fmul(w, spec::round_bf16(v0));
+    v1 = spec::fmul(w, spec::round_bf16(v1));
+    a = owner.acc + t * H + col;
+  } else {
+    a = P.peers[role.rank].acc + p * H + col;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(a), make_float2(v0, v1));
+#else
+  atomicAdd(a, v0);
+  atomicAdd(a + 1, v1);
+#endif
+}
+
+// Atomics variant: out = rn(acc) over the rank's tokens, once every contribution has arrived.
+__device__ inline void finish_from_acc(const LaunchParams& P, const Role& role, uint16_t* out) {
+  const int64_t n = P.cfg.tokens_per_rank * P.cfg.hidden;
+  const float* acc = P.peers[role.rank].acc;
+  for (int64_t i = (int64_t{role.block} * kThreads + threadIdx.x) * 2; i < n;
+       i += int64_t{P.blocks_per_rank} * kThreads * 2) {
+    if (i + 1 < n) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(acc + i));
+      *reinterpret_cast<uint32_t*>(out + i) = pack2(spec::bf16_from_f32_rne(v.x), spec::bf16_from_f32_rne(v.y));
+    } else {
+      out[i] = spec::bf16_from_f32_rne(__ldcg(acc + i));
+    }
+  }
+}
+
 // After a tile's pushes: every thread fences its stores, then each row is counted at its owner
 // (arrivals[which]: 0 forward, 1 backward; once per column tile).
 // Rows are tallied per owner in shared memory first: one global atomic per owner and tile, not
@@ -426,10 +479,21 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   const uint16_t* act = routed ? S.act : S.shared_act;
   const uint16_t* wd = routed ? W.w_routed_down + t.e * H * Kd : W.w_shared_down;
   auto out = [&](int64_t m, int64_t col, float v) {
-    if (routed)
+    if constexpr (kAtomics) {
+      float* a = routed ? nullptr : P.peers[role.rank].acc + (p0 + m) * H + col;
+      if (routed) {
+        const RowRef row = S.rows[p0 + m];
+        const PeerBuffers& owner = P.peers[row.token_idx / c.tokens_per_rank];
+        const int64_t tok = row.token_idx % c.tokens_per_rank;
+        a = owner.acc + tok * H + col;
+        v = spec::fmul(owner.router_weights[tok * c.top_k + row.slot_idx], spec::round_bf16(v));
+      }
+      atomicAdd(a, v);
+    } else if (routed) {
       push_to_owner(P, S, &PeerBuffers::y_slots, p0 + m, col, v);
-    else
+    } else {
       S.shared_out[(p0 + m) * H + col] = v;
+    }
   };
   // ORDER: dot-chain over I (Is).
   if (P.fast) {
@@ -437,7 +501,9 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
     const FastOperand B = kmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, (routed ? t.e * H : 0) + n0);
     gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, min(static_cast<int64_t>(kTileNWide), H - n0), A, B, B,
                            [&](int64_t i, int64_t j, float v0, float v1) {
-                             if (routed)
+                             if constexpr (kAtomics)
+                               atomic_pair(P, role, S, routed, true, p0 + i, n0 + j, v0, v1);
+                             else if (routed)
                                push_pair(P, S, &PeerBuffers::y_slots, p0 + i, n0 + j, v0, v1);
                              else
                                *reinterpret_cast<float2*>(S.shared_out + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
@@ -493,7 +559,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   // ORDER: combine-slots (per element; V adjacent columns per thread).
   auto init = [&](int64_t i) { return c.has_shared() ? __ldcg(&S.shared_out[i]) : 0.0f; };
   auto step = [&](float acc, int64_t t, int64_t k, uint16_t y_bits) { return spec::combine_step(acc, w[t * K + k], y_bits); };
-  if (H % 8 == 0)
+  if constexpr (kAtomics)
+    finish_from_acc(P, role, out);
+  else if (H % 8 == 0)
     combine_columns<8>(P, role, y, topk, init, step, out);
   else
     combine_columns<1>(P, role, y, topk, init, step, out);
@@ -563,10 +631,19 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   const uint16_t* wg = routed ? W.w_routed_gate + t.e * N1 * H : W.w_shared_gate;  // [N1, H]
   const uint16_t* wu = routed ? W.w_routed_up + t.e * N1 * H : W.w_shared_up;
   auto out = [&](int64_t m, int64_t col, float v) {
-    if (routed)
+    if constexpr (kAtomics) {
+      float* a = routed ? nullptr : P.peers[role.rank].acc + (p0 + m) * H + col;
+      if (routed) {
+        const RowRef row = S.rows[p0 + m];
+        a = P.peers[row.token_idx / c.tokens_per_rank].acc + (row.token_idx % c.tokens_per_rank) * H + col;
+        v = spec::round_bf16(v);
+      }
+      atomicAdd(a, v);
+    } else if (routed) {
       push_to_owner(P, S, &PeerBuffers::dx_slots, p0 + m, col, v);
-    else
+    } else {
       S.dx_shared[(p0 + m) * H + col] = v;
+    }
   };
   // ORDER: dot-chain over 2I, gate half first.
   if (P.fast) {
@@ -577,7 +654,9 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
                                  : mnmajor2(&maps.w_shared_gate, wrow, &maps.w_shared_up, wrow, N1, n0);
     gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, min(static_cast<int64_t>(kTileNWide), H - n0), A, B, B,
                            [&](int64_t i, int64_t j, float v0, float v1) {
-                             if (routed)
+                             if constexpr (kAtomics)
+                               atomic_pair(P, role, S, routed, false, p0 + i, n0 + j, v0, v1);
+                             else if (routed)
                                push_pair(P, S, &PeerBuffers::dx_slots, p0 + i, n0 + j, v0, v1);
                              else
                                *reinterpret_cast<float2*>(S.dx_shared + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
@@ -613,12 +692,27 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
                              min(static_cast<int64_t>(kTileNWide), N - n0), mnmajor(am, r0, m0), mnmajor(bm, r0, n0),
                              mnmajor(bm, r0, n0),
                              [&](int64_t i, int64_t j, float v0, float v1) {
-                               *reinterpret_cast<float2*>(out + (m0 + i) * N + n0 + j) = make_float2(v0, v1);
+                               float2* o = reinterpret_cast<float2*>(out + (m0 + i) * N + n0 + j);
+                               if constexpr (kAtomics) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                                 atomicAdd(o, make_float2(v0, v1));
+#else
+                                 atomicAdd(&o->x, v0);
+                                 atomicAdd(&o->y, v1);
+#endif
+                               } else {
+                                 *o = make_float2(v0, v1);
+                               }
                              });
     } else {
       gemm_slow(smem, M, N, nr, m0, n0, [&](int64_t m, int64_t k) { return a_src[(r0 + k) * M + m]; },
                 [&](int64_t k, int64_t col) { return b_src[(r0 + k) * N + col]; },
-                [&](int64_t m, int64_t col, float v) { out[m * N + col] = v; });
+                [&](int64_t m, int64_t col, float v) {
+                  if constexpr (kAtomics)
+                    atomicAdd(out + m * N + col, v);
+                  else
+                    out[m * N + col] = v;
+                });
     }
   };
   // Item numbers: per local expert gate, up (tiles of [I x H]) and down ([H x I]), row-tile
@@ -629,7 +723,17 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
   const int64_t routed_items = E_local * per_expert, total = routed_items + 2 * sgu + sd;
   const uint16_t* x = P.peers[role.rank].x;
   const uint16_t* dout = P.peers[role.rank].d_output;
-  for (int64_t item = worker(P, role); item < total; item += P.blocks_per_rank) {
+  // The atomics variant splits every tile's row chain in kAtomicSplits parts (64-row multiples).
+  const int64_t splits = kAtomics ? kAtomicSplits : 1;
+  auto split_rows = [&](int64_t split, int64_t& r0, int64_t& nr) {
+    if (!kAtomics) return;
+    const int64_t part = ceil_div(ceil_div(nr, splits), 64) * 64;
+    const int64_t lo = min(nr, split * part), hi = min(nr, lo + part);
+    r0 += lo;
+    nr = hi - lo;
+  };
+  for (int64_t work = worker(P, role); work < total * splits; work += P.blocks_per_rank) {
+    const int64_t item = work / splits, split = work % splits;
     const bool routed = item < routed_items;
     const int64_t e = routed ? item / per_expert : -1;
     const int64_t r = routed ? item % per_expert : item - routed_items;
@@ -641,7 +745,9 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
     const int64_t M = down ? H : Nin, N = down ? Nin : H;
     const int64_t tn = (N + NT - 1) / NT, m0 = (t / tn) * kTileM, n0 = (t % tn) * NT;
     if (routed) {
-      const int64_t r0 = S.expert_offsets[e], nr = S.expert_offsets[e + 1] - r0;
+      int64_t r0 = S.expert_offsets[e], nr = S.expert_offsets[e + 1] - r0;
+      split_rows(split, r0, nr);
+      if (kAtomics && nr == 0) continue;
       const uint16_t* a_src = which == 0 ? S.d_gate : which == 1 ? S.d_up : S.dy;  // [rows, M]
       const uint16_t* b_src = down ? S.act : S.xd;                                 // [rows, N]
       const TensorMapBytes* am = which == 0 ? &maps.d_gate : which == 1 ? &maps.d_up : &maps.dy;
@@ -654,7 +760,10 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
       const TensorMapBytes* am = which == 0 ? &maps.shared_d_gate : which == 1 ? &maps.shared_d_up : &maps.d_output;
       const TensorMapBytes* bm = down ? &maps.shared_act : &maps.x;
       float* out = which == 0 ? W.d_w_shared_gate : which == 1 ? W.d_w_shared_up : W.d_w_shared_down;
-      tile(M, N, m0, n0, 0, T, a_src, b_src, am, bm, out);
+      int64_t r0 = 0, nr = T;
+      split_rows(split, r0, nr);
+      if (kAtomics && nr == 0) continue;
+      tile(M, N, m0, n0, r0, nr, a_src, b_src, am, bm, out);
     }
   }
 }
@@ -695,7 +804,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   // ORDER: dx-slots (per element; V adjacent columns per thread).
   auto init = [&](int64_t i) { return c.has_shared() ? __ldcg(&S.dx_shared[i]) : 0.0f; };
   auto step = [](float acc, int64_t, int64_t, uint16_t dx_bits) { return spec::dx_step(acc, dx_bits); };
-  if (H % 8 == 0)
+  if constexpr (kAtomics)
+    finish_from_acc(P, role, R.d_x);
+  else if (H % 8 == 0)
     combine_columns<8>(P, role, dx, topk, init, step, R.d_x);
   else
     combine_columns<1>(P, role, dx, topk, init, step, R.d_x);

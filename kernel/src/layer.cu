@@ -279,6 +279,7 @@ struct Layer::Impl {
   uint16_t* y_slots = nullptr;
   uint16_t* dx_slots = nullptr;
   uint32_t* arrivals = nullptr;  // [R][2]
+  float* acc = nullptr;          // [G, H]: the atomics variant's accumulators (see moe.cuh)
   Impl(const spec::LayerConfig& cfg, const KernelOptions& options)
       : core(cfg, options, 0, static_cast<int>(cfg.num_ranks)) {
     const int64_t G = cfg.num_tokens(), K = cfg.top_k, H = cfg.hidden, T = cfg.tokens_per_rank;
@@ -287,11 +288,13 @@ struct Layer::Impl {
     arrivals = device_alloc<uint32_t>(core.owned(), 2 * cfg.num_ranks);
     MOK_CUDA(cudaMemset(y_slots, 0, G * K * H * sizeof(uint16_t)));
     MOK_CUDA(cudaMemset(dx_slots, 0, G * K * H * sizeof(uint16_t)));
+    if (device::kAtomics) acc = device_alloc<float>(core.owned(), G * H);
     for (int r = 0; r < cfg.num_ranks; ++r) {
       PeerBuffers& p = core.peer(r);
       p.y_slots = y_slots + r * T * K * H;
       p.dx_slots = dx_slots + r * T * K * H;
       p.arrivals = arrivals + 2 * r;
+      p.acc = acc ? acc + r * T * H : nullptr;
     }
   }
   void launch(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, cudaStream_t stream) {
@@ -306,6 +309,18 @@ struct Layer::Impl {
       core.set_tensors(r, in, out, true);
     }
     MOK_CUDA(cudaMemsetAsync(arrivals, 0, 2 * c.num_ranks * sizeof(uint32_t), stream));
+    if (device::kAtomics) {
+      // Atomic sums start from zero: the accumulators, and for the backward the weight gradients.
+      MOK_CUDA(cudaMemsetAsync(acc, 0, c.num_tokens() * H * sizeof(float), stream));
+      if (kernel == reinterpret_cast<const void*>(device::moe_backward_kernel)) {
+        const int64_t EIH = c.num_experts * c.intermediate * H, sIH = c.num_ranks * c.shared_intermediate * H;
+        for (float* d : {out.d_w_routed_gate, out.d_w_routed_up, out.d_w_routed_down})
+          MOK_CUDA(cudaMemsetAsync(d, 0, EIH * sizeof(float), stream));
+        if (c.has_shared())
+          for (float* d : {out.d_w_shared_gate, out.d_w_shared_up, out.d_w_shared_down})
+            MOK_CUDA(cudaMemsetAsync(d, 0, sIH * sizeof(float), stream));
+      }
+    }
     core.launch(kernel, stream);
   }
 };

@@ -22,6 +22,8 @@ struct PeerBuffers {
   uint16_t* y_slots;          // [T, K, H] bf16: combine pushes each (token, slot) row here once
   uint16_t* dx_slots;         // [T, K, H] bf16: backward pushes each slot's dx row here once
   uint32_t* arrivals;         // [2]: rows pushed into y_slots / dx_slots so far this pass
+  float* acc;                 // [T, H] fp32: only the atomics variant (MOK_ATOMICS_VARIANT, a benchmark
+                              // build) adds combine and d_x contributions here; null otherwise
 };
 
 // Signal words a rank waits on (ids used in diagnostics; see flag_name()).

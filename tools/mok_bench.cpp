@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   app.add_option("--K", K, "top-k");
   app.add_option("--reps", reps, "timed repetitions")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str();
-  app.add_option("--comm-sms", comm, "communication blocks per rank: they gather rows, then compute (0: blocks per rank / 4)")->capture_default_str();
+  app.add_option("--comm-sms", comm, "communication blocks per rank: they gather rows, then compute (0: blocks per rank - 1)")->capture_default_str();
   app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str();
   bool no_tma = false, no_baseline = false;
   std::string torch_script = "auto", python = "python3";

@@ -148,6 +148,10 @@ __device__ inline void count_expected_arrivals(const LaunchParams& P, const Role
     P.state[role.rank].counters[4] = total * static_cast<uint32_t>(ceil_div(P.cfg.hidden, width_single(P)));
 }
 
+// 16-byte loads each lane keeps in flight while gathering (8 measured no faster on the H200:
+// kernel/notes/bench_default_comm_atomics.txt).
+inline constexpr int kGatherInFlight = 4;
+
 // Gathers rows of a token-major bf16 tensor (x, or d_output scaled by the slot's router weight)
 // from their owners into the rank's row-major workspace and raises each row's ready flag to the
 // launch epoch. One warp per row; with H a multiple of 8 every lane moves 16 bytes per access,
@@ -182,12 +186,12 @@ __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint
       uint4* __restrict__ d4 = reinterpret_cast<uint4*>(out);
       const int64_t n4 = H / 8;
       int64_t i = lane;
-      for (; i + 96 < n4; i += 128) {
-        const uint4 v0 = s4[i], v1 = s4[i + 32], v2 = s4[i + 64], v3 = s4[i + 96];
-        d4[i] = convert(v0);
-        d4[i + 32] = convert(v1);
-        d4[i + 64] = convert(v2);
-        d4[i + 96] = convert(v3);
+      for (; i + 32 * (kGatherInFlight - 1) < n4; i += 32 * kGatherInFlight) {
+        uint4 v[kGatherInFlight];
+#pragma unroll
+        for (int q = 0; q < kGatherInFlight; ++q) v[q] = s4[i + 32 * q];
+#pragma unroll
+        for (int q = 0; q < kGatherInFlight; ++q) d4[i + 32 * q] = convert(v[q]);
       }
       for (; i < n4; i += 32) d4[i] = convert(s4[i]);
     } else {
@@ -347,8 +351,21 @@ __device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S,
   return RowTile{-1, rt * kTileM, min(static_cast<int64_t>(kTileM), P.cfg.tokens_per_rank - rt * kTileM), index};
 }
 
+// Item i of a GEMM phase over `rows` row tiles x `cols` column tiles, in groups of kGroupRows
+// row tiles, column-major inside a group: blocks that run at the same time share a few A row
+// tiles and a few B (weight) column tiles in L2, instead of one A tile and every column tile of
+// an expert's weights (which, with 16 blocks per rank at R = 8, streamed the weights from DRAM
+// once per row tile).
+inline constexpr int64_t kGroupRows = 8;
+__device__ __forceinline__ void grouped_tile(int64_t i, int64_t rows, int64_t cols, int64_t& rt, int64_t& col) {
+  const int64_t g = i / (kGroupRows * cols), in = i % (kGroupRows * cols);
+  const int64_t n = min(kGroupRows, rows - g * kGroupRows);  // row tiles in this group
+  rt = g * kGroupRows + in % n;
+  col = in / n;
+}
+
 // Runs this block's phase 1 then phase 2 items. Item numbers: phase 1 is every routed row tile's
-// column tiles (row-tile major), then the shared expert's; phase 2 likewise over H. Worker w
+// column tiles (in grouped_tile order), then the shared expert's; phase 2 likewise over H. Worker w
 // (see worker()) takes items w, w + blocks_per_rank, ... directly. phase1(tile, n0) / phase2(tile, n0) compute
 // one column tile starting at column n0 and return false when the pass is aborting.
 template <class Phase1, class Phase2>
@@ -361,11 +378,18 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_r
   const int64_t p1_routed = rr * c1r, p1 = p1_routed + rs * c1s, total = p1 + (rr + rs) * c2;
   for (int64_t item = worker(P, role); item < total; item += P.blocks_per_rank) {
     if (item < p1) {
-      const int64_t rt = item < p1_routed ? item / c1r : rr + (item - p1_routed) / c1s;
-      const int64_t n0 = (item < p1_routed ? item % c1r : (item - p1_routed) % c1s) * NT1;
-      if (!phase1(row_tile_at(P, S, rt), n0)) return false;
+      int64_t rt, col;
+      if (item < p1_routed) {
+        grouped_tile(item, rr, c1r, rt, col);
+      } else {
+        grouped_tile(item - p1_routed, rs, c1s, rt, col);
+        rt += rr;
+      }
+      if (!phase1(row_tile_at(P, S, rt), col * NT1)) return false;
     } else {
-      const int64_t rt = (item - p1) / c2, n0 = ((item - p1) % c2) * NT2;
+      int64_t rt, col;
+      grouped_tile(item - p1, rr + rs, c2, rt, col);
+      const int64_t n0 = col * NT2;
       const RowTile t = row_tile_at(P, S, rt);
       const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
       if (!wait_tile(P, role, &S.tiles_done[t.index], need, t.index)) return false;

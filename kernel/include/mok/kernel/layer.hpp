@@ -13,7 +13,7 @@ namespace mok::kernel {
 
 struct KernelOptions {
   int blocks_per_rank = 0;       // 0: as many as fit co-resident on the GPU, divided among ranks
-  int comm_blocks_per_rank = 0;  // communication blocks of each rank (0: blocks_per_rank / 4, at least 1;
+  int comm_blocks_per_rank = 0;  // communication blocks of each rank (0: blocks_per_rank - 1, at least 1;
                                  // they gather rows, then join the GEMM work items)
   double wait_timeout_s = 10.0;  // bound on every wait for a flag; a timeout ends the pass with a diagnostic
   int silent_rank = -1;          // testing only: this rank never runs (its peers must time out)

@@ -739,8 +739,8 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
                 });
     }
   };
-  // Item numbers: per local expert gate, up (tiles of [I x H]) and down ([H x I]), row-tile
-  // major; then the shared expert's three. Worker w takes items w, w + blocks_per_rank, ...
+  // Item numbers: per local expert gate, up (tiles of [I x H]) and down ([H x I]), each in
+  // grouped_tile order; then the shared expert's three. Worker w takes items w, w + blocks_per_rank, ...
   auto tiles_of = [&](int64_t M, int64_t N) { return ((M + kTileM - 1) / kTileM) * ((N + NT - 1) / NT); };
   const int64_t tgu = tiles_of(I, H), td = tiles_of(H, I), per_expert = 2 * tgu + td;
   const int64_t sgu = c.has_shared() ? tiles_of(Is, H) : 0, sd = c.has_shared() ? tiles_of(H, Is) : 0;
@@ -767,7 +767,11 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
     const bool down = which == 2;
     const int64_t Nin = routed ? I : Is;  // the expert's intermediate size
     const int64_t M = down ? H : Nin, N = down ? Nin : H;
-    const int64_t tn = (N + NT - 1) / NT, m0 = (t / tn) * kTileM, n0 = (t % tn) * NT;
+    // Tiles of one gradient in grouped_tile order (as the phases: blocks running together share
+    // a few A and B column blocks of the expert's rows in L2).
+    int64_t mt, nt;
+    grouped_tile(t, (M + kTileM - 1) / kTileM, (N + NT - 1) / NT, mt, nt);
+    const int64_t m0 = mt * kTileM, n0 = nt * NT;
     if (routed) {
       int64_t r0 = S.expert_offsets[e], nr = S.expert_offsets[e + 1] - r0;
       split_rows(split, r0, nr);

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <exception>
 #include <mutex>
@@ -223,7 +224,11 @@ void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool b
     dev[p] = d;
   }
   const DeviceOutputs out = detail::outputs_from(dev);
-  NcclLayer layer(cfg, comm, options);
+  KernelOptions sized = options;
+  if (sized.row_capacity == 0)  // what this routing needs (every rank sees the whole routing here)
+    sized.row_capacity = std::max<int64_t>(
+        1, rows_per_rank(cfg, reinterpret_cast<const int32_t*>(inputs.at("inputs/topk_experts").raw())));
+  NcclLayer layer(cfg, comm, sized);
   layer.forward(in, out);
   layer.check_errors();
   if (backward) {

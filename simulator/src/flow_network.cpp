@@ -89,9 +89,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     links_.emplace_back();
     active_pos_.push_back(-1);
     frozen_epoch_.push_back(0);
-    flow_stamp_.push_back(0);
-    flow_status_.push_back(0);
-    event_pushed_.push_back(0);
+    flow_mark_.push_back(0);
     new_rate_.push_back(0);
   }
   Flow& f = flows_[idx];
@@ -314,9 +312,9 @@ void FlowNetwork::recompute_rates() {
 // last time (all its flows keep their old freezing points up to now), so it saturates at its
 // old level again. Events, in level order (a level's demand step before its saturation step):
 // a tracked resource's share (a lazy lower bound, re-pushed when it has grown), a new or freed
-// flow's demand, and a fixed flow reaching its old freezing point (L, saturation) when one of
-// the resources that saturated at L last time is tracked. A tracked resource's fixed flows are
-// sorted by old freezing point and accounted lazily by a cursor. At a saturation step at level
+// flow's demand, and a tracked resource's old saturation level (the flows it froze there are
+// checked there). A tracked resource's fixed flows are sorted by old freezing point and
+// accounted lazily by a cursor. At a saturation step at level
 // L: tracked resources whose share is L saturate and freeze their unfrozen flows at L (a fixed
 // flow frozen here earlier than before has changed); a fixed flow at its old point (L,
 // saturation) stays frozen only if a resource on its path saturates at L (a clean one with old
@@ -364,7 +362,7 @@ void FlowNetwork::advance(int r, int64_t level, int sub) {
   const int end = pool_end_[r];
   while (c < end && point_le(pool_[c].level, pool_[c].sub, level, sub)) {
     const int f = pool_[c].flow;
-    const uint8_t st = flow_stamp_[f] == stamp_ ? flow_status_[f] : kFixed;
+    const uint8_t st = (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
       res_rem_[r] -= pool_[c].level;
       --res_unfrozen_[r];
@@ -377,19 +375,22 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   if (res_stamp_[r] == stamp_) return;  // already dirty in this attempt
   res_stamp_[r] = stamp_;
   const auto& list = res_flows_[r];
-  auto status = [&](int f) { return flow_stamp_[f] == stamp_ ? flow_status_[f] : kFixed; };
+  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
   if (force_stamp_[r] != update_id_ && level_[r] == kInf) {
-    // Passive when it has room for what its free flows can take (their demand, or the smallest
-    // capacity on their path) on top of what it carries; the end of the update checks.
+    // Passive (a guess; the end of the update checks it) when over 1/64 of it is unused, or when
+    // it has room for what its free flows can take (their demand, or the smallest capacity on
+    // their path) on top of what it carries.
     int64_t need = static_cast<int64_t>(list.size());
-    for (int f : list) {
+    const bool roomy = residual_[r] - need >= capacity_[r] / 64;
+    for (size_t k = 0; !roomy && k < list.size(); ++k) {
+      const int f = list[k];
       if (status(f) != kFree) continue;
       const Flow& fl = flows_[f];
       int64_t most = fl.demand_units;
       for (int i = 0; i < fl.path_len; ++i) most = std::min(most, capacity_[fl.path[i]]);
       need = std::min(kMaxRateUnits, need + most);
     }
-    if (residual_[r] >= need) {
+    if (roomy || residual_[r] >= need) {
       res_mode_[r] = kPassive;
       passive_.push_back(r);
       return;
@@ -419,21 +420,11 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
       }
       ++n;
       pool_.push_back(Pending{fl.rate_units, fsub, f});
-      if (fsub == 1 && level_[r] == fl.rate_units) {
-        // r saturated at this flow's rate last time: whether it stays frozen there is decided
-        // at that point.
-        if (flow_stamp_[f] != stamp_) {
-          flow_stamp_[f] = stamp_;
-          flow_status_[f] = kFixed;
-          event_pushed_[f] = 0;
-        }
-        if (!event_pushed_[f]) {
-          event_pushed_[f] = 1;
-          push_event(fl.rate_units, 1, 1, f);
-        }
-      }
     }
   }
+  // r saturated at a later level last time: whether the flows it froze then stay frozen there
+  // is decided at that level.
+  if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
   std::sort(pool_.begin() + begin, pool_.end(), [](const Pending& a, const Pending& b) {
     if (a.level != b.level) return a.level < b.level;
     if (a.sub != b.sub) return a.sub < b.sub;
@@ -453,8 +444,8 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
 }
 
 FlowNetwork::Attempt FlowNetwork::attempt_update() {
-  if (++stamp_ == 0) {  // wrapped: clear the stamps once every 2^32 attempts
-    std::fill(flow_stamp_.begin(), flow_stamp_.end(), 0);
+  if (++stamp_ == (1u << 30)) {  // wrapped: clear the stamps once every 2^30 attempts
+    std::fill(flow_mark_.begin(), flow_mark_.end(), 0);
     std::fill(res_stamp_.begin(), res_stamp_.end(), 0);
     stamp_ = 1;
   }
@@ -472,14 +463,8 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   // Past this many tracked flow entries a full recompute is cheaper (same result).
   const int64_t work_limit = static_cast<int64_t>(active_.size()) / 2 + 64;
   auto later = [](const Event& a, const Event& b) { return event_later(a, b); };
-  auto status = [&](int f) { return flow_stamp_[f] == stamp_ ? flow_status_[f] : kFixed; };
-  auto set_status = [&](int f, uint8_t st) {
-    if (flow_stamp_[f] != stamp_) {
-      flow_stamp_[f] = stamp_;
-      event_pushed_[f] = 0;
-    }
-    flow_status_[f] = st;
-  };
+  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
+  auto set_status = [&](int f, uint8_t st) { flow_mark_[f] = stamp_ << 2 | st; };
   auto free_flow = [&](int f) {
     set_status(f, kFree);
     push_event(flows_[f].demand_units, 0, 1, f);
@@ -516,7 +501,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       const Event e = events_.front();
       std::pop_heap(events_.begin(), events_.end(), later);
       events_.pop_back();
-      if (e.kind == 1) {
+      if (e.kind == 2) {
         candidates_.push_back(e.idx);
         continue;
       }
@@ -552,19 +537,25 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
           }
         }
       }
-    for (int f : candidates_) {
-      if (status(f) != kFixed) continue;
-      const Flow& fl = flows_[f];
-      bool held = false;
-      for (int i = 0; i < fl.path_len && !held; ++i) {
-        const int r = fl.path[i];
-        held = res_stamp_[r] != stamp_ && level_[r] == level;  // a clean resource saturates here again
-      }
-      if (held) {
-        set_status(f, kFixedFrozen);
-      } else {
-        free_flow(f);
-        spread_.push_back(f);
+    // Tracked resources that saturated at this level last time and do not now: the flows they
+    // froze here stay frozen only if a clean resource on their path saturates here again.
+    for (int rc : candidates_) {
+      if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
+      for (int f : res_flows_[rc]) {
+        if (status(f) != kFixed) continue;
+        const Flow& fl = flows_[f];
+        if (fl.rate_units != level || sub_of(fl) != 1) continue;
+        bool held = false;
+        for (int i = 0; i < fl.path_len && !held; ++i) {
+          const int r = fl.path[i];
+          held = res_stamp_[r] != stamp_ && level_[r] == level;
+        }
+        if (held) {
+          set_status(f, kFixedFrozen);
+        } else {
+          free_flow(f);
+          spread_.push_back(f);
+        }
       }
     }
     for (int f : spread_)

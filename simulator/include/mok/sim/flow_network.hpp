@@ -133,14 +133,14 @@ class FlowNetwork {
   struct Event {
     int64_t level;
     int32_t sub;   // 0: demand step, 1: saturation step of the same level
-    int32_t kind;  // 0: resource share check, 1: flow freezes at the level
+    int32_t kind;  // 0: resource share check, 1: a flow's demand, 2: a resource's old saturation level
     int32_t idx;
   };
   std::vector<Event> events_;
-  std::vector<uint32_t> flow_stamp_, res_stamp_, force_stamp_;
+  std::vector<uint32_t> flow_mark_;  // attempt stamp << 2 | status in that attempt
+  std::vector<uint32_t> res_stamp_, force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
-  std::vector<uint8_t> flow_status_, res_mode_;
-  std::vector<uint8_t> event_pushed_;
+  std::vector<uint8_t> res_mode_;
   std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
   std::vector<int> res_unfrozen_;
   std::vector<int> tracked_, passive_, done_, spread_, candidates_;

@@ -26,7 +26,7 @@ struct SimOptions {
   // Signal writes wait behind queued bytes at congested NVLink ports: a flag or counter atomic
   // (issued after its fence) from s to d waits Q/C at s's out-port and at d's in-port, where Q
   // is the data that window-limited flows bottlenecked at that port keep queued there,
-  // sum(window - rate x round trip). Re-evaluated at every full rate recompute.
+  // sum(window - rate x round trip). Re-evaluated after every rate update.
   bool signal_queueing = false;
   // Tests and benchmarks: a full progressive filling at every change instead of the incremental
   // update (rate_quantum_ns = 0 only). The rates, and so every output, are identical.

@@ -1,33 +1,67 @@
-// Max-min fair sharing of resource capacities among flows (progressive filling with heaps).
+// Max-min fair sharing of resource capacities among flows: progressive filling by levels in
+// fixed-point integers, in full (recompute_rates) or incrementally (update_rates), bit-identical.
 #include "mok/sim/flow_network.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+
+#include "mok/sim/error.hpp"
 
 namespace mok::sim {
 
+int64_t rate_units(double gbps) {
+  if (!(gbps > 0)) return 0;
+  const double u = std::nearbyint(std::ldexp(gbps, kRateFracBits));
+  return u >= static_cast<double>(kMaxRateUnits) ? kMaxRateUnits : static_cast<int64_t>(u);
+}
+
+namespace {
+[[noreturn]] void internal(const char* what) {
+  throw Error(std::string("internal: flow network: ") + what + "; please report", ErrorKind::kInternal);
+}
+// Where in the filling a frozen flow was frozen: (level, 0) by its demand, (level, 1) by a
+// saturating resource (a demand step of a level comes before its saturation step).
+int sub_of(const Flow& f) { return f.rate_units == f.demand_units ? 0 : 1; }
+bool point_le(int64_t la, int sa, int64_t lb, int sb) { return la != lb ? la < lb : sa <= sb; }
+}  // namespace
+
 int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
-  capacity_.push_back(capacity_gbps);
+  capacity_gbps_.push_back(capacity_gbps);
+  capacity_.push_back(rate_units(capacity_gbps));
   names_.push_back(std::move(name));
   resource_bytes_.push_back(0);
-  residual_.push_back(capacity_gbps);
+  residual_.push_back(capacity_.back());
+  level_.push_back(kInf);
   res_flows_.emplace_back();
+  res_stamp_.push_back(0);
+  force_stamp_.push_back(0);
+  res_mode_.push_back(0);
+  res_rem_.push_back(0);
+  res_delta_.push_back(0);
+  new_level_.push_back(kInf);
+  res_unfrozen_.push_back(0);
   return static_cast<int>(capacity_.size()) - 1;
 }
 
-void FlowNetwork::declare_demands(std::vector<double> demands_gbps) {
-  for (double d : class_demand_) demands_gbps.push_back(d);
-  std::sort(demands_gbps.begin(), demands_gbps.end());
-  demands_gbps.erase(std::unique(demands_gbps.begin(), demands_gbps.end()), demands_gbps.end());
-  if (demands_gbps == class_demand_) return;
+void FlowNetwork::declare_demands(const std::vector<double>& demands_gbps) {
+  std::vector<int64_t> units;
+  units.reserve(demands_gbps.size());
+  for (double d : demands_gbps) units.push_back(rate_units(d));
+  renumber_classes(std::move(units));
+}
+
+void FlowNetwork::renumber_classes(std::vector<int64_t> demands) {
+  for (int64_t d : class_demand_) demands.push_back(d);
+  std::sort(demands.begin(), demands.end());
+  demands.erase(std::unique(demands.begin(), demands.end()), demands.end());
+  if (demands == class_demand_) return;
   // Renumber classes; active flows move with their demand value.
-  class_demand_ = std::move(demands_gbps);
+  class_demand_ = std::move(demands);
   class_flows_.assign(class_demand_.size(), {});
   class_bits_.assign((class_demand_.size() + 63) / 64, 0);
   for (int idx : active_) {
     Flow& f = flows_[idx];
-    f.demand_class = static_cast<int>(std::lower_bound(class_demand_.begin(), class_demand_.end(), f.demand_gbps) -
+    f.demand_class = static_cast<int>(std::lower_bound(class_demand_.begin(), class_demand_.end(), f.demand_units) -
                                       class_demand_.begin());
     links_[idx].class_slot = static_cast<int>(class_flows_[f.demand_class].size());
     class_flows_[f.demand_class].push_back(idx);
@@ -35,11 +69,11 @@ void FlowNetwork::declare_demands(std::vector<double> demands_gbps) {
   }
 }
 
-int FlowNetwork::class_of(double demand_gbps) {
-  auto it = std::lower_bound(class_demand_.begin(), class_demand_.end(), demand_gbps);
-  if (it == class_demand_.end() || *it != demand_gbps) {
-    declare_demands({demand_gbps});
-    it = std::lower_bound(class_demand_.begin(), class_demand_.end(), demand_gbps);
+int FlowNetwork::class_of(int64_t demand_units) {
+  auto it = std::lower_bound(class_demand_.begin(), class_demand_.end(), demand_units);
+  if (it == class_demand_.end() || *it != demand_units) {
+    renumber_classes({demand_units});
+    it = std::lower_bound(class_demand_.begin(), class_demand_.end(), demand_units);
   }
   return static_cast<int>(it - class_demand_.begin());
 }
@@ -55,6 +89,8 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     links_.emplace_back();
     active_pos_.push_back(-1);
     frozen_epoch_.push_back(0);
+    flow_mark_.push_back(0);
+    new_rate_.push_back(0);
   }
   Flow& f = flows_[idx];
   Links& l = links_[idx];
@@ -65,17 +101,19 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     l.slot[i] = static_cast<int>(list.size());
     list.push_back(idx);
   }
-  f.demand_gbps = demand_gbps;
-  f.demand_class = class_of(demand_gbps);
+  f.demand_units = rate_units(demand_gbps);
+  f.demand_class = class_of(f.demand_units);
   l.class_slot = static_cast<int>(class_flows_[f.demand_class].size());
   class_flows_[f.demand_class].push_back(idx);
   class_bits_[f.demand_class / 64] |= uint64_t{1} << (f.demand_class % 64);
   f.total_bytes = bytes;
-  f.rate_gbps = 0;
+  f.rate_units = 0;
   f.bottleneck = -1;
   l.active = true;
+  l.fresh = true;
   active_pos_[idx] = static_cast<int>(active_.size());
   active_.push_back(idx);
+  pending_flows_.push_back(idx);
   return idx;
 }
 
@@ -85,7 +123,8 @@ void FlowNetwork::finish_flow(int flow_idx) {
   for (int i = 0; i < f.path_len; ++i) {
     const int r = f.path[i];
     resource_bytes_[r] += f.total_bytes;
-    residual_[r] += f.rate_gbps;
+    residual_[r] += f.rate_units;
+    pending_resources_.push_back(r);
     // Swap-remove from the resource's list; fix the moved flow's slot for this resource.
     auto& list = res_flows_[r];
     const int pos = l.slot[i];
@@ -113,7 +152,8 @@ void FlowNetwork::finish_flow(int flow_idx) {
     if (list.empty()) class_bits_[f.demand_class / 64] &= ~(uint64_t{1} << (f.demand_class % 64));
   }
   l.active = false;
-  f.rate_gbps = 0;
+  l.fresh = false;
+  f.rate_units = 0;
   // Swap-remove: the order of active_ stays a pure function of the call sequence.
   const int pos = active_pos_[flow_idx];
   const int last = active_.back();
@@ -124,96 +164,39 @@ void FlowNetwork::finish_flow(int flow_idx) {
   free_flows_.push_back(flow_idx);
 }
 
-namespace {
-// A resource counts as saturated when less than this fraction of its capacity is left:
-// progressive filling leaves saturated resources at 0 up to rounding.
-constexpr double kSaturatedFraction = 1e-9;
-}  // namespace
-
-bool FlowNetwork::path_has_slack(int flow_idx) const {
-  const Flow& f = flows_[flow_idx];
-  for (int i = 0; i < f.path_len; ++i)
-    if (residual_[f.path[i]] <= kSaturatedFraction * capacity_[f.path[i]]) return false;
-  return true;
-}
-
-bool FlowNetwork::admit_at_demand(int flow_idx) {
-  Flow& f = flows_[flow_idx];
-  for (int i = 0; i < f.path_len; ++i) {
-    int mult = 0;
-    for (int j = 0; j < f.path_len; ++j) mult += f.path[j] == f.path[i];
-    const int r = f.path[i];
-    if (mult * f.demand_gbps > residual_[r] - kSaturatedFraction * capacity_[r]) return false;
-  }
-  for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= f.demand_gbps - f.rate_gbps;
-  f.rate_gbps = f.demand_gbps;
-  f.bottleneck = -1;
-  return true;
-}
-
-FlowNetwork::Departed FlowNetwork::describe(int flow_idx) const {
-  const Flow& f = flows_[flow_idx];
-  Departed d;
-  d.path_len = f.path_len;
-  d.rate_gbps = f.rate_gbps;
-  d.demand_gbps = f.demand_gbps;
-  d.bottleneck = f.bottleneck;
-  for (int i = 0; i < f.path_len; ++i) {
-    d.path[i] = f.path[i];
-    d.saturated[i] = residual_[f.path[i]] <= kSaturatedFraction * capacity_[f.path[i]];
-  }
-  return d;
-}
-
-bool FlowNetwork::admit_in_place_of(int flow_idx, const Departed& old) {
-  Flow& f = flows_[flow_idx];
-  const double rate = old.rate_gbps;
-  // The new flow's bottleneck: its own demand at exactly that rate, or (the old flow was held
-  // below its demand by a saturated resource, which the checks below make a shared one) a
-  // demand at least that rate.
-  if (!(f.demand_gbps == rate || (rate < old.demand_gbps && f.demand_gbps >= rate))) return false;
-  auto count = [](const int* path, int len, int r) {
-    int n = 0;
-    for (int i = 0; i < len; ++i) n += path[i] == r;
-    return n;
-  };
-  for (int i = 0; i < old.path_len; ++i) {
-    const int r = old.path[i];
-    const int mine = count(f.path, f.path_len, r), theirs = count(old.path, old.path_len, r);
-    if (mine == 0 && old.saturated[i]) return false;  // its departure frees a bottleneck
-    if (mine != 0 && mine != theirs) return false;
-  }
-  for (int i = 0; i < f.path_len; ++i) {
-    const int r = f.path[i];
-    if (count(old.path, old.path_len, r) != 0) continue;
-    const int mine = count(f.path, f.path_len, r);
-    if (mine * rate > residual_[r] - kSaturatedFraction * capacity_[r]) return false;
-  }
-  for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= rate - f.rate_gbps;
-  f.rate_gbps = rate;
-  f.bottleneck = f.demand_gbps == rate ? -1 : old.bottleneck;
-  return true;
-}
-
 void FlowNetwork::admit(int flow_idx) {
   Flow& f = flows_[flow_idx];
-  double rate = f.demand_gbps;
+  int64_t rate = f.demand_units;
   f.bottleneck = -1;
   for (int i = 0; i < f.path_len; ++i) {
     int mult = 0;
     for (int j = 0; j < f.path_len; ++j) mult += f.path[j] == f.path[i];
-    const double share = std::max(0.0, residual_[f.path[i]]) / mult;
+    const int64_t share = std::max<int64_t>(0, residual_[f.path[i]]) / mult;
     if (share < rate) {
       rate = share;
       f.bottleneck = f.path[i];
     }
   }
-  for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= rate - f.rate_gbps;
-  f.rate_gbps = rate;
+  for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= rate - f.rate_units;
+  f.rate_units = rate;
+  links_[flow_idx].fresh = false;
+}
+
+void FlowNetwork::bottleneck_of(Flow& f) const {
+  if (f.rate_units == f.demand_units) {
+    f.bottleneck = -1;
+    return;
+  }
+  int best = -1;
+  for (int i = 0; i < f.path_len; ++i)
+    if (level_[f.path[i]] == f.rate_units && (best < 0 || f.path[i] < best)) best = f.path[i];
+  if (best < 0) internal("a flow below its demand has no saturated resource at its rate");
+  f.bottleneck = best;
 }
 
 void FlowNetwork::recompute_rates() {
   ++num_recomputes_;
+  changed_.clear();
   if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 recomputes
     std::fill(frozen_epoch_.begin(), frozen_epoch_.end(), 0);
     epoch_ = 1;
@@ -221,9 +204,12 @@ void FlowNetwork::recompute_rates() {
   const int num_res = num_resources();
   rem_cap_.assign(capacity_.begin(), capacity_.end());
   unfrozen_count_.resize(num_res);
-  // Min-heap of (fair share, resource), ties by index; stale entries are skipped on pop. A
-  // flow's demand acts as a private single-flow resource, visited in ascending demand order.
-  auto cmp = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
+  std::fill(level_.begin(), level_.end(), kInf);
+  // Min-heap of (share, resource); stale entries are skipped on pop. Freezing a flow at a level
+  // <= a resource's share never lowers that share (floor((rem - s) / (n - 1)) >= floor(rem / n)
+  // when s <= rem / n), so heap keys are lower bounds: a popped key is re-checked and re-pushed
+  // when it has grown.
+  auto cmp = [](const std::pair<int64_t, int>& a, const std::pair<int64_t, int>& b) {
     return a.first != b.first ? a.first > b.first : a.second > b.second;
   };
   heap_.clear();
@@ -234,21 +220,20 @@ void FlowNetwork::recompute_rates() {
   std::make_heap(heap_.begin(), heap_.end(), cmp);
   int num_unfrozen = static_cast<int>(active_.size());
 
-  // Freezing a flow at rate s <= a resource's share never lowers that share, so heap keys
-  // are lower bounds: a popped key is re-checked and re-pushed when it has grown. For the same
-  // reason every flow of one demand class can be frozen at once.
-  auto freeze = [&](int idx, double rate, int bottleneck) {
+  auto freeze = [&](int idx, int64_t rate) {
     Flow& f = flows_[idx];
-    f.rate_gbps = rate;
-    f.bottleneck = bottleneck;
+    Links& l = links_[idx];
+    if (l.fresh || f.rate_units != rate) changed_.push_back(idx);
+    l.fresh = false;
+    f.rate_units = rate;
     frozen_epoch_[idx] = epoch_;
     --num_unfrozen;
     for (int i = 0; i < f.path_len; ++i) {
       const int r = f.path[i];
       rem_cap_[r] -= rate;
-      if (rem_cap_[r] < 0) rem_cap_[r] = 0;
       --unfrozen_count_[r];
     }
+    bottleneck_of(f);  // reads level_, set for every resource saturating at `rate` already
   };
   // Cursor over non-empty demand classes, ascending.
   size_t word = 0;
@@ -263,8 +248,7 @@ void FlowNetwork::recompute_rates() {
 
   while (num_unfrozen > 0) {
     // Smallest current resource share.
-    double share = std::numeric_limits<double>::infinity();
-    int res = -1;
+    int64_t share = kInf;
     while (!heap_.empty()) {
       const auto [s, r] = heap_.front();
       if (unfrozen_count_[r] == 0) {
@@ -272,7 +256,7 @@ void FlowNetwork::recompute_rates() {
         heap_.pop_back();
         continue;
       }
-      const double current = rem_cap_[r] / unfrozen_count_[r];
+      const int64_t current = rem_cap_[r] / unfrozen_count_[r];
       if (current > s) {
         std::pop_heap(heap_.begin(), heap_.end(), cmp);
         heap_.back() = {current, r};
@@ -280,26 +264,360 @@ void FlowNetwork::recompute_rates() {
         continue;
       }
       share = current;
-      res = r;
       break;
     }
     const int c = next_class();
-    if (c < 0 && res < 0) break;
+    if (c < 0 && heap_.empty()) break;
     if (c >= 0 && class_demand_[c] <= share) {
-      // The flows' own limit binds before any shared resource fills.
+      // Demand step: the flows' own limit binds before (or as) any shared resource fills.
       for (int idx : class_flows_[c])
-        if (frozen_epoch_[idx] != epoch_) freeze(idx, class_demand_[c], -1);
+        if (frozen_epoch_[idx] != epoch_) freeze(idx, class_demand_[c]);
       bits &= bits - 1;
       continue;
     }
-    if (res < 0) break;
-    std::pop_heap(heap_.begin(), heap_.end(), cmp);
-    heap_.pop_back();
-    // Resource `res` saturates: every unfrozen flow through it gets `share`.
-    for (int idx : res_flows_[res])
-      if (frozen_epoch_[idx] != epoch_) freeze(idx, share, res);
+    // Saturation step at level `share`: every resource whose share equals it, all at once.
+    saturating_.clear();
+    while (!heap_.empty() && heap_.front().first == share) {
+      const int r = heap_.front().second;
+      std::pop_heap(heap_.begin(), heap_.end(), cmp);
+      heap_.pop_back();
+      if (unfrozen_count_[r] == 0) continue;
+      const int64_t current = rem_cap_[r] / unfrozen_count_[r];
+      if (current == share) {
+        if (level_[r] != share) {
+          level_[r] = share;
+          saturating_.push_back(r);
+        }
+      } else {
+        heap_.emplace_back(current, r);
+        std::push_heap(heap_.begin(), heap_.end(), cmp);
+      }
+    }
+    for (int r : saturating_)
+      for (int idx : res_flows_[r])
+        if (frozen_epoch_[idx] != epoch_) freeze(idx, share);
   }
+  if (num_unfrozen != 0) internal("progressive filling left flows without a rate");
   residual_ = rem_cap_;
+  pending_flows_.clear();
+  pending_resources_.clear();
+}
+
+// update_rates(): the filling above, replayed only where it can differ from the last one.
+//
+// Every flow keeps its old rate ("fixed") unless shown otherwise; a resource is clean (not
+// looked at), tracked (its remaining capacity and unfrozen count are followed level by level)
+// or passive (assumed never to saturate, checked at the end). Resources on the path of a new
+// flow, or of a flow that finished, start dirty. A clean resource sees exactly the states it saw
+// last time (all its flows keep their old freezing points up to now), so it saturates at its
+// old level again. Events, in level order (a level's demand step before its saturation step):
+// a tracked resource's share (a lazy lower bound, re-pushed when it has grown), a new or freed
+// flow's demand, and a tracked resource's old saturation level (the flows it froze there are
+// checked there). A tracked resource's fixed flows are sorted by old freezing point and
+// accounted lazily by a cursor. At a saturation step at level
+// L: tracked resources whose share is L saturate and freeze their unfrozen flows at L (a fixed
+// flow frozen here earlier than before has changed); a fixed flow at its old point (L,
+// saturation) stays frozen only if a resource on its path saturates at L (a clean one with old
+// level L, or a tracked one now), and otherwise is freed (its rate is decided later). Every
+// resource on the path of a changed or freed flow becomes dirty, its state rebuilt from its
+// flow list. A passive resource with final slack >= its number of flow entries (in rate units)
+// provably never reached share == level (at a step at level L its remaining capacity is at
+// least slack + L x unfrozen, and it has at most that many unfrozen entries), so treating it as
+// unsaturated changed nothing; otherwise it is forced to be tracked and the update repeated.
+// The steps are therefore exactly those recompute_rates() takes and the integers agree (the
+// RapidCheck property and the racks tests check it). Since both give the same result, an update
+// whose tracked work grows past a share of the network falls back to recompute_rates().
+namespace {
+constexpr uint8_t kFixed = 0, kFree = 1, kDone = 2, kFixedFrozen = 3;  // flow status in an update
+constexpr uint8_t kClean = 0, kTracked = 1, kPassive = 2;              // resource mode in an update
+bool event_later(const auto& a, const auto& b) {
+  if (a.level != b.level) return a.level > b.level;
+  if (a.sub != b.sub) return a.sub > b.sub;
+  if (a.kind != b.kind) return a.kind > b.kind;
+  return a.idx > b.idx;
+}
+}  // namespace
+
+void FlowNetwork::push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx) {
+  events_.push_back(Event{level, sub, kind, idx});
+  std::push_heap(events_.begin(), events_.end(), [](const Event& a, const Event& b) { return event_later(a, b); });
+}
+
+// A flow frozen at a new rate in this update: the tracked resources on its path account for it.
+void FlowNetwork::freeze_tracked(int f, int64_t rate) {
+  const Flow& fl = flows_[f];
+  for (int i = 0; i < fl.path_len; ++i) {
+    const int r = fl.path[i];
+    if (res_stamp_[r] != stamp_ || res_mode_[r] != kTracked) continue;
+    res_rem_[r] -= rate;
+    --res_unfrozen_[r];
+    if (res_rem_[r] < 0 || res_unfrozen_[r] < 0) internal("a tracked resource went over its capacity");
+  }
+}
+
+// Accounts for the tracked resource's fixed flows whose old freezing point is <= (level, sub)
+// and that are still frozen there (not changed, not freed).
+void FlowNetwork::advance(int r, int64_t level, int sub) {
+  int& c = pool_cursor_[r];
+  const int end = pool_end_[r];
+  while (c < end && point_le(pool_[c].level, pool_[c].sub, level, sub)) {
+    const int f = pool_[c].flow;
+    const uint8_t st = (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed;
+    if (st == kFixed || st == kFixedFrozen) {
+      res_rem_[r] -= pool_[c].level;
+      --res_unfrozen_[r];
+    }
+    ++c;
+  }
+}
+
+void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
+  if (res_stamp_[r] == stamp_) return;  // already dirty in this attempt
+  res_stamp_[r] = stamp_;
+  const auto& list = res_flows_[r];
+  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
+  if (force_stamp_[r] != update_id_ && level_[r] == kInf) {
+    // Passive (a guess; the end of the update checks it) when over 1/64 of it is unused, or when
+    // it has room for what its free flows can take (their demand, or the smallest capacity on
+    // their path) on top of what it carries.
+    int64_t need = static_cast<int64_t>(list.size());
+    const bool roomy = residual_[r] - need >= capacity_[r] / 64;
+    for (size_t k = 0; !roomy && k < list.size(); ++k) {
+      const int f = list[k];
+      if (status(f) != kFree) continue;
+      const Flow& fl = flows_[f];
+      int64_t most = fl.demand_units;
+      for (int i = 0; i < fl.path_len; ++i) most = std::min(most, capacity_[fl.path[i]]);
+      need = std::min(kMaxRateUnits, need + most);
+    }
+    if (roomy || residual_[r] >= need) {
+      res_mode_[r] = kPassive;
+      passive_.push_back(r);
+      return;
+    }
+  }
+  res_mode_[r] = kTracked;
+  tracked_.push_back(r);
+  ++num_tracked_;
+  work_ += static_cast<int64_t>(list.size());
+  // Saturated already in this run (as a clean resource, at its old level)?
+  new_level_[r] = level_[r] != kInf && point_le(level_[r], 1, level, sub) ? level_[r] : kInf;
+  int64_t rem = capacity_[r];
+  int n = 0;
+  const int begin = static_cast<int>(pool_.size());
+  for (int f : list) {
+    const uint8_t st = status(f);
+    if (st == kDone) {
+      rem -= new_rate_[f];
+    } else if (st == kFree) {
+      ++n;
+    } else {
+      const Flow& fl = flows_[f];
+      const int fsub = sub_of(fl);
+      if (st == kFixedFrozen || point_le(fl.rate_units, fsub, level, sub)) {
+        rem -= fl.rate_units;
+        continue;
+      }
+      ++n;
+      pool_.push_back(Pending{fl.rate_units, fsub, f});
+    }
+  }
+  // r saturated at a later level last time: whether the flows it froze then stay frozen there
+  // is decided at that level.
+  if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
+  std::sort(pool_.begin() + begin, pool_.end(), [](const Pending& a, const Pending& b) {
+    if (a.level != b.level) return a.level < b.level;
+    if (a.sub != b.sub) return a.sub < b.sub;
+    return a.flow < b.flow;
+  });
+  pool_begin_[r] = begin;
+  pool_cursor_[r] = begin;
+  pool_end_[r] = static_cast<int>(pool_.size());
+  if (rem < 0) internal("a dirty resource is over its capacity");
+  res_rem_[r] = rem;
+  res_unfrozen_[r] = n;
+  if (n > 0) {
+    if (new_level_[r] != kInf) internal("a saturated resource has unfrozen flows");
+    if (rem / n <= level) internal("a resource made dirty mid-step would saturate at the same level");
+    push_event(rem / n, 1, 0, r);
+  }
+}
+
+FlowNetwork::Attempt FlowNetwork::attempt_update() {
+  if (++stamp_ == (1u << 30)) {  // wrapped: clear the stamps once every 2^30 attempts
+    std::fill(flow_mark_.begin(), flow_mark_.end(), 0);
+    std::fill(res_stamp_.begin(), res_stamp_.end(), 0);
+    stamp_ = 1;
+  }
+  events_.clear();
+  tracked_.clear();
+  passive_.clear();
+  done_.clear();
+  pool_.clear();
+  work_ = 0;
+  if (pool_begin_.size() != capacity_.size()) {
+    pool_begin_.resize(capacity_.size());
+    pool_end_.resize(capacity_.size());
+    pool_cursor_.resize(capacity_.size());
+  }
+  // Past this many tracked flow entries a full recompute is cheaper (same result).
+  const int64_t work_limit = static_cast<int64_t>(active_.size()) / 2 + 64;
+  auto later = [](const Event& a, const Event& b) { return event_later(a, b); };
+  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
+  auto set_status = [&](int f, uint8_t st) { flow_mark_[f] = stamp_ << 2 | st; };
+  auto free_flow = [&](int f) {
+    set_status(f, kFree);
+    push_event(flows_[f].demand_units, 0, 1, f);
+  };
+  auto freeze_new = [&](int f, int64_t rate) {
+    set_status(f, kDone);
+    new_rate_[f] = rate;
+    done_.push_back(f);
+    freeze_tracked(f, rate);
+  };
+  for (int f : pending_flows_)
+    if (links_[f].active && links_[f].fresh && status(f) != kFree) free_flow(f);
+  for (int f : pending_flows_)
+    if (links_[f].active && links_[f].fresh)
+      for (int i = 0; i < flows_[f].path_len; ++i) make_dirty(flows_[f].path[i], -1, 1);
+  for (int r : pending_resources_) make_dirty(r, -1, 1);
+
+  while (!events_.empty()) {
+    if (work_ > work_limit) return Attempt::kTooBig;
+    const int64_t level = events_.front().level;
+    if (events_.front().sub == 0) {  // demand step: only new or freed flows have events here
+      while (!events_.empty() && events_.front().level == level && events_.front().sub == 0) {
+        const int f = events_.front().idx;
+        std::pop_heap(events_.begin(), events_.end(), later);
+        events_.pop_back();
+        if (status(f) == kFree) freeze_new(f, level);
+      }
+      continue;
+    }
+    // Saturation step at `level`.
+    saturating_.clear();
+    candidates_.clear();
+    while (!events_.empty() && events_.front().level == level) {
+      const Event e = events_.front();
+      std::pop_heap(events_.begin(), events_.end(), later);
+      events_.pop_back();
+      if (e.kind == 2) {
+        candidates_.push_back(e.idx);
+        continue;
+      }
+      const int r = e.idx;
+      advance(r, level, 0);
+      if (res_unfrozen_[r] == 0) continue;
+      const int64_t share = res_rem_[r] / res_unfrozen_[r];
+      if (share == level) {
+        if (new_level_[r] != level) {
+          new_level_[r] = level;
+          saturating_.push_back(r);
+        }
+      } else if (share > level) {
+        push_event(share, 1, 0, r);
+      } else {
+        internal("a tracked resource's share fell below the filling level");
+      }
+    }
+    spread_.clear();
+    for (int r : saturating_)
+      for (int f : res_flows_[r]) {
+        const uint8_t st = status(f);
+        if (st == kFree) {
+          freeze_new(f, level);
+        } else if (st == kFixed) {
+          const Flow& fl = flows_[f];
+          const int fsub = sub_of(fl);
+          if (fl.rate_units == level && fsub == 1) {
+            set_status(f, kFixedFrozen);  // where it froze last time (cursors account for it)
+          } else if (!point_le(fl.rate_units, fsub, level, 1)) {
+            freeze_new(f, level);  // frozen earlier than last time
+            spread_.push_back(f);
+          }
+        }
+      }
+    // Tracked resources that saturated at this level last time and do not now: the flows they
+    // froze here stay frozen only if a clean resource on their path saturates here again.
+    for (int rc : candidates_) {
+      if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
+      for (int f : res_flows_[rc]) {
+        if (status(f) != kFixed) continue;
+        const Flow& fl = flows_[f];
+        if (fl.rate_units != level || sub_of(fl) != 1) continue;
+        bool held = false;
+        for (int i = 0; i < fl.path_len && !held; ++i) {
+          const int r = fl.path[i];
+          held = res_stamp_[r] != stamp_ && level_[r] == level;
+        }
+        if (held) {
+          set_status(f, kFixedFrozen);
+        } else {
+          free_flow(f);
+          spread_.push_back(f);
+        }
+      }
+    }
+    for (int f : spread_)
+      for (int i = 0; i < flows_[f].path_len; ++i) make_dirty(flows_[f].path[i], level, 1);
+  }
+
+  // Passive resources: final slack must be at least their number of flow entries.
+  for (int r : passive_) res_delta_[r] = 0;
+  for (int f : done_) {
+    const Flow& fl = flows_[f];
+    for (int i = 0; i < fl.path_len; ++i) {
+      const int r = fl.path[i];
+      if (res_mode_[r] == kPassive && res_stamp_[r] == stamp_) res_delta_[r] += new_rate_[f] - fl.rate_units;
+    }
+  }
+  bool ok = true;
+  for (int r : passive_)
+    if (residual_[r] - res_delta_[r] < static_cast<int64_t>(res_flows_[r].size())) {
+      force_stamp_[r] = update_id_;
+      ok = false;
+    }
+  return ok ? Attempt::kDone : Attempt::kRetry;
+}
+
+void FlowNetwork::update_rates() {
+  ++update_id_;
+  changed_.clear();
+  for (;;) {
+    const Attempt a = attempt_update();
+    if (a == Attempt::kDone) break;
+    if (a == Attempt::kTooBig) {
+      ++num_fallbacks_;
+      recompute_rates();
+      return;
+    }
+    ++num_retries_;
+  }
+  ++num_recomputes_;
+  // Commit: new rates, residuals, saturation levels, bottlenecks.
+  for (int f : done_) {
+    Flow& fl = flows_[f];
+    Links& l = links_[f];
+    const int64_t rate = new_rate_[f];
+    if (l.fresh || rate != fl.rate_units) changed_.push_back(f);
+    l.fresh = false;
+    for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= rate - fl.rate_units;
+    fl.rate_units = rate;
+  }
+  spread_.clear();  // tracked resources whose saturation level changed
+  for (int r : tracked_) {
+    advance(r, kInf, 1);
+    if (res_unfrozen_[r] != 0 || residual_[r] != res_rem_[r])
+      internal("a tracked resource's account differs from the committed rates");
+    if (new_level_[r] == level_[r]) continue;
+    level_[r] = new_level_[r];
+    spread_.push_back(r);
+  }
+  for (int r : spread_)
+    for (int f : res_flows_[r]) bottleneck_of(flows_[f]);
+  for (int f : done_) bottleneck_of(flows_[f]);
+  pending_flows_.clear();
+  pending_resources_.clear();
 }
 
 }  // namespace mok::sim

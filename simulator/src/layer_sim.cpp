@@ -143,24 +143,28 @@ struct EventLater {
     return x.time_ns != y.time_ns ? x.time_ns > y.time_ns : x.seq > y.seq;
   }
 };
-// Completion time of every active flow, keyed (time, seq): an indexed binary heap, so a rate
-// change moves the flow's entry instead of leaving stale copies behind.
+// Completion time of every active flow, keyed (time, flow index): an indexed binary heap, so a
+// rate change moves the flow's entry instead of leaving stale copies behind. Ties go by flow
+// index, not by when the rate was set, so the order in which a rate update lists its changed
+// flows does not matter.
 class CheckpointHeap {
  public:
   bool empty() const { return heap_.empty(); }
   int top() const { return heap_[0].flow; }
   int64_t top_time() const { return heap_[0].time_ns; }
-  void set(int flow, int64_t time_ns, uint64_t seq) {
+  void set(int flow, int64_t time_ns) {
     if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(flow + 1, -1);
     if (pos_[flow] < 0) {
       pos_[flow] = static_cast<int>(heap_.size());
-      heap_.push_back(Entry{time_ns, seq, flow});
-    } else {
-      heap_[pos_[flow]].time_ns = time_ns;
-      heap_[pos_[flow]].seq = seq;
+      heap_.push_back(Entry{time_ns, flow});
+      sift_up(pos_[flow]);
+      return;
     }
-    sift_up(pos_[flow]);
-    sift_down(pos_[flow]);
+    const int i = pos_[flow];
+    const int64_t old = heap_[i].time_ns;
+    heap_[i].time_ns = time_ns;
+    if (time_ns < old) sift_up(i);
+    else if (time_ns > old) sift_down(i);
   }
   void erase(int flow) {
     if (static_cast<size_t>(flow) >= pos_.size() || pos_[flow] < 0) return;
@@ -179,11 +183,10 @@ class CheckpointHeap {
   // Keys live in the heap entries (no indirection while sifting).
   struct Entry {
     int64_t time_ns;
-    uint64_t seq;
-    int flow;
+    int64_t flow;
   };
   static bool less(const Entry& a, const Entry& b) {
-    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.seq < b.seq;
+    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.flow < b.flow;
   }
   void sift_up(int i) {
     const Entry e = heap_[i];
@@ -389,8 +392,6 @@ class LayerSim {
     auto it = std::upper_bound(h.begin(), h.end(), std::make_pair(t, INT64_MAX));
     return it == h.begin() ? 0 : std::prev(it)->second;
   }
-  FlowNetwork::Departed departed_;  // exact mode: the flow whose SM is choosing its next transfer
-  int departed_agent_ = -1;
   int64_t last_recompute_ns_ = INT64_MIN / 2;
   std::vector<TraceSpan> trace_;
 };
@@ -723,16 +724,8 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   flow_state_[f] = FlowState{now, 0.0, -1.0, tid, agent};
   flow_segments_[f].clear();
   checkpoints_.erase(f);
-  if (departed_agent_ == agent) {
-    departed_agent_ = -1;
-    if (!tr.in_group && !dirty_ && net_.admit_in_place_of(f, departed_)) {
-      set_rate_segment(f, net_.flow(f).rate_gbps, now);
-      return;
-    }
-    dirty_ = true;
-  }
   new_flows_.push_back(f);
-  if (opt_.rate_quantum_ns > 0) dirty_ = true;
+  dirty_ = true;
 }
 
 // A new constant-rate segment from `now`: the old one goes to the flow's log (chunk milestones
@@ -754,7 +747,7 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
     checkpoints_.erase(f);
     return;
   }
-  checkpoints_.set(f, now + dt, seq_++);
+  checkpoints_.set(f, now + dt);
 }
 
 // Every chunk milestone of a completed flow, in order: piece j's last byte leaves the
@@ -797,7 +790,7 @@ void LayerSim::update_port_queues(int64_t now) {
     const Flow& fl = net_.flow(f);
     if (fl.bottleneck < 0 || res_kind_[fl.bottleneck] > 1) continue;  // demand, or not an NVLink port
     const Transfer& tr = transfers_[flow_state_[f].transfer];
-    const double excess = tr.window_bytes - fl.rate_gbps * 2.0 * static_cast<double>(tr.latency_ns);
+    const double excess = tr.window_bytes - fl.rate_gbps() * 2.0 * static_cast<double>(tr.latency_ns);
     if (excess > 0) port_queue_bytes_[fl.bottleneck] += excess;
   }
   for (int r = 0; r < net_.num_resources(); ++r) {
@@ -820,19 +813,7 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
   for (int i = 0; i < fl.path_len; ++i) res_bytes_phase_[tr.phase][fl.path[i]] += fl.total_bytes;
   const int agent = flow_state_[f].agent;
   checkpoints_.erase(f);
-  bool hand_over = false;
-  if (opt_.rate_quantum_ns > 0) {
-    dirty_ = true;
-  } else if (!net_.path_has_slack(f)) {
-    if (tr.in_group) {
-      dirty_ = true;  // one of several flows of its SM: no single successor takes the rate over
-    } else {
-    // Its SM may start its next transfer right now and take over the rate (start_transfer).
-    departed_ = net_.describe(f);
-    departed_agent_ = agent;
-    hand_over = true;
-    }
-  }
+  dirty_ = true;
   net_.finish_flow(f);
   if (opt_.record_trace && tr.initiator < opt_.trace_max_gpus)
     trace_.push_back(TraceSpan{tr.initiator, tr.sm, tr.start_ns, now,
@@ -842,8 +823,6 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
   if (tr.in_group && --group_pending_[agent] > 0) return;  // the SM waits for its whole chunk
   ++pc_[agent];
   step_agent(agent, now);
-  if (hand_over && departed_agent_ >= 0) dirty_ = true;  // nobody took the rate over
-  departed_agent_ = -1;
 }
 
 // The last byte of a piece left the bottleneck at t_fluid. When does its consumer know?
@@ -1337,24 +1316,12 @@ LayerResult LayerSim::run() {
       }
       if (!progressed) break;
     }
-    if (!dirty_ && !new_flows_.empty()) {
-      // Exact mode, no forced recompute: new flows whose demand fits change nobody's rate.
-      for (int f : new_flows_) {
-        if (!net_.active(f) || flow_state_[f].seg_rate >= 0) continue;
-        if (!net_.admit_at_demand(f)) {
-          dirty_ = true;
-          break;
-        }
-        set_rate_segment(f, net_.flow(f).rate_gbps, now);
-      }
-      if (!dirty_) new_flows_.clear();
-    }
     if (dirty_ && opt_.rate_quantum_ns > 0 && now < last_recompute_ns_ + opt_.rate_quantum_ns) {
       // Inside the quantum: new flows take residual capacity; a full recompute follows.
       for (int f : new_flows_) {
         if (!net_.active(f) || flow_state_[f].seg_rate >= 0) continue;
         net_.admit(f);
-        set_rate_segment(f, net_.flow(f).rate_gbps, now);
+        set_rate_segment(f, net_.flow(f).rate_gbps(), now);
       }
       if (!recompute_scheduled_) {
         recompute_scheduled_ = true;
@@ -1366,12 +1333,10 @@ LayerResult LayerSim::run() {
     if (dirty_) {
       last_recompute_ns_ = now;
       new_flows_.clear();
-      net_.recompute_rates();
-      // Only flows whose rate changed start a new segment.
-      for (int f : net_.active_flows()) {
-        if (net_.flow(f).rate_gbps == flow_state_[f].seg_rate) continue;
-        set_rate_segment(f, net_.flow(f).rate_gbps, now);
-      }
+      if (opt_.rate_quantum_ns > 0 || opt_.full_rate_recompute) net_.recompute_rates();
+      else net_.update_rates();
+      // Only flows whose rate changed (and new ones) start a new segment; any order will do.
+      for (int f : net_.changed_flows()) set_rate_segment(f, net_.flow(f).rate_gbps(), now);
       if (opt_.signal_queueing) update_port_queues(now);
       dirty_ = false;
     }

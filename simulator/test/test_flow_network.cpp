@@ -1,4 +1,5 @@
-// Max-min fair sharing: analytic single-flow, incast, all-to-all and demand-capped cases.
+// Max-min fair sharing: analytic single-flow, incast, all-to-all and demand-capped cases, exact
+// in fixed-point rate units (an equal share is floor(capacity / flows)).
 #include <gtest/gtest.h>
 
 #include "mok/sim/flow_network.hpp"
@@ -13,11 +14,11 @@ TEST(FlowNetwork, OneFlowGetsTheSmallerOfCapacityAndDemand) {
   int path[2] = {a, b};
   const int f = net.start_flow(path, 2, 1000.0, 4000);
   net.recompute_rates();
-  EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 40.0);
+  EXPECT_EQ(net.flow(f).rate_units, rate_units(40.0));
   const int g = net.start_flow(path, 1, 25.0, 4000);  // only resource a, demand 25
   net.recompute_rates();
-  EXPECT_DOUBLE_EQ(net.flow(g).rate_gbps, 25.0);
-  EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 40.0);
+  EXPECT_EQ(net.flow(g).rate_units, rate_units(25.0));
+  EXPECT_EQ(net.flow(f).rate_units, rate_units(40.0));
 }
 
 TEST(FlowNetwork, IncastSharesTheReceiverEqually) {
@@ -31,7 +32,7 @@ TEST(FlowNetwork, IncastSharesTheReceiverEqually) {
       flows.push_back(net.start_flow(path, 2, 1e9, 1000));
     }
     net.recompute_rates();
-    for (int f : flows) EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 900.0 / n) << "n=" << n;
+    for (int f : flows) EXPECT_EQ(net.flow(f).rate_units, rate_units(900.0) / n) << "n=" << n;
   }
 }
 
@@ -51,7 +52,7 @@ TEST(FlowNetwork, AllToAllOnANonBlockingSwitchGetsCapacityOverPeers) {
         flows.push_back(net.start_flow(path, 2, 1e9, 1000));
       }
   net.recompute_rates();
-  for (int f : flows) EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 450.0 / (n - 1));
+  for (int f : flows) EXPECT_EQ(net.flow(f).rate_units, rate_units(450.0) / (n - 1));
 }
 
 TEST(FlowNetwork, MaxMinGivesLeftoverToUnconstrainedFlows) {
@@ -63,9 +64,9 @@ TEST(FlowNetwork, MaxMinGivesLeftoverToUnconstrainedFlows) {
   const int b = net.start_flow(pb, 2, 1e9, 1);
   const int c = net.start_flow(pc, 1, 1e9, 1);
   net.recompute_rates();
-  EXPECT_DOUBLE_EQ(net.flow(a).rate_gbps, 8.0);
-  EXPECT_DOUBLE_EQ(net.flow(b).rate_gbps, 2.0);
-  EXPECT_DOUBLE_EQ(net.flow(c).rate_gbps, 2.0);
+  EXPECT_EQ(net.flow(a).rate_units, rate_units(8.0));
+  EXPECT_EQ(net.flow(b).rate_units, rate_units(2.0));
+  EXPECT_EQ(net.flow(c).rate_units, rate_units(2.0));
 }
 
 TEST(FlowNetwork, ALocalCopyCountsTwiceOnHbm) {
@@ -74,7 +75,7 @@ TEST(FlowNetwork, ALocalCopyCountsTwiceOnHbm) {
   int path[2] = {hbm, hbm};
   const int f = net.start_flow(path, 2, 1e9, 1);
   net.recompute_rates();
-  EXPECT_DOUBLE_EQ(net.flow(f).rate_gbps, 50.0);
+  EXPECT_EQ(net.flow(f).rate_units, rate_units(50.0));
 }
 
 TEST(FlowNetwork, FinishedFlowsCreditExactBytesToTheirPath) {

@@ -244,6 +244,46 @@ TEST(LayerSim, RateQuantumApproximationStaysClose) {
   EXPECT_NEAR(static_cast<double>(b.layer_ns), static_cast<double>(a.layer_ns), 0.05 * a.layer_ns);
 }
 
+// Exact rates: the incremental update and a full progressive filling at every change give the
+// same integers, so every output byte agrees (protocols, signaling, one and several domains).
+TEST(LayerSim, IncrementalRatesGiveTheSameBytesAsFullRecomputes) {
+  struct Case {
+    const char* topology;  // "": simple_topology, 4 domains of 4 GPUs connected by NICs
+    int ranks;
+    Direction dispatch;
+    Signaling signaling;
+    bool queueing;
+    bool row_order;
+  };
+  for (const Case& c : {Case{"gb200-nvl72", 36, Direction::kPull, Signaling::kFenceFlag, false, false},
+                        Case{"gb200-nvl72", 36, Direction::kPush, Signaling::kFenceFlag, true, false},
+                        Case{"gb200-nvl72", 18, Direction::kPush, Signaling::kCounter, false, true},
+                        Case{"hgx-h200", 8, Direction::kPush, Signaling::kPeerFenceFlag, false, false},
+                        Case{"hgx-h200", 8, Direction::kPull, Signaling::kFenceFlag, true, false},
+                        Case{"", 16, Direction::kPull, Signaling::kFenceFlag, false, false},
+                        Case{"", 16, Direction::kPush, Signaling::kFlagInData, false, false}}) {
+    RoutingSpec s;
+    s.kind = RoutingKind::kPowerLaw;
+    s.exponent = 1.2;
+    const Workload w = generate_workload(layer(c.ranks, 256, 2, 4), s);
+    ProtocolConfig p;
+    p.dispatch = c.dispatch;
+    p.signaling = c.signaling;
+    p.push_row_order = c.row_order;
+    p.comm_sms = 16;
+    p.chunk_tokens = 64;
+    SimOptions inc, full;
+    inc.signal_queueing = full.signal_queueing = c.queueing;
+    full.full_rate_recompute = true;
+    Topology topo = simple_topology(4);
+    topo.num_domains = 4;
+    if (*c.topology) topo = resolve_topology(c.topology);
+    EXPECT_EQ(result_to_json(simulate_layer(topo, w, p, inc), true).dump(),
+              result_to_json(simulate_layer(topo, w, p, full), true).dump())
+        << c.topology << " ranks " << c.ranks;
+  }
+}
+
 TEST(LayerSim, RejectsMoreRanksThanGpusAndTooManyCommSms) {
   const Workload w = random_workload(8, 1);
   ProtocolConfig p;

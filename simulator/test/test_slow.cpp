@@ -1,23 +1,25 @@
 // Slow checks (label slow): the rate-quantum approximation against exact rates on the NVL72
-// reference layer, the bound that README.md and VALIDATION.md quote.
+// reference layer, the bound that README.md and VALIDATION.md quote; incremental exact rates
+// against full recomputes on two and four racks.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "mok/sim/layer_sim.hpp"
+#include "mok/sim/report.hpp"
 #include "mok/sim/topology.hpp"
 #include "mok/sim/workload.hpp"
 
 namespace mok::sim {
 namespace {
 
-spec::LayerConfig nvl72_layer(int64_t tokens) {
+spec::LayerConfig nvl72_layer(int64_t tokens, int64_t gpus = 72) {
   spec::LayerConfig cfg;
   cfg.hidden = 7168;
   cfg.intermediate = 2048;
   cfg.shared_intermediate = 2048;
-  cfg.num_ranks = 72;
-  cfg.num_experts = 288;
+  cfg.num_ranks = gpus;
+  cfg.num_experts = 4 * gpus;
   cfg.top_k = 8;
   cfg.tokens_per_rank = tokens;
   return cfg;
@@ -42,6 +44,23 @@ TEST(SlowLayerSim, RateQuantumStaysWithinOnePercentOnNvl72) {
             << "routing " << static_cast<int>(kind) << " dispatch " << to_string(dir) << ": exact " << x
             << " ns, quantum 5 us " << y << " ns";
     }
+  }
+}
+
+// The bench's multi-rack layers (mok-sim-bench racks2; racks4 with fewer tokens): the
+// incremental update and a full progressive filling at every change give identical outputs.
+TEST(SlowLayerSim, IncrementalRatesEqualFullRecomputesOnTwoAndFourRacks) {
+  for (auto [racks, tokens] : {std::pair{2, int64_t{8192}}, std::pair{4, int64_t{2048}}}) {
+    const Topology topo = resolve_topology("multi-rack:" + std::to_string(racks));
+    RoutingSpec routing;
+    routing.kind = RoutingKind::kUniform;
+    const Workload w = generate_workload(nvl72_layer(tokens, 72 * racks), routing);
+    SimOptions inc, full;
+    full.full_rate_recompute = true;
+    const LayerResult a = simulate_layer(topo, w, {}, inc);
+    const LayerResult b = simulate_layer(topo, w, {}, full);
+    EXPECT_EQ(a.num_rate_recomputes, b.num_rate_recomputes);
+    EXPECT_EQ(result_to_json(a, true).dump(), result_to_json(b, true).dump()) << racks << " racks";
   }
 }
 

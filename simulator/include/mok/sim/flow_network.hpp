@@ -1,5 +1,6 @@
 // Flow-level network: shared resources (ports, HBM) with capacities, flows over paths of
-// resources, and exact max-min fair rates by progressive filling.
+// resources, and max-min fair rates by progressive filling in fixed-point integers, recomputed
+// in full or updated incrementally with the same result bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -12,65 +13,67 @@ namespace mok::sim {
 // The longest path: HBM, NIC out, rack uplink out, rack uplink in, NIC in, HBM.
 inline constexpr int kMaxPathLen = 6;
 
+// Rates, demands and capacities are integers in units of 2^-kRateFracBits bytes per ns (GB/s),
+// so that every sum of rates is exact and independent of the order it is taken in.
+inline constexpr int kRateFracBits = 32;
+// Demands above this (~5e8 GB/s, far above any capacity) count as this: no int64 overflow.
+inline constexpr int64_t kMaxRateUnits = int64_t{1} << 61;
+int64_t rate_units(double gbps);  // nearest unit, clamped to [0, kMaxRateUnits]
+inline double units_to_gbps(int64_t units) { return static_cast<double>(units) * (1.0 / 4294967296.0); }
+static_assert(kRateFracBits == 32, "units_to_gbps multiplies by 2^-32");
+
 // One flow: `total_bytes` over `path` (a resource may appear twice, e.g. HBM read and write of
-// a local copy, and then counts twice), never faster than `demand_gbps`. The caller tracks
+// a local copy, and then counts twice), never faster than its demand. The caller tracks
 // progress; the network only assigns rates.
-struct alignas(64) Flow {  // one cache line: what a rate recompute reads and writes
+struct alignas(64) Flow {  // one cache line: what a rate assignment reads and writes
   int path[kMaxPathLen];
   int path_len = 0;
-  int demand_class = 0;       // index of demand_gbps among the network's sorted demand values
-  double demand_gbps = 0;     // the initiator's own limit (SM issue rate, in-flight window)
-  double rate_gbps = 0;       // current rate (bytes per ns)
+  int demand_class = 0;     // index of the demand among the network's sorted demand values
+  int64_t demand_units = 0; // the initiator's own limit (SM issue rate, in-flight window)
+  int64_t rate_units = 0;   // current rate
   int64_t total_bytes = 0;
-  int bottleneck = -1;        // the resource that fixed the rate in the last assignment; -1: demand
+  // The lowest-index resource of the path that saturated at this flow's rate in the last
+  // assignment; -1 when the flow's own demand fixed the rate.
+  int bottleneck = -1;
+  double rate_gbps() const { return units_to_gbps(rate_units); }
+  double demand_gbps() const { return units_to_gbps(demand_units); }
 };
+static_assert(sizeof(Flow) == 64, "a Flow fills one cache line: a rate assignment touches one line per flow");
 
-// Capacities in GB/s (= bytes/ns). Determinism: every structure is updated in call order and
-// ties are broken by index, so the same sequence of calls gives the same rates.
-static_assert(sizeof(Flow) == 64, "a Flow fills one cache line: recompute_rates touches one line per flow");
-
+// The allocation (what recompute_rates() computes; update_rates() gives the same integers):
+// progressive filling by levels. At each step the level L is the smallest of the next unserved
+// demand value and the smallest share floor(remaining capacity / unfrozen flows) of any
+// resource; a demand step freezes every unfrozen flow with that demand at it; otherwise every
+// resource whose share equals L "saturates" at L, and every unfrozen flow through one of them
+// is frozen at L. Integer arithmetic and whole-level steps make the result a function of the
+// flow set alone (no visiting order, no index tie-break). Determinism: the same sequence of
+// calls gives the same rates and the same changed_flows() order.
 class FlowNetwork {
  public:
   int add_resource(double capacity_gbps, std::string name);
   int num_resources() const { return static_cast<int>(capacity_.size()); }
-  double capacity(int resource_idx) const { return capacity_[resource_idx]; }
-  void set_capacity(int resource_idx, double capacity_gbps) { capacity_[resource_idx] = capacity_gbps; }
+  double capacity(int resource_idx) const { return capacity_gbps_[resource_idx]; }
   const std::string& resource_name(int resource_idx) const { return names_[resource_idx]; }
 
   // Optional, for speed: every demand value flows will use (any order, repeats allowed). A
   // demand not declared here is added when its first flow starts (a slower path).
-  void declare_demands(std::vector<double> demands_gbps);
-  // Starts a flow with rate 0; rates are stale until recompute_rates() or admit().
+  void declare_demands(const std::vector<double>& demands_gbps);
+  // Starts a flow with rate 0; rates are stale until recompute_rates(), update_rates() or admit().
   int start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes);
   // Ends a flow (its bytes are credited to the resources on its path).
   void finish_flow(int flow_idx);
-  // Max-min fair rates by progressive filling, capped by each flow's demand (exact).
+  // Max-min fair rates by a full progressive filling over every active flow.
   void recompute_rates();
+  // The same rates as recompute_rates(), bit for bit, re-solving only what the flows started and
+  // finished since the last assignment can change (see flow_network.cpp). Requires that the
+  // last assignment was recompute_rates() or update_rates() (not admit()).
+  void update_rates();
+  // Flows whose rate the last recompute_rates() / update_rates() changed, plus every flow
+  // started since the assignment before it (order: deterministic, not sorted).
+  const std::vector<int>& changed_flows() const { return changed_; }
   // Between full recomputes (rate quantum > 0): gives a new flow what is left unused on its path,
   // min(demand, smallest residual capacity); capacity freed by finished flows becomes residual.
   void admit(int flow_idx);
-
-  // Exact shortcuts (max-min allocations are unique, and each flow keeps its bottleneck):
-  // removing a flow none of whose resources is saturated changes no other rate; a new flow
-  // whose demand fits in what every resource on its path has left gets its demand and changes
-  // no other rate. path_has_slack() is asked before finish_flow(); admit_at_demand() returns
-  // false and changes nothing when the demand does not fit (then call recompute_rates()).
-  bool path_has_slack(int flow_idx) const;
-  bool admit_at_demand(int flow_idx);
-  // A flow that just left, as seen before it released its rate.
-  struct Departed {
-    int path[kMaxPathLen];
-    bool saturated[kMaxPathLen];
-    int path_len = 0;
-    double rate_gbps = 0, demand_gbps = 0;
-    int bottleneck = -1;
-  };
-  Departed describe(int flow_idx) const;
-  // A new flow takes over a departed one's rate (an SM moving on to its next peer): exact when
-  // the resources only the old flow used had slack, those only the new one uses have room for
-  // that rate, and the new flow keeps the old one's bottleneck (its demand, or a saturated
-  // resource they share). Returns false and changes nothing otherwise.
-  bool admit_in_place_of(int flow_idx, const Departed& old);
 
   const Flow& flow(int flow_idx) const { return flows_[flow_idx]; }
   bool active(int flow_idx) const { return links_[flow_idx].active; }
@@ -78,36 +81,85 @@ class FlowNetwork {
   // Bytes that completed flows carried through each resource (exact integers).
   const std::vector<int64_t>& resource_bytes() const { return resource_bytes_; }
   int64_t num_recomputes() const { return num_recomputes_; }
+  // Work counters of update_rates(): resources it tracked exactly, attempts repeated because a
+  // resource assumed unsaturated turned out not to be, and updates handed to recompute_rates()
+  // because they touched too much of the network.
+  int64_t num_tracked_resources() const { return num_tracked_; }
+  int64_t num_retries() const { return num_retries_; }
+  int64_t num_full_fallbacks() const { return num_fallbacks_; }
 
  private:
-  std::vector<double> capacity_;
+  static constexpr int64_t kInf = INT64_MAX;
+  std::vector<double> capacity_gbps_;
+  std::vector<int64_t> capacity_;  // in rate units
   std::vector<std::string> names_;
   std::vector<int64_t> resource_bytes_;
-  std::vector<double> residual_;              // capacity minus the rates of active flows
+  std::vector<int64_t> residual_;             // capacity minus the rates of active flows (exact)
+  std::vector<int64_t> level_;                // level at which the resource saturated; kInf: never
   std::vector<std::vector<int>> res_flows_;   // resource -> active flows through it (a flow twice if its path repeats it)
   std::vector<Flow> flows_;
   struct Links {  // where a flow sits in the per-resource and per-class lists
     int slot[kMaxPathLen];
     int class_slot = 0;
     bool active = false;
+    bool fresh = false;  // started since the last assignment
   };
   std::vector<Links> links_;
   std::vector<int> free_flows_;
   std::vector<int> active_;        // active flow indices (order: a function of the call sequence)
   std::vector<int> active_pos_;    // flow -> position in active_
-  int64_t num_recomputes_ = 0;
+  int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0;
   // Demand classes: the distinct demand values, ascending; the active flows of each; and a bit
   // per class that has any, so that a recompute visits demands in order without sorting.
-  std::vector<double> class_demand_;
+  std::vector<int64_t> class_demand_;
   std::vector<std::vector<int>> class_flows_;
   std::vector<uint64_t> class_bits_;
-  int class_of(double demand_gbps);
+  int class_of(int64_t demand_units);
+  void renumber_classes(std::vector<int64_t> demands);
+  // Changes since the last assignment: started flows, resources of finished flows.
+  std::vector<int> pending_flows_;
+  std::vector<int> pending_resources_;
+  std::vector<int> changed_;
+  void bottleneck_of(Flow& f) const;
   // scratch for recompute_rates()
-  std::vector<double> rem_cap_;
+  std::vector<int64_t> rem_cap_;
   std::vector<int> unfrozen_count_;
   std::vector<uint32_t> frozen_epoch_;  // flow frozen in this recompute iff == epoch_
   uint32_t epoch_ = 0;
-  std::vector<std::pair<double, int>> heap_;
+  std::vector<std::pair<int64_t, int>> heap_;
+  std::vector<int> saturating_;
+  std::vector<int64_t> old_rate_;
+  // scratch for update_rates() (flow_network.cpp explains the algorithm)
+  struct Event {
+    int64_t level;
+    int32_t sub;   // 0: demand step, 1: saturation step of the same level
+    int32_t kind;  // 0: resource share check, 1: a flow's demand, 2: a resource's old saturation level
+    int32_t idx;
+  };
+  std::vector<Event> events_;
+  std::vector<uint32_t> flow_mark_;  // attempt stamp << 2 | status in that attempt
+  std::vector<uint32_t> res_stamp_, force_stamp_;
+  uint32_t stamp_ = 0, update_id_ = 0;
+  std::vector<uint8_t> res_mode_;
+  std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
+  std::vector<int> res_unfrozen_;
+  std::vector<int> tracked_, passive_, done_, spread_, candidates_;
+  // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
+  // a cursor accounts for them lazily as the filling passes their points.
+  struct Pending {
+    int64_t level;
+    int32_t sub;
+    int32_t flow;
+  };
+  std::vector<Pending> pool_;
+  std::vector<int> pool_begin_, pool_end_, pool_cursor_;
+  int64_t work_ = 0;
+  void advance(int r, int64_t level, int sub);
+  enum class Attempt { kDone, kRetry, kTooBig };
+  Attempt attempt_update();
+  void make_dirty(int r, int64_t level, int sub);
+  void push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx);
+  void freeze_tracked(int f, int64_t rate);
 };
 
 }  // namespace mok::sim

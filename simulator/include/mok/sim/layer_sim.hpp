@@ -15,8 +15,8 @@ namespace mok::sim {
 struct SimOptions {
   bool record_trace = false;  // keep spans for a Chrome trace (memory grows with the run)
   int trace_max_gpus = 8;     // only GPUs [0, trace_max_gpus) are traced
-  // 0 (default): exact max-min rates after every change of the flow set (a full progressive
-  // filling, or an exact shortcut when the change provably moves no other flow's rate).
+  // 0 (default): exact max-min rates after every change of the flow set (fixed-point
+  // progressive filling, updated incrementally; FlowNetwork::update_rates()).
   // > 0: an approximation, selectable per scenario ("engine": {"rate_quantum_ns": N}): a full
   // recompute at most once per quantum; in between, new flows take the capacity left unused
   // on their path and capacity freed by finished flows idles. A flow therefore runs at most N
@@ -26,8 +26,11 @@ struct SimOptions {
   // Signal writes wait behind queued bytes at congested NVLink ports: a flag or counter atomic
   // (issued after its fence) from s to d waits Q/C at s's out-port and at d's in-port, where Q
   // is the data that window-limited flows bottlenecked at that port keep queued there,
-  // sum(window - rate x round trip). Re-evaluated at every full rate recompute.
+  // sum(window - rate x round trip). Re-evaluated after every rate update.
   bool signal_queueing = false;
+  // Tests and benchmarks: a full progressive filling at every change instead of the incremental
+  // update (rate_quantum_ns = 0 only). The rates, and so every output, are identical.
+  bool full_rate_recompute = false;
 };
 
 // Distribution summary of integer nanoseconds (nearest-rank quantiles, exact).

@@ -331,15 +331,13 @@ namespace {
 constexpr uint8_t kFixed = 0, kFree = 1, kDone = 2, kFixedFrozen = 3;  // flow status in an update
 constexpr uint8_t kClean = 0, kTracked = 1, kPassive = 2;              // resource mode in an update
 bool event_later(const auto& a, const auto& b) {
-  if (a.level != b.level) return a.level > b.level;
-  if (a.sub != b.sub) return a.sub > b.sub;
-  if (a.kind != b.kind) return a.kind > b.kind;
-  return a.idx > b.idx;
+  return a.level != b.level ? a.level > b.level : a.key > b.key;
 }
 }  // namespace
 
 void FlowNetwork::push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx) {
-  events_.push_back(Event{level, sub, kind, idx});
+  events_.push_back(Event{level, static_cast<uint64_t>(sub) << 34 | static_cast<uint64_t>(kind) << 32 |
+                                     static_cast<uint32_t>(idx)});
   std::push_heap(events_.begin(), events_.end(), [](const Event& a, const Event& b) { return event_later(a, b); });
 }
 
@@ -360,8 +358,8 @@ void FlowNetwork::freeze_tracked(int f, int64_t rate) {
 void FlowNetwork::advance(int r, int64_t level, int sub) {
   int& c = pool_cursor_[r];
   const int end = pool_end_[r];
-  while (c < end && point_le(pool_[c].level, pool_[c].sub, level, sub)) {
-    const int f = pool_[c].flow;
+  while (c < end && point_le(pool_[c].level, pool_[c].sub(), level, sub)) {
+    const int f = pool_[c].flow();
     const uint8_t st = (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
       res_rem_[r] -= pool_[c].level;
@@ -419,16 +417,14 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
         continue;
       }
       ++n;
-      pool_.push_back(Pending{fl.rate_units, fsub, f});
+      pool_.push_back(Pending{fl.rate_units, static_cast<uint32_t>(fsub) << 31 | static_cast<uint32_t>(f)});
     }
   }
   // r saturated at a later level last time: whether the flows it froze then stay frozen there
   // is decided at that level.
   if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
   std::sort(pool_.begin() + begin, pool_.end(), [](const Pending& a, const Pending& b) {
-    if (a.level != b.level) return a.level < b.level;
-    if (a.sub != b.sub) return a.sub < b.sub;
-    return a.flow < b.flow;
+    return a.level != b.level ? a.level < b.level : a.key < b.key;
   });
   pool_begin_[r] = begin;
   pool_cursor_[r] = begin;
@@ -485,9 +481,9 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   while (!events_.empty()) {
     if (work_ > work_limit) return Attempt::kTooBig;
     const int64_t level = events_.front().level;
-    if (events_.front().sub == 0) {  // demand step: only new or freed flows have events here
-      while (!events_.empty() && events_.front().level == level && events_.front().sub == 0) {
-        const int f = events_.front().idx;
+    if (events_.front().sub() == 0) {  // demand step: only new or freed flows have events here
+      while (!events_.empty() && events_.front().level == level && events_.front().sub() == 0) {
+        const int f = events_.front().idx();
         std::pop_heap(events_.begin(), events_.end(), later);
         events_.pop_back();
         if (status(f) == kFree) freeze_new(f, level);
@@ -501,11 +497,11 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       const Event e = events_.front();
       std::pop_heap(events_.begin(), events_.end(), later);
       events_.pop_back();
-      if (e.kind == 2) {
-        candidates_.push_back(e.idx);
+      if (e.kind() == 2) {
+        candidates_.push_back(e.idx());
         continue;
       }
-      const int r = e.idx;
+      const int r = e.idx();
       advance(r, level, 0);
       if (res_unfrozen_[r] == 0) continue;
       const int64_t share = res_rem_[r] / res_unfrozen_[r];

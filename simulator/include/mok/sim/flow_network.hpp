@@ -130,11 +130,14 @@ class FlowNetwork {
   std::vector<int> saturating_;
   std::vector<int64_t> old_rate_;
   // scratch for update_rates() (flow_network.cpp explains the algorithm)
-  struct Event {
+  struct Event {  // ordered by (level, key): key packs (sub, kind, idx) so that one compare decides ties
     int64_t level;
-    int32_t sub;   // 0: demand step, 1: saturation step of the same level
-    int32_t kind;  // 0: resource share check, 1: a flow's demand, 2: a resource's old saturation level
-    int32_t idx;
+    uint64_t key;  // sub << 34 | kind << 32 | idx
+    // sub 0: demand step, 1: saturation step of the same level
+    int sub() const { return static_cast<int>(key >> 34); }
+    // kind 0: resource share check, 1: a flow's demand, 2: a resource's old saturation level
+    int kind() const { return static_cast<int>((key >> 32) & 3); }
+    int idx() const { return static_cast<int>(static_cast<uint32_t>(key)); }
   };
   std::vector<Event> events_;
   std::vector<uint32_t> flow_mark_;  // attempt stamp << 2 | status in that attempt
@@ -146,10 +149,11 @@ class FlowNetwork {
   std::vector<int> tracked_, passive_, done_, spread_, candidates_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
   // a cursor accounts for them lazily as the filling passes their points.
-  struct Pending {
+  struct Pending {  // ordered by (level, key)
     int64_t level;
-    int32_t sub;
-    int32_t flow;
+    uint32_t key;  // sub << 31 | flow
+    int sub() const { return static_cast<int>(key >> 31); }
+    int flow() const { return static_cast<int>(key & 0x7fffffffu); }
   };
   std::vector<Pending> pool_;
   std::vector<int> pool_begin_, pool_end_, pool_cursor_;

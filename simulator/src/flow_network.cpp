@@ -21,8 +21,9 @@ namespace {
 }
 // Where in the filling a frozen flow was frozen: (level, 0) by its demand, (level, 1) by a
 // saturating resource (a demand step of a level comes before its saturation step).
-int sub_of(const Flow& f) { return f.rate_units == f.demand_units ? 0 : 1; }
 bool point_le(int64_t la, int sa, int64_t lb, int sb) { return la != lb ? la < lb : sa <= sb; }
+// (level, sub) as FlowNetwork::point_ encodes it; level may be -1 (before the filling) or kInf.
+int64_t point_key(int64_t level, int sub) { return level == INT64_MAX ? INT64_MAX : level * 2 + sub; }
 }  // namespace
 
 int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
@@ -91,6 +92,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     frozen_epoch_.push_back(0);
     flow_mark_.push_back(0);
     new_rate_.push_back(0);
+    point_.push_back(0);
   }
   Flow& f = flows_[idx];
   Links& l = links_[idx];
@@ -107,7 +109,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   class_flows_[f.demand_class].push_back(idx);
   class_bits_[f.demand_class / 64] |= uint64_t{1} << (f.demand_class % 64);
   f.total_bytes = bytes;
-  f.rate_units = 0;
+  set_rate(idx, 0);
   f.bottleneck = -1;
   l.active = true;
   l.fresh = true;
@@ -153,7 +155,7 @@ void FlowNetwork::finish_flow(int flow_idx) {
   }
   l.active = false;
   l.fresh = false;
-  f.rate_units = 0;
+  set_rate(flow_idx, 0);
   // Swap-remove: the order of active_ stays a pure function of the call sequence.
   const int pos = active_pos_[flow_idx];
   const int last = active_.back();
@@ -178,7 +180,7 @@ void FlowNetwork::admit(int flow_idx) {
     }
   }
   for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= rate - f.rate_units;
-  f.rate_units = rate;
+  set_rate(flow_idx, rate);
   links_[flow_idx].fresh = false;
 }
 
@@ -225,7 +227,7 @@ void FlowNetwork::recompute_rates() {
     Links& l = links_[idx];
     if (l.fresh || f.rate_units != rate) changed_.push_back(idx);
     l.fresh = false;
-    f.rate_units = rate;
+    set_rate(idx, rate);
     frozen_epoch_[idx] = epoch_;
     --num_unfrozen;
     for (int i = 0; i < f.path_len; ++i) {
@@ -358,11 +360,12 @@ void FlowNetwork::freeze_tracked(int f, int64_t rate) {
 void FlowNetwork::advance(int r, int64_t level, int sub) {
   int& c = pool_cursor_[r];
   const int end = pool_end_[r];
-  while (c < end && point_le(pool_[c].level, pool_[c].sub(), level, sub)) {
-    const int f = pool_[c].flow();
+  const int64_t key = point_key(level, sub);
+  while (c < end && pool_[c].point <= key) {
+    const int f = pool_[c].flow;
     const uint8_t st = (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
-      res_rem_[r] -= pool_[c].level;
+      res_rem_[r] -= pool_[c].point >> 1;
       --res_unfrozen_[r];
     }
     ++c;
@@ -403,6 +406,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   int64_t rem = capacity_[r];
   int n = 0;
   const int begin = static_cast<int>(pool_.size());
+  const int64_t key = point_key(level, sub);
   for (int f : list) {
     const uint8_t st = status(f);
     if (st == kDone) {
@@ -410,21 +414,20 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
     } else if (st == kFree) {
       ++n;
     } else {
-      const Flow& fl = flows_[f];
-      const int fsub = sub_of(fl);
-      if (st == kFixedFrozen || point_le(fl.rate_units, fsub, level, sub)) {
-        rem -= fl.rate_units;
+      const int64_t pt = point_[f];
+      if (st == kFixedFrozen || pt <= key) {
+        rem -= pt >> 1;
         continue;
       }
       ++n;
-      pool_.push_back(Pending{fl.rate_units, static_cast<uint32_t>(fsub) << 31 | static_cast<uint32_t>(f)});
+      pool_.push_back(Pending{pt, f});
     }
   }
   // r saturated at a later level last time: whether the flows it froze then stay frozen there
   // is decided at that level.
   if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
   std::sort(pool_.begin() + begin, pool_.end(), [](const Pending& a, const Pending& b) {
-    return a.level != b.level ? a.level < b.level : a.key < b.key;
+    return a.point != b.point ? a.point < b.point : a.flow < b.flow;
   });
   pool_begin_[r] = begin;
   pool_cursor_[r] = begin;
@@ -517,17 +520,17 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       }
     }
     spread_.clear();
+    const int64_t sat_key = point_key(level, 1);
     for (int r : saturating_)
       for (int f : res_flows_[r]) {
         const uint8_t st = status(f);
         if (st == kFree) {
           freeze_new(f, level);
         } else if (st == kFixed) {
-          const Flow& fl = flows_[f];
-          const int fsub = sub_of(fl);
-          if (fl.rate_units == level && fsub == 1) {
+          const int64_t pt = point_[f];
+          if (pt == sat_key) {
             set_status(f, kFixedFrozen);  // where it froze last time (cursors account for it)
-          } else if (!point_le(fl.rate_units, fsub, level, 1)) {
+          } else if (pt > sat_key) {
             freeze_new(f, level);  // frozen earlier than last time
             spread_.push_back(f);
           }
@@ -538,9 +541,8 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     for (int rc : candidates_) {
       if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
       for (int f : res_flows_[rc]) {
-        if (status(f) != kFixed) continue;
+        if (status(f) != kFixed || point_[f] != sat_key) continue;
         const Flow& fl = flows_[f];
-        if (fl.rate_units != level || sub_of(fl) != 1) continue;
         bool held = false;
         for (int i = 0; i < fl.path_len && !held; ++i) {
           const int r = fl.path[i];
@@ -554,8 +556,11 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
         }
       }
     }
-    for (int f : spread_)
-      for (int i = 0; i < flows_[f].path_len; ++i) make_dirty(flows_[f].path[i], level, 1);
+    for (int f : spread_) {
+      const Flow& fl = flows_[f];
+      for (int i = 0; i < fl.path_len; ++i)
+        if (res_stamp_[fl.path[i]] != stamp_) make_dirty(fl.path[i], level, 1);
+    }
   }
 
   // Passive resources: final slack must be at least their number of flow entries.
@@ -598,7 +603,7 @@ void FlowNetwork::update_rates() {
     if (l.fresh || rate != fl.rate_units) changed_.push_back(f);
     l.fresh = false;
     for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= rate - fl.rate_units;
-    fl.rate_units = rate;
+    set_rate(f, rate);
   }
   spread_.clear();  // tracked resources whose saturation level changed
   for (int r : tracked_) {

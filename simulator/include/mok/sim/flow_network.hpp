@@ -149,12 +149,18 @@ class FlowNetwork {
   std::vector<int> tracked_, passive_, done_, spread_, candidates_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
   // a cursor accounts for them lazily as the filling passes their points.
-  struct Pending {  // ordered by (level, key)
-    int64_t level;
-    uint32_t key;  // sub << 31 | flow
-    int sub() const { return static_cast<int>(key >> 31); }
-    int flow() const { return static_cast<int>(key & 0x7fffffffu); }
+  struct Pending {  // ordered by (point, flow)
+    int64_t point;  // point_key(old rate, old sub)
+    int32_t flow;
   };
+  // A flow's old freezing point (rate, sub) as one integer, rate * 2 + sub (sub 0: frozen by its
+  // demand, 1: by a saturating resource), ordered as the filling passes them; kept in step with
+  // Flow::rate_units so that an update reads 8 bytes per flow instead of the flow's cache line.
+  std::vector<int64_t> point_;
+  void set_rate(int f, int64_t rate) {
+    flows_[f].rate_units = rate;
+    point_[f] = rate * 2 + (rate == flows_[f].demand_units ? 0 : 1);
+  }
   std::vector<Pending> pool_;
   std::vector<int> pool_begin_, pool_end_, pool_cursor_;
   int64_t work_ = 0;

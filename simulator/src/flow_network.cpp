@@ -606,16 +606,27 @@ void FlowNetwork::update_rates() {
     set_rate(f, rate);
   }
   spread_.clear();  // tracked resources whose saturation level changed
+  spread_old_level_.clear();
   for (int r : tracked_) {
     advance(r, kInf, 1);
     if (res_unfrozen_[r] != 0 || residual_[r] != res_rem_[r])
       internal("a tracked resource's account differs from the committed rates");
     if (new_level_[r] == level_[r]) continue;
+    spread_old_level_.push_back(level_[r]);
     level_[r] = new_level_[r];
     spread_.push_back(r);
   }
-  for (int r : spread_)
-    for (int f : res_flows_[r]) bottleneck_of(flows_[f]);
+  // A flow's bottleneck is a function of its rate and demand and the levels of its path's
+  // resources. Flows in done_ are relabelled below; any other flow kept its rate, so a resource
+  // whose level changed can change its label only if the old or new level equals that rate.
+  for (size_t k = 0; k < spread_.size(); ++k) {
+    const int r = spread_[k];
+    const int64_t old_level = spread_old_level_[k], new_level = level_[r];
+    for (int f : res_flows_[r]) {
+      const int64_t rate = point_[f] >> 1;
+      if (rate == old_level || rate == new_level) bottleneck_of(flows_[f]);
+    }
+  }
   for (int f : done_) bottleneck_of(flows_[f]);
   pending_flows_.clear();
   pending_resources_.clear();

@@ -70,6 +70,42 @@ bool torch_routing(const std::string& r) {
   return r.find_first_not_of("0123456789.", 5) == std::string::npos;
 }
 
+// One traced pass (KernelOptions::trace): where the blocks' time went, in ms from the first
+// block's start (marks) and per block (sums), min / mean / max over the blocks.
+void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per_rank, int blocks_per_rank) {
+  using namespace mok::kernel;
+  const size_t nb = tr.size() / kTraceSlots;
+  if (nb == 0) return;
+  auto at = [&](size_t b, int s) { return tr[b * kTraceSlots + s]; };
+  uint64_t t0 = UINT64_MAX, t1 = 0;
+  for (size_t b = 0; b < nb; ++b) t0 = std::min(t0, at(b, kTrStart)), t1 = std::max(t1, at(b, kTrEnd));
+  std::printf("# trace %s: %zu blocks, first start to last end %.3f ms (times in ms)\n", pass, nb, (t1 - t0) * 1e-6);
+  std::printf("%-34s %9s %9s %9s\n", "", "min", "mean", "max");
+  auto row = [&](const char* name, bool mark, int slot, bool comm_only, double scale = 1e-6) {
+    double lo = 1e300, hi = -1e300, sum = 0;
+    size_t n = 0;
+    for (size_t b = 0; b < nb; ++b) {
+      if (comm_only && static_cast<int>(b % blocks_per_rank) >= comm_per_rank) continue;
+      const double v = (mark ? static_cast<double>(at(b, slot) - t0) : static_cast<double>(at(b, slot))) * scale;
+      lo = std::min(lo, v), hi = std::max(hi, v), sum += v, ++n;
+    }
+    if (n) std::printf("%-34s %9.3f %9.3f %9.3f\n", name, lo, sum / n, hi);
+  };
+  row("mark: plan built", true, kTrPlanned, false);
+  row("mark: gathering done (gatherers)", true, kTrGathered, true);
+  row("mark: last GEMM item done", true, kTrItemsDone, false);
+  row("mark: reduction starts", true, kTrReduceStart, false);
+  row("mark: reduction done", true, kTrReduceDone, false);
+  row("mark: end", true, kTrEnd, false);
+  row("sum: wait for gathered rows", false, kTrWaitRows, false);
+  row("sum: phase-1 GEMMs + epilogue", false, kTrPhase1, false);
+  row("sum: wait for phase-1 tiles", false, kTrWaitTile, false);
+  row("sum: phase-2 GEMMs + epilogue", false, kTrPhase2, false);
+  row("sum: publish (fences, counters)", false, kTrPublish, false);
+  row("count: GEMM items", false, kTrItems, false, 1.0);
+  row("count: weight-gradient tiles", false, kTrWgradItems, false, 1.0);
+}
+
 void* zeros(size_t bytes) {
   void* d = nullptr;
   CK(cudaMalloc(&d, std::max<size_t>(bytes, 4)));
@@ -100,7 +136,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str();
   app.add_option("--comm-sms", comm, "communication blocks per rank: they gather rows, then compute (0: blocks per rank - 1)")->capture_default_str();
   app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str();
-  bool no_tma = false, no_baseline = false;
+  bool no_tma = false, no_baseline = false, trace = false;
   std::string torch_script = "auto", python = "python3";
   app.add_flag("--no-baseline", no_baseline, "time only the fused kernel (no cuBLAS, no PyTorch)");
   app.add_option("--torch", torch_script,
@@ -110,6 +146,9 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "interpreter for --torch (needs torch with torch._grouped_mm)")
       ->capture_default_str();
   app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
+  app.add_flag("--trace", trace,
+               "after the timed runs, one profiled forward and backward in a second workspace: per-block marks and sums "
+               "of waiting, GEMM and publishing time (KernelOptions::trace)");
   CLI11_PARSE(app, argc, argv);
   if (torch_script == "auto") {
     const char* env = std::getenv("MOK_TORCH_BASELINE");
@@ -209,6 +248,20 @@ int main(int argc, char** argv) {
       return std::make_pair(fwd[fwd.size() / 2], bwd.empty() ? 0.0f : bwd[bwd.size() / 2]);
     };
     const auto [f_ms, b_ms] = time(di.d_output != nullptr);
+    if (trace) {
+      mok::kernel::KernelOptions kt = ko;
+      kt.trace = true;
+      mok::kernel::Layer traced(cfg, kt);
+      traced.forward(di, o);  // warm: maps, caches
+      traced.forward(di, o);
+      traced.check_errors();
+      print_trace("forward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
+      if (di.d_output) {
+        traced.backward(di, o);
+        traced.check_errors();
+        print_trace("backward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
+      }
+    }
     auto median_of = [&](auto&& fn) {
       std::vector<float> v;
       for (int r = 0; r < warmup + reps; ++r) {

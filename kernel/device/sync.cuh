@@ -11,6 +11,18 @@ __device__ __forceinline__ uint64_t global_time_ns() {
   return t;
 }
 
+// Profile (LaunchParams::trace): thread 0 of the block records marks and sums; no-ops when off.
+__device__ __forceinline__ uint64_t trace_now(const LaunchParams& P) { return P.trace ? global_time_ns() : 0; }
+__device__ __forceinline__ void trace_mark(const LaunchParams& P, int slot) {
+  if (P.trace && threadIdx.x == 0) P.trace[blockIdx.x * int64_t{kTraceSlots} + slot] = global_time_ns();
+}
+__device__ __forceinline__ void trace_add(const LaunchParams& P, int slot, uint64_t since) {
+  if (P.trace && threadIdx.x == 0) P.trace[blockIdx.x * int64_t{kTraceSlots} + slot] += global_time_ns() - since;
+}
+__device__ __forceinline__ void trace_count(const LaunchParams& P, int slot) {
+  if (P.trace && threadIdx.x == 0) P.trace[blockIdx.x * int64_t{kTraceSlots} + slot] += 1;
+}
+
 __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
   return *reinterpret_cast<const volatile uint32_t*>(p);
 }

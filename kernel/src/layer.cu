@@ -152,6 +152,8 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   device_params_ = device_alloc<LaunchParams>(owned_, 1);
   P.error = error_;
   P.abort = control_ + int64_t{L} * 8;
+  if (options.trace) trace_ = device_alloc<uint64_t>(owned_, int64_t{L} * blocks_per_rank_ * kTraceSlots);
+  P.trace = trace_;
   for (int r = first_rank; r < first_rank + L; ++r) {
     RankState& s = P.state[r];
     s.expert_offsets = device_alloc<int64_t>(owned_, El + 1);
@@ -238,10 +240,20 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));
+  if (trace_)
+    MOK_CUDA(cudaMemsetAsync(trace_, 0, int64_t{local_ranks_} * blocks_per_rank_ * kTraceSlots * sizeof(uint64_t), stream));
   const LaunchParams* arg = device_params_;
   void* args[] = {&arg};
   MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(local_ranks_ * blocks_per_rank_), dim3(device::kThreads), args,
                                        smem_bytes_, stream));
+}
+
+std::vector<uint64_t> LayerCore::read_trace(cudaStream_t stream) const {
+  if (!trace_) return {};
+  std::vector<uint64_t> out(static_cast<size_t>(local_ranks_) * blocks_per_rank_ * kTraceSlots);
+  MOK_CUDA(cudaStreamSynchronize(stream));
+  MOK_CUDA(cudaMemcpy(out.data(), trace_, out.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  return out;
 }
 
 void LayerCore::check_errors(cudaStream_t stream) {
@@ -349,6 +361,9 @@ void Layer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* str
 
 void Layer::check_errors(void* stream) { impl_->core.check_errors(static_cast<cudaStream_t>(stream)); }
 int Layer::blocks_per_rank() const { return impl_->core.blocks_per_rank(); }
+std::vector<uint64_t> Layer::trace(void* stream) const {
+  return impl_->core.read_trace(static_cast<cudaStream_t>(stream));
+}
 int Layer::comm_blocks_per_rank() const { return impl_->core.options().comm_blocks_per_rank; }
 bool Layer::uses_tma() const { return impl_->core.uses_tma(); }
 const uint16_t* Layer::y_slots() const { return impl_->y_slots; }

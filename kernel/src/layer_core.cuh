@@ -52,6 +52,8 @@ class LayerCore {
   void launch(const void* kernel, cudaStream_t stream);
   // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
   void check_errors(cudaStream_t stream);
+  // The last pass's per-block profile (KernelOptions::trace), empty when off; synchronises.
+  std::vector<uint64_t> read_trace(cudaStream_t stream) const;
 
   const spec::LayerConfig& cfg() const { return host_.cfg; }
   const KernelOptions& options() const { return options_; }
@@ -74,6 +76,7 @@ class LayerCore {
   uint32_t* control_ = nullptr;  // 8 counters per local rank, then the abort word
   int64_t control_words_ = 0;
   ErrorRecord* error_ = nullptr;
+  uint64_t* trace_ = nullptr;  // kTraceSlots words per block when options_.trace
 };
 
 }  // namespace mok::kernel::detail

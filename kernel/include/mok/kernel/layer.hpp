@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mok::kernel {
 
@@ -20,6 +21,7 @@ struct KernelOptions {
   bool disable_tma = false;      // sm_90a: fill every tile with threads instead of TMA (same bits)
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing
+  bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp)
 };
 
 // The most routed rows any rank receives under this routing (topk_experts [G, K] on the host):
@@ -72,6 +74,10 @@ class Layer {
   void backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream = nullptr);
   // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
   void check_errors(void* stream = nullptr);
+
+  // With KernelOptions::trace: the last pass's profile, kTraceSlots words per block in launch
+  // order (block b serves rank b / blocks_per_rank()); synchronises `stream`. Empty when off.
+  std::vector<uint64_t> trace(void* stream = nullptr) const;
 
   int blocks_per_rank() const;
   int comm_blocks_per_rank() const;

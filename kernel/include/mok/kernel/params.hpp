@@ -121,6 +121,28 @@ struct RankTensors {
   float* d_w_shared_down;         // [H, Is]
 };
 
+// Per-block profile of one pass (KernelOptions::trace; off by default): thread 0 of every block
+// writes kTraceSlots words. Marks are %globaltimer readings (ns); sums are ns spent in a kind of
+// work over all of the block's work items; kTrItems counts items. Reading it never changes a
+// result bit (it only times what the block does).
+enum TraceSlot : int {
+  kTrStart = 0,       // mark: the block starts
+  kTrPlanned,         // mark: the routing plan is built (forward) / the pass is set up (backward)
+  kTrGathered,        // mark: this block's gathering is done (communication blocks; else = planned)
+  kTrItemsDone,       // mark: the block's last GEMM item is done
+  kTrReduceStart,     // mark: every arrival is in: the per-token reduction (combine / d_x) starts
+  kTrReduceDone,      // mark: the block's share of the reduction (and backward: router grads) is done
+  kTrEnd,             // mark: the block ends (backward: after its weight-gradient tiles)
+  kTrWaitRows,        // sum: waiting for gathered rows before a phase-1 item
+  kTrPhase1,          // sum: phase-1 GEMMs with their epilogues
+  kTrWaitTile,        // sum: waiting for a row tile's phase-1 items before a phase-2 item
+  kTrPhase2,          // sum: phase-2 GEMMs with their epilogues (the pushes to owners)
+  kTrPublish,         // sum: publishing tiles and rows (fences, counters)
+  kTrItems,           // count: GEMM items (phases 1 and 2)
+  kTrWgradItems,      // count: weight-gradient tiles
+  kTraceSlots = 16
+};
+
 struct LaunchParams {
   spec::LayerConfig cfg;
   int32_t num_ranks;
@@ -140,6 +162,7 @@ struct LaunchParams {
   int32_t system_scope;           // 1: peers are other GPUs: cross-rank signals use system-scope fences
   ErrorRecord* error;
   uint32_t* abort;
+  uint64_t* trace;                // kTraceSlots words per block, or nullptr (no profile)
 };
 
 inline const char* flag_name(int32_t flag) {

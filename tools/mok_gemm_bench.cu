@@ -1,0 +1,483 @@
+// mok-gemm-bench: the fused kernel's tile engine alone, on the GEMM shapes of the MoE layer, against
+// cuBLAS on the same shapes in the same run. It separates what the engine's main loop reaches
+// from what the layer around it costs (gathers, waits, epilogue traffic, the combine).
+//
+// Every SM runs one persistent block that takes [128 x N] tiles of one large GEMM in the layer's
+// grouped order (8 row tiles, column-major inside a group) and calls the same gemm_fast the layer
+// calls, with the operand layouts of each layer GEMM:
+//   fwd1   gate and up:  A [M, K] K-major, two B [N, K] K-major (128-wide dual tile), K = H
+//   fwd2   down:         A [M, K] K-major, B [N, K] K-major (256-wide tile), K = I
+//   bwd1   d_act:        A [M, K] K-major, B [K, N] MN-major (256-wide), K = H
+//   wgrad  weight grads: A [K, M] MN-major, B [K, N] MN-major (256-wide), K = rows of an expert
+// Epilogues: `store` writes what the layer writes (fp32 or bf16 pairs), `none` only keeps the
+// accumulators alive (the pure main loop). Prints a table: ms (median), TFLOP/s, % of the bf16
+// peak measured in the same run (an 8192^3 cublasGemmEx), and cuBLAS on the same M, N, K.
+// Exit 3 without a GPU with sm_90a, 2 on bad arguments.
+#include "../kernel/device/mma_tile.cuh"
+#include "mok/spec/orders.hpp"
+
+#include <CLI/CLI.hpp>
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace mok::kernel;
+using namespace mok::kernel::device;
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "mok-gemm-bench: %s: %s\n", #x, cudaGetErrorString(e_));             \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+enum Mode { kFwd1 = 0, kFwd2 = 1, kBwd1 = 2, kWgrad = 3 };
+
+struct Args {
+  const TensorMapBytes* maps;  // A, B, B2 in global memory
+  int64_t M, N, K;
+  int64_t row_tiles, col_tiles;
+  float* out_f32[2];
+  uint16_t* out_bf16;
+  bool store;
+};
+
+__device__ __forceinline__ void grouped(int64_t i, int64_t rows, int64_t cols, int64_t& rt, int64_t& ct) {
+  constexpr int64_t kGroup = 8;  // as the layer's grouped_tile
+  const int64_t g = i / (kGroup * cols), in = i % (kGroup * cols);
+  const int64_t n = min(kGroup, rows - g * kGroup);
+  rt = g * kGroup + in % n;
+  ct = in / n;
+}
+
+template <int kMode>
+__global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
+#if defined(MOK_WGMMA)
+  extern __shared__ __align__(1024) unsigned char dyn[];
+  uint8_t* smem = aligned_smem(dyn);
+  acquire_tensor_maps(a.maps, 3);
+  constexpr int kBN = kMode == kFwd1 ? kTileNFast : kTileNWide;
+  const int64_t total = a.row_tiles * a.col_tiles;
+  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    int64_t rt, ct;
+    grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+    const int64_t m0 = rt * kTileM, n0 = ct * kBN;
+    const int64_t rows = min(int64_t{kTileM}, a.M - m0), cols = min(int64_t{kBN}, a.N - n0);
+    const TensorMapBytes* mp = a.maps;
+    if constexpr (kMode == kFwd1) {
+      gemm_fast<0, 0, true, kTileNFast>(smem, a.K, rows, cols, kmajor(mp, m0), kmajor(mp + 1, n0), kmajor(mp + 2, n0),
+                                        [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
+                                          const int64_t idx = (m0 + i) * a.N + n0 + j;
+                                          if (a.store) {
+                                            *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(g0, g1);
+                                            *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);
+                                            *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
+                                                pack2(mok::spec::swiglu_act(g0, u0), mok::spec::swiglu_act(g1, u1));
+                                          } else if (g0 + g1 + u0 + u1 == -1.25e30f) {
+                                            a.out_f32[0][0] = g0;
+                                          }
+                                        });
+    } else {
+      constexpr int TA = kMode == kWgrad ? 1 : 0, TB = kMode == kFwd2 ? 0 : 1;
+      const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+      const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
+      gemm_fast<TA, TB, false, kTileNWide>(smem, a.K, rows, cols, A, B, B, [&](int64_t i, int64_t j, float v0, float v1) {
+        const int64_t idx = (m0 + i) * a.N + n0 + j;
+        if (a.store) {
+          if constexpr (kMode == kWgrad)
+            *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
+          else
+            *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
+                pack2(mok::spec::bf16_from_f32_rne(v0), mok::spec::bf16_from_f32_rne(v1));
+        } else if (v0 + v1 == -1.25e30f) {
+          a.out_f32[0][0] = v0;
+        }
+      });
+    }
+  }
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+
+// ---- Experimental: a warp-specialised engine with the same dot-chain order. Three warpgroups:
+// warpgroup 0 loads (one thread issues every TMA copy, 40 registers), warpgroups 1 and 2 compute
+// rows 0-63 and 64-127 of the tile (232 registers). The ring runs across tiles: the loader
+// fills stages of the next tile while the consumers store the current one. Stages are handed
+// back by "empty" mbarriers (one arrival per consumer warpgroup), not by block barriers.
+constexpr int kWsThreads = 384;
+
+template <int kMode>
+__global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
+#if defined(MOK_WGMMA)
+  extern __shared__ __align__(1024) unsigned char dyn[];
+  uint8_t* smem = aligned_smem(dyn);
+  constexpr bool kDual = kMode == kFwd1;
+  constexpr int kBN = kDual ? kTileNFast : kTileNWide;
+  constexpr int TA = kMode == kWgrad ? 1 : 0, TB = (kMode == kFwd1 || kMode == kFwd2) ? 0 : 1;
+  constexpr int kStages = 12 / kUnitsPerStage<kDual, kBN>;
+  constexpr int kStageBytes = kUnitsPerStage<kDual, kBN> * kOperandBytes;
+  constexpr int NJ = kBN / 8;
+  uint8_t* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingBytes);
+  uint64_t* empty = full + kMaxStages;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[st])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;\n" ::"r"(smem_u32(&empty[st])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  acquire_tensor_maps(a.maps, 3);
+  __syncthreads();
+  const int64_t total = a.row_tiles * a.col_tiles;
+  const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
+  const TensorMapBytes* mp = a.maps;
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      int64_t it = 0;
+      for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+        int64_t rt, ct;
+        grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+        const int64_t m0 = rt * kTileM, n0 = ct * kBN;
+        const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+        const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
+        const FastOperand B2 = kmajor(mp + 2, n0);
+        for (int64_t c = 0; c < chunks; ++c, ++it) {
+          const int st = static_cast<int>(it % kStages);
+          mbar_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
+                       "r"(kStageBytes)
+                       : "memory");
+          uint8_t* sp = ring + st * kStageBytes;
+          fast_load(sp, A, c * kChunkK, &full[st], kTileM);
+          fast_load(sp + kOperandBytes, B, c * kChunkK, &full[st], kBN);
+          if constexpr (kDual) fast_load(sp + 2 * kOperandBytes, B2, c * kChunkK, &full[st], 128);
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1;
+    const int warp = (threadIdx.x - 128) / 32, lane = threadIdx.x % 32, g = lane >> 2, cq = lane & 3;
+    int64_t it = 0;
+    for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+      int64_t rt, ct;
+      grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+      const int64_t m0 = rt * kTileM, n0 = ct * kBN;
+      const int64_t rows = min(int64_t{kTileM}, a.M - m0), cols = min(int64_t{kBN}, a.N - n0);
+      float acc[NJ][4], acc2[16][4];
+      zero_accumulators(acc);
+      if constexpr (kDual) zero_accumulators(acc2);
+      // ORDER: dot-chain: chunks in increasing k, one wgmma per 16 K-elements in increasing k.
+      for (int64_t c = 0; c < chunks; ++c, ++it) {
+        const int st = static_cast<int>(it % kStages);
+        mbar_wait(&full[st], static_cast<uint32_t>((it / kStages) & 1));
+        uint8_t* sp = ring + st * kStageBytes;
+        const uint32_t sa = smem_u32(sp) + cw * kBoxBytes, sb = smem_u32(sp + kOperandBytes),
+                       sb2 = smem_u32(sp + 2 * kOperandBytes);
+        const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kChunkK / kStepK; ++j) {
+          const uint64_t da = desc_sw128(sa + j * a_step, TA != 0);
+          wgmma_m64nNk16<TA, TB, NJ>(acc, da, desc_sw128(sb + j * b_step, TB != 0));
+          if constexpr (kDual) wgmma_m64n128k16<TA, TB>(acc2, da, desc_sw128(sb2 + j * b_step, TB != 0));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous chunk is done: hand its stage back
+        if (c > 0 && threadIdx.x % 128 == 0) {
+          const int prev = static_cast<int>((it - 1) % kStages);
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[prev])) : "memory");
+        }
+      }
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      if constexpr (kDual) fence_accumulators(acc2);
+      if (threadIdx.x % 128 == 0) {
+        const int last = static_cast<int>((it - 1) % kStages);
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[last])) : "memory");
+      }
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int64_t i = cw * 64 + warp % 4 * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * cq;
+          if (i >= rows || jj >= cols) continue;
+          const int64_t idx = (m0 + i) * a.N + n0 + jj;
+          const float v0 = acc[j][e], v1 = acc[j][e + 1];
+          if constexpr (kDual) {
+            const float u0 = acc2[j][e], u1 = acc2[j][e + 1];
+            if (a.store) {
+              *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
+              *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);
+              *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
+                  pack2(mok::spec::swiglu_act(v0, u0), mok::spec::swiglu_act(v1, u1));
+            } else if (v0 + v1 + u0 + u1 == -1.25e30f) {
+              a.out_f32[0][0] = v0;
+            }
+          } else if (a.store) {
+            if constexpr (kMode == kWgrad)
+              *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
+            else
+              *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
+                  pack2(mok::spec::bf16_from_f32_rne(v0), mok::spec::bf16_from_f32_rne(v1));
+          } else if (v0 + v1 == -1.25e30f) {
+            a.out_f32[0][0] = v0;
+          }
+        }
+    }
+  }
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+__global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    // bf16 in about [-1, 1): sign, exponent 120..126, random mantissa (never zero)
+    const uint32_t sign = (h >> 31) << 15, exp = 120 + (h >> 8) % 7, man = h & 0x7F;
+    p[i] = static_cast<uint16_t>(sign | (exp << 7) | man);
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+}
+
+// The layer's map format: a 2D bf16 [rows, cols] row-major tensor, 64 x 64 boxes, 128-byte swizzle.
+TensorMapBytes map_of(const void* base, int64_t rows, int64_t cols) {
+  TensorMapBytes m{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {64, 64}, elem[2] = {1, 1};
+  if (encoder()(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+                strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "mok-gemm-bench: cuTensorMapEncodeTiled failed for a [%lld, %lld] tensor\n",
+                 static_cast<long long>(rows), static_cast<long long>(cols));
+    std::exit(1);
+  }
+  return m;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class F>
+double time_ms(F f, int warmup, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) f();
+  CK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    f();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "mok-gemm-bench: the fused kernel's tile engine (gemm_fast) alone on the MoE layer's GEMM shapes, against\n"
+      "cuBLAS on the same shapes and the bf16 peak, all measured in the same run. Separates the engine's own\n"
+      "efficiency from the layer's other costs. Example (dsv3 shapes):\n"
+      "  mok-gemm-bench --M 16384 --H 7168 --I 2048 --wgrad-rows 2048"};
+  int64_t M = 16384, H = 7168, I = 2048, wrows = 2048;
+  int reps = 10, warmup = 3;
+  std::string modes = "fwd1,fwd2,bwd1,wgrad", epi = "store";
+  app.add_option("--M", M, "rows of the routed GEMMs (tokens x top-k of a rank's experts)")->check(CLI::Range(128, 1 << 22));
+  app.add_option("--H", H, "hidden size (a multiple of 256)")->check(CLI::Range(256, 1 << 16));
+  app.add_option("--I", I, "expert intermediate size (a multiple of 128)")->check(CLI::Range(128, 1 << 16));
+  app.add_option("--wgrad-rows", wrows, "rows summed by a weight-gradient GEMM (one expert's rows)")
+      ->check(CLI::Range(64, 1 << 22));
+  app.add_option("--modes", modes, "comma-separated subset of fwd1,fwd2,bwd1,wgrad");
+  app.add_option("--epilogue", epi, "store (what the layer writes) or none (main loop only)")
+      ->check(CLI::IsMember({"store", "none"}));
+  app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
+  app.add_option("--warmup", warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
+  CLI11_PARSE(app, argc, argv);
+  if (H % 256 != 0 || I % 128 != 0 || wrows % 64 != 0) {
+    std::fprintf(stderr,
+                 "mok-gemm-bench: --H must be a multiple of 256, --I of 128 and --wgrad-rows of 64 (got %lld, %lld, %lld)\n",
+                 static_cast<long long>(H), static_cast<long long>(I), static_cast<long long>(wrows));
+    return 2;
+  }
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::fprintf(stderr, "mok-gemm-bench: no CUDA device; nothing measured\n");
+    return 3;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9 || !encoder()) {
+    std::fprintf(stderr, "mok-gemm-bench: needs an sm_90 GPU and the driver's tensor-map encoder (found %s, sm_%d%d)\n",
+                 prop.name, prop.major, prop.minor);
+    return 3;
+  }
+  const size_t smem = smem_bytes_for(9, true);
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+
+  auto alloc_bf16 = [](int64_t n, uint32_t seed) {
+    uint16_t* p = nullptr;
+    CK(cudaMalloc(&p, n * 2));
+    fill_kernel<<<1024, 256>>>(p, n, seed);
+    CK(cudaGetLastError());
+    return p;
+  };
+  // Peak: 8192^3 bf16 GEMM, fp32 accumulation.
+  double peak = 0;
+  {
+    const int n = 8192;
+    uint16_t *A = alloc_bf16(int64_t{n} * n, 1), *B = alloc_bf16(int64_t{n} * n, 2), *C = alloc_bf16(int64_t{n} * n, 3);
+    const float one = 1, zero = 0;
+    const double ms = time_ms(
+        [&] {
+          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
+                       CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        },
+        warmup, reps);
+    peak = 2.0 * n * n * double(n) / (ms * 1e-3) / 1e12;
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    CK(cudaFree(C));
+  }
+  std::printf("# mok-gemm-bench %s (%d SMs): M %lld H %lld I %lld wgrad rows %lld, epilogue %s, median of %d after %d\n",
+              prop.name, prop.multiProcessorCount, static_cast<long long>(M), static_cast<long long>(H),
+              static_cast<long long>(I), static_cast<long long>(wrows), epi.c_str(), reps, warmup);
+  std::printf("# bf16 peak measured now: %.0f TFLOP/s (8192^3 cublasGemmEx)\n", peak);
+  std::printf("%-6s %7s %7s %7s %10s %9s %7s %8s %9s %7s %10s %9s %s\n", "gemm", "M", "N", "K", "engine ms",
+              "TFLOP/s", "% peak", "ws ms", "TFLOP/s", "% peak", "cuBLAS ms", "TFLOP/s", "ws bits");
+
+  for (const char* name : {"fwd1", "fwd2", "bwd1", "wgrad"}) {
+    if (("," + modes + ",").find(std::string(",") + name + ",") == std::string::npos) continue;
+    const std::string mname = name;
+    const int mode = mname == "fwd1" ? kFwd1 : mname == "fwd2" ? kFwd2 : mname == "bwd1" ? kBwd1 : kWgrad;
+    // GEMM dimensions (C is [GM, GN], reduction GK) and operand storage.
+    int64_t GM = M, GN = I, GK = H;
+    if (mode == kFwd2) GN = H, GK = I;
+    if (mode == kBwd1) GN = I, GK = H;
+    if (mode == kWgrad) GM = I, GN = H, GK = wrows;
+    const int64_t a_rows = mode == kWgrad ? GK : GM, a_cols = mode == kWgrad ? GM : GK;
+    const int64_t b_rows = mode == kFwd1 || mode == kFwd2 ? GN : GK, b_cols = mode == kFwd1 || mode == kFwd2 ? GK : GN;
+    uint16_t* A = alloc_bf16(a_rows * a_cols, 11);
+    uint16_t* B = alloc_bf16(b_rows * b_cols, 12);
+    uint16_t* B2 = mode == kFwd1 ? alloc_bf16(b_rows * b_cols, 13) : B;
+    TensorMapBytes host_maps[3] = {map_of(A, a_rows, a_cols), map_of(B, b_rows, b_cols), map_of(B2, b_rows, b_cols)};
+    TensorMapBytes* maps = nullptr;
+    CK(cudaMalloc(&maps, sizeof(host_maps)));
+    CK(cudaMemcpy(maps, host_maps, sizeof(host_maps), cudaMemcpyHostToDevice));
+    Args args{};
+    args.maps = maps;
+    args.M = GM, args.N = GN, args.K = GK;
+    const int64_t bn = mode == kFwd1 ? kTileNFast : kTileNWide;
+    args.row_tiles = (GM + kTileM - 1) / kTileM;
+    args.col_tiles = (GN + bn - 1) / bn;
+    args.store = epi == "store";
+    CK(cudaMalloc(&args.out_f32[0], GM * GN * 4));
+    CK(cudaMalloc(&args.out_f32[1], mode == kFwd1 ? GM * GN * 4 : 4));
+    CK(cudaMalloc(&args.out_bf16, GM * GN * (mode == kFwd1 ? 4 : 2)));  // cuBLAS writes 2N columns for fwd1
+    auto launch = [&] {
+      switch (mode) {
+        case kFwd1: engine_kernel<kFwd1><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
+        case kFwd2: engine_kernel<kFwd2><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
+        case kBwd1: engine_kernel<kBwd1><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
+        default: engine_kernel<kWgrad><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
+      }
+    };
+    auto launch_ws = [&] {
+      switch (mode) {
+        case kFwd1: ws_kernel<kFwd1><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
+        case kFwd2: ws_kernel<kFwd2><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
+        case kBwd1: ws_kernel<kBwd1><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
+        default: ws_kernel<kWgrad><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
+      }
+    };
+    for (auto* f : {engine_kernel<kFwd1>, engine_kernel<kFwd2>, engine_kernel<kBwd1>, engine_kernel<kWgrad>,
+                    ws_kernel<kFwd1>, ws_kernel<kFwd2>, ws_kernel<kBwd1>, ws_kernel<kWgrad>})
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    // Both engines must produce the same bits (same chain order); checked with the stores on.
+    const int64_t out_bytes = mode == kWgrad ? GM * GN * 4 : mode == kFwd1 ? GM * GN * 4 : GM * GN * 2;
+    void* out_ptr = mode == kWgrad || mode == kFwd1 ? static_cast<void*>(args.out_f32[0]) : args.out_bf16;
+    std::vector<unsigned char> ref(out_bytes), got(out_bytes);
+    const bool keep = args.store;
+    args.store = true;
+    CK(cudaMemset(out_ptr, 0, out_bytes));
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(ref.data(), out_ptr, out_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(out_ptr, 0, out_bytes));
+    launch_ws();
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(got.data(), out_ptr, out_bytes, cudaMemcpyDeviceToHost));
+    const bool same = ref == got;
+    args.store = keep;
+    const double ms = time_ms(launch, warmup, reps);
+    const double ws_ms = time_ms(launch_ws, warmup, reps);
+    const double flops = 2.0 * GM * GN * GK * (mode == kFwd1 ? 2 : 1);
+    // cuBLAS on the same product (column-major view: C^T [GN, GM] = B^T A^T); for fwd1 one GEMM
+    // with 2N columns (gate and up stacked).
+    const int64_t cn = mode == kFwd1 ? 2 * GN : GN;
+    uint16_t* Bc = alloc_bf16(cn * GK, 21);
+    uint16_t* Ac = alloc_bf16(GM * GK, 22);
+    const float one = 1, zero = 0;
+    const double cms = time_ms(
+        [&] {
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(cn), static_cast<int>(GM), static_cast<int>(GK),
+                       &one, Bc, CUDA_R_16BF, static_cast<int>(GK), Ac, CUDA_R_16BF, static_cast<int>(GK), &zero,
+                       args.out_bf16, CUDA_R_16BF, static_cast<int>(cn), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        },
+        warmup, reps);
+    auto tf = [&](double t) { return flops / (t * 1e-3) / 1e12; };
+    std::printf("%-6s %7lld %7lld %7lld %10.3f %9.1f %6.1f%% %8.3f %9.1f %6.1f%% %10.3f %9.1f %s\n", name,
+                static_cast<long long>(GM), static_cast<long long>(cn), static_cast<long long>(GK), ms, tf(ms),
+                100.0 * tf(ms) / peak, ws_ms, tf(ws_ms), 100.0 * tf(ws_ms) / peak, cms, tf(cms),
+                same ? "same" : "DIFFER");
+    std::fflush(stdout);
+    for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
+                    static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]),
+                    static_cast<void*>(args.out_bf16)})
+      CK(cudaFree(p));
+    if (B2 != B) CK(cudaFree(B2));
+  }
+  cublasDestroy(h);
+  return 0;
+}

@@ -238,15 +238,32 @@ __device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, 
   dst[((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden + col] = spec::bf16_from_f32_rne(v);
 }
 
-// Two adjacent columns (col even) of row p in one 4-byte store.
-__device__ inline void push_pair(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots, int64_t p,
-                                 int64_t col, float v0, float v1) {
-  const spec::LayerConfig& c = P.cfg;
-  const RowRef row = S.rows[p];
-  uint16_t* dst = P.peers[row.token_idx / c.tokens_per_rank].*slots;
-  *reinterpret_cast<uint32_t*>(dst + ((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden + col) =
-      pack2(spec::bf16_from_f32_rne(v0), spec::bf16_from_f32_rne(v1));
-}
+// The slot rows a thread of the fast engine pushes to. A thread holds only two rows of a tile,
+// i and i + 8 with i = 16 * warp + lane / 4 (gemm_fast's fragment layout), so both addresses are
+// looked up once per tile (the lookup reads the row list and the peer table and divides by T),
+// not once per column pair; bit 3 of the tile row picks one.
+struct SlotRows {
+  uint16_t* dst[2] = {nullptr, nullptr};
+  SlotRows() = default;
+  __device__ __forceinline__ SlotRows(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
+                                      int64_t p0, int64_t n) {
+    const spec::LayerConfig& c = P.cfg;
+    const int64_t i0 = (threadIdx.x / 32) * 16 + (threadIdx.x % 32) / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      dst[h] = nullptr;
+      if (i0 + 8 * h < n) {
+        const RowRef r = S.rows[p0 + i0 + 8 * h];
+        dst[h] = P.peers[r.token_idx / c.tokens_per_rank].*slots +
+                 ((r.token_idx % c.tokens_per_rank) * c.top_k + r.slot_idx) * c.hidden;
+      }
+    }
+  }
+  // Two adjacent columns (col even) of tile row i in one 4-byte store.
+  __device__ __forceinline__ void push_pair(int64_t i, int64_t col, float v0, float v1) const {
+    *reinterpret_cast<uint32_t*>(dst[(i >> 3) & 1] + col) = pack2(spec::bf16_from_f32_rne(v0), spec::bf16_from_f32_rne(v1));
+  }
+};
 
 // Atomics variant: adds a column pair of row p to its token's fp32 accumulator at the owner,
 // forward w * rn(y) (scale), backward rn(dx); a shared-expert row (routed false, p the token)
@@ -377,6 +394,7 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_r
   const int64_t rr = routed_row_tiles(P, S), rs = shared_tiles(P.cfg);
   const int64_t p1_routed = rr * c1r, p1 = p1_routed + rs * c1s, total = p1 + (rr + rs) * c2;
   for (int64_t item = worker(P, role); item < total; item += P.blocks_per_rank) {
+    trace_count(P, kTrItems);
     if (item < p1) {
       int64_t rt, col;
       if (item < p1_routed) {
@@ -392,7 +410,9 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_r
       const int64_t n0 = col * NT2;
       const RowTile t = row_tile_at(P, S, rt);
       const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
+      const uint64_t t0 = trace_now(P);
       if (!wait_tile(P, role, &S.tiles_done[t.index], need, t.index)) return false;
+      trace_add(P, kTrWaitTile, t0);
       if (!phase2(t, n0)) return false;
     }
   }
@@ -413,17 +433,31 @@ __device__ inline void combine_columns(const LaunchParams& P, const Role& role, 
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = init(i + v);
-    for (int64_t k = 0; k < K; ++k) {  // ORDER: slots in increasing k
-      if (topk[t * K + k] < 0) continue;
-      const uint16_t* src = &slots[(t * K + k) * H + h];
-      if constexpr (V == 8) {
-        const uint4 q = __ldcg(reinterpret_cast<const uint4*>(src));
-        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    if constexpr (V == 8) {
+      // Up to kSlotBatch slots' loads are in flight before their steps (one at a time was
+      // latency-bound); the steps still run in increasing k.
+      constexpr int kSlotBatch = 8;
+      for (int64_t k0 = 0; k0 < K; k0 += kSlotBatch) {  // ORDER: slots in increasing k
+        bool live[kSlotBatch];
+        uint4 q[kSlotBatch];
 #pragma unroll
-        for (int v = 0; v < 8; ++v)
-          acc[v] = step(acc[v], t, k, static_cast<uint16_t>(v & 1 ? u[v / 2] >> 16 : u[v / 2] & 0xFFFF));
-      } else {
-        acc[0] = step(acc[0], t, k, __ldcg(src));
+        for (int b = 0; b < kSlotBatch; ++b) live[b] = k0 + b < K && __ldcg(&topk[t * K + k0 + b]) >= 0;
+#pragma unroll
+        for (int b = 0; b < kSlotBatch; ++b)
+          if (live[b]) q[b] = __ldcg(reinterpret_cast<const uint4*>(&slots[(t * K + k0 + b) * H + h]));
+#pragma unroll
+        for (int b = 0; b < kSlotBatch; ++b) {
+          if (!live[b]) continue;
+          const uint32_t u[4] = {q[b].x, q[b].y, q[b].z, q[b].w};
+#pragma unroll
+          for (int v = 0; v < 8; ++v)
+            acc[v] = step(acc[v], t, k0 + b, static_cast<uint16_t>(v & 1 ? u[v / 2] >> 16 : u[v / 2] & 0xFFFF));
+        }
+      }
+    } else {
+      for (int64_t k = 0; k < K; ++k) {  // ORDER: slots in increasing k
+        if (topk[t * K + k] < 0) continue;
+        acc[0] = step(acc[0], t, k, __ldcg(&slots[(t * K + k) * H + h]));
       }
     }
     if constexpr (V == 8) {
@@ -450,7 +484,10 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
   const RankTensorMaps& maps = P.maps[role.rank];
   const int64_t H = c.hidden, p0 = t.p0, n = t.n;
   const bool routed = t.e >= 0;
+  uint64_t t0 = trace_now(P);
   if (routed && !wait_rows(P, role, S.row_ready, p0, n, kFlagDispatchRow)) return false;
+  trace_add(P, kTrWaitRows, t0);
+  t0 = trace_now(P);
   const int64_t N = routed ? c.intermediate : c.shared_intermediate;
   float* gate = routed ? S.gate : S.shared_gate;
   float* up = routed ? S.up : S.shared_up;
@@ -485,7 +522,10 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
                 act[idx] = spec::swiglu_act(gate[idx], u);
               });
   }
+  trace_add(P, kTrPhase1, t0);
+  t0 = trace_now(P);
   publish_tile(&S.tiles_done[t.index]);
+  trace_add(P, kTrPublish, t0);
   return true;
 }
 
@@ -499,6 +539,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   const RankTensorMaps& maps = P.maps[role.rank];
   const int64_t H = c.hidden, p0 = t.p0, n = t.n;
   const bool routed = t.e >= 0;
+  const uint64_t t0_start = trace_now(P);
   const int64_t Kd = routed ? c.intermediate : c.shared_intermediate;
   const uint16_t* act = routed ? S.act : S.shared_act;
   const uint16_t* wd = routed ? W.w_routed_down + t.e * H * Kd : W.w_shared_down;
@@ -521,6 +562,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   };
   // ORDER: dot-chain over I (Is).
   if (P.fast) {
+    const SlotRows slot_rows = routed ? SlotRows(P, S, &PeerBuffers::y_slots, p0, n) : SlotRows{};
     const FastOperand A = kmajor(routed ? &maps.act : &maps.shared_act, p0);
     const FastOperand B = kmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, (routed ? t.e * H : 0) + n0);
     gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, min(static_cast<int64_t>(kTileNWide), H - n0), A, B, B,
@@ -528,7 +570,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
                              if constexpr (kAtomics)
                                atomic_pair(P, role, S, routed, true, p0 + i, n0 + j, v0, v1);
                              else if (routed)
-                               push_pair(P, S, &PeerBuffers::y_slots, p0 + i, n0 + j, v0, v1);
+                               slot_rows.push_pair(i, n0 + j, v0, v1);
                              else
                                *reinterpret_cast<float2*>(S.shared_out + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
                            });
@@ -536,10 +578,13 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
     gemm_slow(smem, n, H, Kd, 0, n0, [&](int64_t m, int64_t k) { return act[(p0 + m) * Kd + k]; },
               [&](int64_t k, int64_t col) { return wd[col * Kd + k]; }, out);
   }
+  trace_add(P, kTrPhase2, t0_start);
+  const uint64_t t0 = trace_now(P);
   if (routed)
     publish_rows(P, S, p0, n, 0);
   else
     publish(&S.counters[2], 1);
+  trace_add(P, kTrPublish, t0);
   return true;
 }
 
@@ -552,6 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
 #if defined(MOK_WGMMA)
   if (P.fast) acquire_tensor_maps(&P.maps[role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
 #endif
+  trace_mark(P, kTrStart);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k;
@@ -563,19 +609,23 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   if (!rank_barrier(P, role.rank)) return;
   if (!build_plan(P, role)) return;
   if (!rank_barrier(P, role.rank)) return;
+  trace_mark(P, kTrPlanned);
 
   if (role.comm) gather_rows<false>(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
+  trace_mark(P, kTrGathered);
   if (!run_phases(
           P, role, c.intermediate, c.shared_intermediate, width_dual(P),
           [&](const RowTile& t, int64_t n0) { return forward_phase1(P, role, smem, t, n0); },
           [&](const RowTile& t, int64_t n0) { return forward_phase2(P, role, smem, t, n0); }))
     return;
+  trace_mark(P, kTrItemsDone);
   // Every block of the rank combines a share of its tokens once every slot has arrived and the
   // shared expert is done (the element partition changes who computes, never the order).
   if (!block_wait(P, &P.peers[role.rank].arrivals[0], S.counters[4], role.rank, kFlagForwardArrivals, -1)) return;
   if (!block_wait(P, &S.counters[2], static_cast<uint32_t>(shared_tiles(c) * ceil_div(H, width_single(P))), role.rank,
                   kFlagSharedForward, -1))
     return;
+  trace_mark(P, kTrReduceStart);
   const uint16_t* y = P.peers[role.rank].y_slots;
   const int32_t* topk = P.peers[role.rank].topk;
   const float* w = P.peers[role.rank].router_weights;
@@ -589,6 +639,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
     combine_columns<8>(P, role, y, topk, init, step, out);
   else
     combine_columns<1>(P, role, y, topk, init, step, out);
+  trace_mark(P, kTrReduceDone);
+  trace_mark(P, kTrEnd);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -604,7 +656,10 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   const RankTensorMaps& maps = P.maps[role.rank];
   const int64_t H = c.hidden, p0 = t.p0, n = t.n;
   const bool routed = t.e >= 0;
+  uint64_t t0 = trace_now(P);
   if (routed && !wait_rows(P, role, S.row_ready_bwd, p0, n, kFlagBackwardDispatchRow)) return false;
+  trace_add(P, kTrWaitRows, t0);
+  t0 = trace_now(P);
   const int64_t N = routed ? c.intermediate : c.shared_intermediate;
   const float* gate = routed ? S.gate : S.shared_gate;
   const float* up = routed ? S.up : S.shared_up;
@@ -635,7 +690,10 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
     gemm_slow(smem, n, N, H, 0, n0, [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; },
               [&](int64_t k, int64_t col) { return wd[k * N + col]; }, epi);
   }
+  trace_add(P, kTrPhase1, t0);
+  t0 = trace_now(P);
   publish_tile(&S.tiles_done[t.index]);
+  trace_add(P, kTrPublish, t0);
   return true;
 }
 
@@ -649,6 +707,7 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   const RankTensorMaps& maps = P.maps[role.rank];
   const int64_t H = c.hidden, p0 = t.p0, n = t.n;
   const bool routed = t.e >= 0;
+  const uint64_t t0_start = trace_now(P);
   const int64_t N1 = routed ? c.intermediate : c.shared_intermediate;
   const uint16_t* dg = routed ? S.d_gate : S.shared_d_gate;
   const uint16_t* du = routed ? S.d_up : S.shared_d_up;
@@ -671,6 +730,7 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   };
   // ORDER: dot-chain over 2I, gate half first.
   if (P.fast) {
+    const SlotRows slot_rows = routed ? SlotRows(P, S, &PeerBuffers::dx_slots, p0, n) : SlotRows{};
     const FastOperand A = routed ? kmajor2(&maps.d_gate, p0, &maps.d_up, p0, N1)
                                  : kmajor2(&maps.shared_d_gate, p0, &maps.shared_d_up, p0, N1);
     const int64_t wrow = routed ? t.e * N1 : 0;
@@ -681,7 +741,7 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
                              if constexpr (kAtomics)
                                atomic_pair(P, role, S, routed, false, p0 + i, n0 + j, v0, v1);
                              else if (routed)
-                               push_pair(P, S, &PeerBuffers::dx_slots, p0 + i, n0 + j, v0, v1);
+                               slot_rows.push_pair(i, n0 + j, v0, v1);
                              else
                                *reinterpret_cast<float2*>(S.dx_shared + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
                            });
@@ -691,10 +751,13 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
         [&](int64_t m, int64_t k) { return k < N1 ? dg[(p0 + m) * N1 + k] : du[(p0 + m) * N1 + (k - N1)]; },
         [&](int64_t k, int64_t col) { return k < N1 ? wg[k * H + col] : wu[(k - N1) * H + col]; }, out);
   }
+  trace_add(P, kTrPhase2, t0_start);
+  const uint64_t t0 = trace_now(P);
   if (routed)
     publish_rows(P, S, p0, n, 1);
   else
     publish(&S.counters[3], 1);
+  trace_add(P, kTrPublish, t0);
   return true;
 }
 
@@ -758,6 +821,7 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
   };
   for (int64_t work = worker(P, role); work < total * splits; work += P.blocks_per_rank) {
     const int64_t item = work / splits, split = work % splits;
+    trace_count(P, kTrWgradItems);
     const bool routed = item < routed_items;
     const int64_t e = routed ? item / per_expert : -1;
     const int64_t r = routed ? item % per_expert : item - routed_items;
@@ -808,15 +872,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;
+  trace_mark(P, kTrStart);
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
   // gate/up/act) stay in the workspace from the forward pass of the same inputs.
   if (role.block == 0) count_expected_arrivals(P, role);
+  trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
+  trace_mark(P, kTrGathered);
   if (!run_phases(
           P, role, c.intermediate, c.shared_intermediate, width_single(P),
           [&](const RowTile& t, int64_t n0) { return backward_phase1(P, role, smem, t, n0); },
           [&](const RowTile& t, int64_t n0) { return backward_phase2(P, role, smem, t, n0); }))
     return;
+  trace_mark(P, kTrItemsDone);
   if (!rank_barrier(P, role.rank)) return;
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then
   // every block produces a share of the weight gradients.
@@ -824,6 +892,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   if (!block_wait(P, &S.counters[3], static_cast<uint32_t>(shared_tiles(c) * ceil_div(H, width_single(P))), role.rank,
                   kFlagSharedBackward, -1))
     return;
+  trace_mark(P, kTrReduceStart);
   const uint16_t* dx = P.peers[role.rank].dx_slots;
   const uint16_t* y = P.peers[role.rank].y_slots;
   const uint16_t* dout = P.peers[role.rank].d_output;
@@ -852,7 +921,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
     for (int offset = 16; offset >= 1; offset /= 2) acc = spec::fadd(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
     if (lane == 0) R.d_router_weights[s] = acc;
   }
+  trace_mark(P, kTrReduceDone);
   weight_grad_tiles(P, role, smem);
+  trace_mark(P, kTrEnd);
 }
 
 }  // namespace mok::kernel::device

@@ -372,6 +372,34 @@ __device__ __forceinline__ void fast_chunk(float (&acc)[NJ][4], float (&acc2)[16
 }
 #endif
 
+// An epilogue that reads memory (backward: the forward's gate and up) can ask for it early:
+// gemm_fast calls prefetch() on every thread kPrefetchLead chunks before the main loop ends, so
+// the reads hit L2 instead of DRAM, one after another, behind the epilogue's stores.
+inline constexpr int64_t kPrefetchLead = 12;
+template <class Pre, class Epi>
+struct PrefetchEpilogue {
+  Pre pre;
+  Epi epi;
+  __device__ __forceinline__ void prefetch() const { pre(); }
+  template <class... V>
+  __device__ __forceinline__ void operator()(int64_t i, int64_t j, V... v) const {
+    epi(i, j, v...);
+  }
+};
+template <class Pre, class Epi>
+__device__ __forceinline__ PrefetchEpilogue<Pre, Epi> with_prefetch(Pre pre, Epi epi) {
+  return PrefetchEpilogue<Pre, Epi>{pre, epi};
+}
+
+// Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte aligned global address (sm_90).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(bytes) : "memory");
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 // Fast engine: C[128 x kBN] = A[128 x K] * B[K x kBN] (and C2 = A * B2 when kDual, kBN = 128), then
 // epilogue(i, j, c[i][j], c[i][j+1]) (or with c2's pair appended) for every even j < cols and
 // i < rows, relative to the tile (cols must be even). TA / TB: A / B MN-major. All threads of
@@ -417,6 +445,8 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int st = static_cast<int>(chunk % kStages);
     mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
+    if constexpr (requires { epilogue.prefetch(); })
+      if (chunk == (chunks > kPrefetchLead ? chunks - kPrefetchLead : 0)) epilogue.prefetch();
     const int64_t left = K - chunk * kChunkK;
     if (left < kChunkK) {  // the last, partial chunk: rows past K of MN-major operands must be zero
       if (TA) zero_k_rows(stage(st, 0), static_cast<int>(left), kTileM / 64);

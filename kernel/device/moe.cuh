@@ -46,6 +46,74 @@ __device__ inline Role my_role(const LaunchParams& P) {
   return r;
 }
 
+__device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows per local expert: every block of the rank counts a slice of the G x K routing entries in
+// shared memory and adds its counts to expert_counts (integer sums: the same whatever the slices).
+// Before the plan is filled (a rank barrier follows).
+__device__ inline void count_rows(const LaunchParams& P, const Role& role) {
+  const spec::LayerConfig& c = P.cfg;
+  const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_local = c.experts_per_rank();
+  const RankState& S = P.state[role.rank];
+  __shared__ unsigned int counts[256];
+  const int64_t n = G * K, per = ceil_div(n, P.blocks_per_rank), lo = min(n, role.block * per), hi = min(n, lo + per);
+  for (int64_t e0 = 0; e0 < E_local; e0 += 256) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) counts[i] = 0;
+    __syncthreads();
+    const int64_t first = role.rank * E_local + e0, last = role.rank * E_local + min(E_local, e0 + 256);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
+      const int32_t id = P.peers[i / (T * K)].topk[i % (T * K)];
+      if (id >= first && id < last) atomicAdd(&counts[id - first], 1u);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 256 && e0 + i < E_local; i += kThreads)
+      if (counts[i]) atomicAdd(&S.expert_counts[e0 + i], counts[i]);
+    __syncthreads();
+  }
+}
+
+// After count_rows and a rank barrier: rows of local experts 0 .. e_local - 1 (the first canonical
+// row of e_local), summed through shared memory 256 counts at a time.
+__device__ inline int64_t rows_before(const RankState& S, int64_t e_local) {
+  __shared__ uint32_t chunk[256];
+  __shared__ int64_t run;
+  if (threadIdx.x == 0) run = 0;
+  for (int64_t e0 = 0; e0 < e_local; e0 += 256) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < 256; i += kThreads) chunk[i] = e0 + i < e_local ? __ldcg(&S.expert_counts[e0 + i]) : 0u;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int i = 0; i < 256; ++i) run += chunk[i];
+  }
+  __syncthreads();
+  const int64_t out = run;
+  __syncthreads();
+  return out;
+}
+
+// Block 0 of the rank, after count_rows and a rank barrier: expert_offsets from the counts (read
+// by every later phase, after the next rank barrier), and the workspace check.
+__device__ inline void write_offsets(const LaunchParams& P, const Role& role) {
+  const int64_t E_local = P.cfg.experts_per_rank();
+  const RankState& S = P.state[role.rank];
+  __shared__ uint32_t chunk[256];
+  int64_t run = 0;  // thread 0's
+  if (threadIdx.x == 0) S.expert_offsets[0] = 0;
+  for (int64_t e0 = 0; e0 < E_local; e0 += 256) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < 256; i += kThreads) chunk[i] = e0 + i < E_local ? __ldcg(&S.expert_counts[e0 + i]) : 0u;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int64_t e = e0; e < E_local && e < e0 + 256; ++e) {
+        run += chunk[e - e0];
+        S.expert_offsets[e + 1] = run;
+      }
+  }
+  // Invalid routing (duplicate ids) or a workspace sized for other routing can exceed it.
+  if (threadIdx.x == 0 && run > P.row_capacity) raise_error(P, 2, role.rank, kFlagBadRouting, P.row_capacity, run, -1);
+  __syncthreads();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Routing plan, built by every rank for its own experts from all ranks' topk_experts.
 // ORDER: canonical rows of expert e: ascending global token id, then slot (spec routing plan);
@@ -60,6 +128,7 @@ __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
   // Validation (every rank checks every token it reads): ids in [-1, E), distinct in a row.
   for (int64_t e_local = role.block; e_local < E_local; e_local += P.blocks_per_rank) {
     const int64_t e = role.rank * E_local + e_local;
+    const int64_t first_row = rows_before(S, e_local);
     if (threadIdx.x == 0) base = 0;
     for (int64_t g0 = 0; g0 < G; g0 += kThreads) {
       const int64_t g = g0 + threadIdx.x;
@@ -80,7 +149,7 @@ __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
       int64_t before = base;
       for (int w = 0; w < warp; ++w) before += warp_counts[w];
       if (slot >= 0) {
-        const int64_t pos = S.expert_offsets[e_local] + before + __popc(ballot & ((1u << lane) - 1u));
+        const int64_t pos = first_row + before + __popc(ballot & ((1u << lane) - 1u));
         if (pos < P.row_capacity) S.rows[pos] = RowRef{static_cast<int32_t>(g), slot};  // bad routing can overflow
       }
       __syncthreads();
@@ -94,58 +163,31 @@ __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
   return __syncthreads_or(load_volatile(P.abort) != 0 ? 1 : 0) == 0;
 }
 
-// Row counts per local expert -> offsets (one block per rank, before the plan is filled).
-__device__ inline void count_rows(const LaunchParams& P, const Role& role) {
-  const spec::LayerConfig& c = P.cfg;
-  const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_local = c.experts_per_rank();
-  RankState& S = const_cast<RankState&>(P.state[role.rank]);
-  __shared__ unsigned long long counts[256];
-  for (int64_t e0 = 0; e0 < E_local; e0 += 256) {
-    for (int i = threadIdx.x; i < 256; i += kThreads) counts[i] = 0;
-    __syncthreads();
-    const int64_t first = role.rank * E_local + e0;
-    for (int64_t i = threadIdx.x; i < G * K; i += kThreads) {
-      const int32_t id = P.peers[(i / K) / T].topk[i % (T * K)];
-      if (id >= first && id < first + 256 && id < (role.rank + 1) * E_local) atomicAdd(&counts[id - first], 1ull);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t run = e0 == 0 ? 0 : S.expert_offsets[e0];
-      if (e0 == 0) S.expert_offsets[0] = 0;
-      for (int64_t e = e0; e < E_local && e < e0 + 256; ++e) {
-        run += static_cast<int64_t>(counts[e - e0]);
-        S.expert_offsets[e + 1] = run;
-      }
-      // Invalid routing (duplicate ids) or a workspace sized for other routing can exceed it.
-      if (run > P.row_capacity) raise_error(P, 2, role.rank, kFlagBadRouting, P.row_capacity, run, -1);
-    }
-    __syncthreads();
-  }
-}
-
 // Column-tile widths of the engine in use: GEMMs with two B operands (forward gate and up) and
 // with one (everything else). The slow engine's tiles are 64 wide.
 __device__ __forceinline__ int64_t width_dual(const LaunchParams& P) { return P.fast ? kTileNFast : kTileNSlow; }
 __device__ __forceinline__ int64_t width_single(const LaunchParams& P) { return P.fast ? kTileNWide : kTileNSlow; }
-__device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ inline int64_t shared_tiles(const spec::LayerConfig& c) {
   return c.has_shared() ? (c.tokens_per_rank + kTileM - 1) / kTileM : 0;
 }
 
 // Expected arrivals of a pass: this rank's non-empty slots, each pushed once per column tile of
-// H. Block 0 of the rank computes it before a rank barrier that precedes every wait on it.
+// H. Every block of the rank adds its slice's share to counters[4] (zeroed before every pass;
+// integer sums) before a rank barrier that precedes every wait on it.
 __device__ inline void count_expected_arrivals(const LaunchParams& P, const Role& role) {
   const int64_t n_slots = P.cfg.tokens_per_rank * P.cfg.top_k;
+  const int64_t per = ceil_div(n_slots, P.blocks_per_rank), lo = min(n_slots, role.block * per),
+                hi = min(n_slots, lo + per);
   __shared__ unsigned int total;
   if (threadIdx.x == 0) total = 0;
   __syncthreads();
   unsigned int mine = 0;
-  for (int64_t i = threadIdx.x; i < n_slots; i += kThreads) mine += P.peers[role.rank].topk[i] >= 0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) mine += P.peers[role.rank].topk[i] >= 0;
   atomicAdd(&total, mine);
   __syncthreads();
-  if (threadIdx.x == 0)
-    P.state[role.rank].counters[4] = total * static_cast<uint32_t>(ceil_div(P.cfg.hidden, width_single(P)));
+  if (threadIdx.x == 0 && total)
+    atomicAdd(&P.state[role.rank].counters[4], total * static_cast<uint32_t>(ceil_div(P.cfg.hidden, width_single(P))));
 }
 
 // 16-byte loads each lane keeps in flight while gathering (8 measured no faster on the H200:
@@ -602,11 +644,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden, K = c.top_k;
 
-  if (role.block == 0) {
-    count_rows(P, role);
-    count_expected_arrivals(P, role);
-  }
+  count_rows(P, role);
+  count_expected_arrivals(P, role);
   if (!rank_barrier(P, role.rank)) return;
+  if (role.block == 0) write_offsets(P, role);
   if (!build_plan(P, role)) return;
   if (!rank_barrier(P, role.rank)) return;
   trace_mark(P, kTrPlanned);
@@ -676,16 +717,26 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   if (P.fast) {
     const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
-    gemm_fast<0, 1, false, kTileNWide>(smem, H, n, min(static_cast<int64_t>(kTileNWide), N - n0), A, B, B,
+    // The forward's g and u of the tile are asked into L2 near the end of the main loop and read
+    // through the read-only path (this pass never writes them).
+    const int64_t cols = min(static_cast<int64_t>(kTileNWide), N - n0);
+    gemm_fast<0, 1, false, kTileNWide>(smem, H, n, cols, A, B, B,
+                           with_prefetch([&] {
+                             static_assert(kThreads == 2 * kTileM, "one thread per row of gate and of up");
+                             const int64_t r = threadIdx.x % kTileM;
+                             if (r < n)
+                               prefetch_l2((threadIdx.x < kTileM ? gate : up) + (p0 + r) * N + n0,
+                                           static_cast<uint32_t>(cols * sizeof(float)));
+                           },
                            [&](int64_t i, int64_t j, float da0, float da1) {
                              const int64_t idx = (p0 + i) * N + n0 + j;
-                             const float2 g = *reinterpret_cast<const float2*>(gate + idx);
-                             const float2 u = *reinterpret_cast<const float2*>(up + idx);
+                             const float2 g = __ldg(reinterpret_cast<const float2*>(gate + idx));
+                             const float2 u = __ldg(reinterpret_cast<const float2*>(up + idx));
                              *reinterpret_cast<uint32_t*>(dg + idx) =
                                  pack2(spec::swiglu_grad_gate(da0, g.x, u.x), spec::swiglu_grad_gate(da1, g.y, u.y));
                              *reinterpret_cast<uint32_t*>(du + idx) =
                                  pack2(spec::swiglu_grad_up(da0, g.x), spec::swiglu_grad_up(da1, g.y));
-                           });
+                           }));
   } else {
     gemm_slow(smem, n, N, H, 0, n0, [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; },
               [&](int64_t k, int64_t col) { return wd[k * N + col]; }, epi);
@@ -875,7 +926,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   trace_mark(P, kTrStart);
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
   // gate/up/act) stay in the workspace from the forward pass of the same inputs.
-  if (role.block == 0) count_expected_arrivals(P, role);
+  count_expected_arrivals(P, role);
   trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   trace_mark(P, kTrGathered);

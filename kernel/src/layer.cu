@@ -146,7 +146,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   P.silent_rank = options.silent_rank;
   P.row_capacity = cap;
   P.timeout_ns = static_cast<uint64_t>(options.wait_timeout_s * 1e9);
-  control_words_ = int64_t{L} * 8 + 1 + int64_t{L} * tile_counters;
+  control_words_ = int64_t{L} * 8 + 1 + int64_t{L} * tile_counters + int64_t{L} * El;
   control_ = device_alloc<uint32_t>(owned_, control_words_);
   error_ = device_alloc<ErrorRecord>(owned_, 1);
   device_params_ = device_alloc<LaunchParams>(owned_, 1);
@@ -164,6 +164,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     MOK_CUDA(cudaMemset(s.row_ready_bwd, 0, cap * sizeof(uint32_t)));
     s.counters = control_ + int64_t{r - first_rank} * 8;
     s.tiles_done = control_ + int64_t{L} * 8 + 1 + int64_t{r - first_rank} * tile_counters;
+    s.expert_counts = control_ + int64_t{L} * 8 + 1 + int64_t{L} * tile_counters + int64_t{r - first_rank} * El;
     s.xd = device_alloc<uint16_t>(owned_, cap * H);
     s.gate = device_alloc<float>(owned_, cap * I);
     s.up = device_alloc<float>(owned_, cap * I);

@@ -84,6 +84,8 @@ struct RankState {
   uint32_t* row_ready;        // [capacity]: dispatch epoch of each gathered x row
   uint32_t* row_ready_bwd;    // [capacity]: same for d_output rows
   uint32_t* counters;         // [8]: barrier count, barrier generation, shared done (fwd, bwd), expected arrivals
+  uint32_t* expert_counts;    // [E_local]: routed rows per local expert, counted by every block of the rank
+                              // (zeroed before every pass; expert_offsets follow from them)
   uint32_t* tiles_done;       // [row tiles + shared tiles]: column tiles of a row tile's first GEMM finished
                               // (zeroed before every pass; the second GEMM of the row tile waits on it)
   uint16_t* xd;               // [capacity, H] gathered x rows

@@ -62,6 +62,31 @@ __device__ __forceinline__ void grouped(int64_t i, int64_t rows, int64_t cols, i
   ct = in / n;
 }
 
+// The `store` epilogue writes what the layer writes for a column pair; `none` only keeps the
+// values alive (a comparison no random input meets).
+template <int kMode>
+__device__ __forceinline__ void store_pair(const Args& a, int64_t idx, float v0, float v1) {
+  if (a.store) {
+    if constexpr (kMode == kWgrad)
+      *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
+    else
+      *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
+          pack2(mok::spec::bf16_from_f32_rne(v0), mok::spec::bf16_from_f32_rne(v1));
+  } else if (v0 + v1 == -1.25e30f) {
+    a.out_f32[0][0] = v0;
+  }
+}
+// fwd1: gate and up in fp32 and act in bf16, as the layer's phase 1.
+__device__ __forceinline__ void store_gate_up(const Args& a, int64_t idx, float g0, float g1, float u0, float u1) {
+  if (a.store) {
+    *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(g0, g1);
+    *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);
+    *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::swiglu_act(g0, u0), mok::spec::swiglu_act(g1, u1));
+  } else if (g0 + g1 + u0 + u1 == -1.25e30f) {
+    a.out_f32[0][0] = g0;
+  }
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
 #if defined(MOK_WGMMA)
@@ -79,15 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
     if constexpr (kMode == kFwd1) {
       gemm_fast<0, 0, true, kTileNFast>(smem, a.K, rows, cols, kmajor(mp, m0), kmajor(mp + 1, n0), kmajor(mp + 2, n0),
                                         [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
-                                          const int64_t idx = (m0 + i) * a.N + n0 + j;
-                                          if (a.store) {
-                                            *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(g0, g1);
-                                            *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);
-                                            *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
-                                                pack2(mok::spec::swiglu_act(g0, u0), mok::spec::swiglu_act(g1, u1));
-                                          } else if (g0 + g1 + u0 + u1 == -1.25e30f) {
-                                            a.out_f32[0][0] = g0;
-                                          }
+                                          store_gate_up(a, (m0 + i) * a.N + n0 + j, g0, g1, u0, u1);
                                         });
     } else if (kMode == kBwd1 && a.layer && a.part == 3) {
       // The layer's epilogue through shared memory: the accumulators go to the (free) ring as
@@ -149,14 +166,8 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
               pack2(mok::spec::swiglu_grad_gate(v0, g.x, u.x), mok::spec::swiglu_grad_gate(v1, g.y, u.y));
           *reinterpret_cast<uint32_t*>(a.out_bf16 + a.M * a.N + idx) =
               pack2(mok::spec::swiglu_grad_up(v0, g.x), mok::spec::swiglu_grad_up(v1, g.y));
-        } else if (a.store) {
-          if constexpr (kMode == kWgrad)
-            *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
-          else
-            *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
-                pack2(mok::spec::bf16_from_f32_rne(v0), mok::spec::bf16_from_f32_rne(v1));
-        } else if (v0 + v1 == -1.25e30f) {
-          a.out_f32[0][0] = v0;
+        } else {
+          store_pair<kMode>(a, idx, v0, v1);
         }
       });
     }
@@ -275,26 +286,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
           const int64_t i = cw * 64 + warp % 4 * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * cq;
           if (i >= rows || jj >= cols) continue;
           const int64_t idx = (m0 + i) * a.N + n0 + jj;
-          const float v0 = acc[j][e], v1 = acc[j][e + 1];
-          if constexpr (kDual) {
-            const float u0 = acc2[j][e], u1 = acc2[j][e + 1];
-            if (a.store) {
-              *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
-              *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);
-              *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
-                  pack2(mok::spec::swiglu_act(v0, u0), mok::spec::swiglu_act(v1, u1));
-            } else if (v0 + v1 + u0 + u1 == -1.25e30f) {
-              a.out_f32[0][0] = v0;
-            }
-          } else if (a.store) {
-            if constexpr (kMode == kWgrad)
-              *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
-            else
-              *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
-                  pack2(mok::spec::bf16_from_f32_rne(v0), mok::spec::bf16_from_f32_rne(v1));
-          } else if (v0 + v1 == -1.25e30f) {
-            a.out_f32[0][0] = v0;
-          }
+          if constexpr (kDual)
+            store_gate_up(a, idx, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
+          else
+            store_pair<kMode>(a, idx, acc[j][e], acc[j][e + 1]);
         }
     }
   }

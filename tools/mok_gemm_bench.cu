@@ -54,7 +54,7 @@ struct Args {
   int part;    // with layer: 0 all of it, 1 the SwiGLU math only (g, u from the accumulators), 2 the loads only
 };
 
-__device__ __forceinline__ void grouped(int64_t i, int64_t rows, int64_t cols, int64_t& rt, int64_t& ct) {
+[[maybe_unused]] __device__ __forceinline__ void grouped(int64_t i, int64_t rows, int64_t cols, int64_t& rt, int64_t& ct) {
   constexpr int64_t kGroup = 8;  // as the layer's grouped_tile
   const int64_t g = i / (kGroup * cols), in = i % (kGroup * cols);
   const int64_t n = min(kGroup, rows - g * kGroup);
@@ -65,7 +65,7 @@ __device__ __forceinline__ void grouped(int64_t i, int64_t rows, int64_t cols, i
 // The `store` epilogue writes what the layer writes for a column pair; `none` only keeps the
 // values alive (a comparison no random input meets).
 template <int kMode>
-__device__ __forceinline__ void store_pair(const Args& a, int64_t idx, float v0, float v1) {
+[[maybe_unused]] __device__ __forceinline__ void store_pair(const Args& a, int64_t idx, float v0, float v1) {
   if (a.store) {
     if constexpr (kMode == kWgrad)
       *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(v0, v1);
@@ -77,7 +77,7 @@ __device__ __forceinline__ void store_pair(const Args& a, int64_t idx, float v0,
   }
 }
 // fwd1: gate and up in fp32 and act in bf16, as the layer's phase 1.
-__device__ __forceinline__ void store_gate_up(const Args& a, int64_t idx, float g0, float g1, float u0, float u1) {
+[[maybe_unused]] __device__ __forceinline__ void store_gate_up(const Args& a, int64_t idx, float g0, float g1, float u0, float u1) {
   if (a.store) {
     *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(g0, g1);
     *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);

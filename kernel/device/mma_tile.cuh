@@ -372,37 +372,31 @@ __device__ __forceinline__ void fast_chunk(float (&acc)[NJ][4], float (&acc2)[16
 }
 #endif
 
-// An epilogue that needs other tensors' values of the tile (backward: the forward's gate and up)
-// has them staged in shared memory (the ring, free after the main loop), half of the tile's
-// columns at a time: stage(buf, half) copies them (every thread takes part and waits for its own
-// copies), then staged(i, jj, v0, v1, buf, half) runs for the pairs of that half. Reading them
-// from global memory pair by pair was latency-bound: each load waited behind the previous
-// pair's stores (mok-gemm-bench --epilogue layer: 2.3x the tile's time).
-template <class Stage, class Epi>
-struct StagedEpilogue {
-  Stage stage_fn;
+// An epilogue that reads memory (backward: the forward's gate and up) can ask for it early:
+// gemm_fast calls prefetch() on every thread kPrefetchLead chunks before the main loop ends, so
+// the reads hit L2 instead of DRAM, one after another, behind the epilogue's stores.
+inline constexpr int64_t kPrefetchLead = 12;
+template <class Pre, class Epi>
+struct PrefetchEpilogue {
+  Pre pre;
   Epi epi;
-  __device__ __forceinline__ void stage(uint8_t* buf, int half) const { stage_fn(buf, half); }
-  __device__ __forceinline__ void staged(int64_t i, int64_t j, float v0, float v1, const uint8_t* buf, int half) const {
-    epi(i, j, v0, v1, buf, half);
+  __device__ __forceinline__ void prefetch() const { pre(); }
+  template <class... V>
+  __device__ __forceinline__ void operator()(int64_t i, int64_t j, V... v) const {
+    epi(i, j, v...);
   }
 };
-template <class Stage, class Epi>
-__device__ __forceinline__ StagedEpilogue<Stage, Epi> with_staging(Stage stage, Epi epi) {
-  return StagedEpilogue<Stage, Epi>{stage, epi};
+template <class Pre, class Epi>
+__device__ __forceinline__ PrefetchEpilogue<Pre, Epi> with_prefetch(Pre pre, Epi epi) {
+  return PrefetchEpilogue<Pre, Epi>{pre, epi};
 }
 
-// 16-byte asynchronous copy global -> shared (sm_80+), and the wait for this thread's copies.
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem_dst)), "l"(src) : "memory");
+// Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte aligned global address (sm_90).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(bytes) : "memory");
 #else
-  (void)smem_dst, (void)src;
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  (void)p, (void)bytes;
 #endif
 }
 
@@ -451,6 +445,8 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int st = static_cast<int>(chunk % kStages);
     mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
+    if constexpr (requires { epilogue.prefetch(); })
+      if (chunk == (chunks > kPrefetchLead ? chunks - kPrefetchLead : 0)) epilogue.prefetch();
     const int64_t left = K - chunk * kChunkK;
     if (left < kChunkK) {  // the last, partial chunk: rows past K of MN-major operands must be zero
       if (TA) zero_k_rows(stage(st, 0), static_cast<int>(left), kTileM / 64);
@@ -477,36 +473,19 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     for (int st = 0; st < kStages; ++st)
       asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
-  if constexpr (requires { epilogue.stage(smem.ring, 0); }) {
-    static_assert(!kDual && NJ % 2 == 0, "staged epilogues take one accumulator, in two column halves");
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      __syncthreads();  // the ring's previous readers (wgmma, the other half) are done
-      epilogue.stage(smem.ring, half);
-      __syncthreads();
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
-      for (int j = half * NJ / 2; j < (half + 1) * NJ / 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
-          if (i < rows && jj < cols) epilogue.staged(i, jj, acc[j][e], acc[j][e + 1], smem.ring, half);
-        }
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row
-        const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
-        if (i < rows && jj < cols) {
-          if constexpr (kDual)
-            epilogue(i, jj, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
-          else
-            epilogue(i, jj, acc[j][e], acc[j][e + 1]);
-        }
+    for (int e = 0; e < 4; ++e) {
+      if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row
+      const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
+      if (i < rows && jj < cols) {
+        if constexpr (kDual)
+          epilogue(i, jj, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
+        else
+          epilogue(i, jj, acc[j][e], acc[j][e + 1]);
       }
-  }
+    }
 #else
   // The host only selects the fast engine for sm_90a code; reaching this is a launch error.
   (void)smem_raw, (void)K, (void)rows, (void)cols, (void)A, (void)B, (void)B2, (void)epilogue;

@@ -717,33 +717,21 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   if (P.fast) {
     const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
-    // The forward's g and u of the tile are staged in shared memory, 128 columns at a time (see
-    // StagedEpilogue), rows padded by 8 floats (at most 2-way bank conflicts on the pair reads).
+    // The forward's g and u of the tile are asked into L2 near the end of the main loop and read
+    // through the read-only path (this pass never writes them).
     const int64_t cols = min(static_cast<int64_t>(kTileNWide), N - n0);
-    constexpr int kHalfCols = kTileNWide / 2, kPitch = kHalfCols + 8;
-    static_assert(2 * kTileM * kPitch * sizeof(float) <= kRingBytes, "gate and up halves fit in the ring");
     gemm_fast<0, 1, false, kTileNWide>(smem, H, n, cols, A, B, B,
-                           with_staging([&](uint8_t* buf, int half) {
-                             float* gs = reinterpret_cast<float*>(buf);
-                             float* us = gs + kTileM * kPitch;
-                             const int c0 = half * kHalfCols;
-                             const int pieces = static_cast<int>(max(int64_t{0}, min(int64_t{kHalfCols}, cols - c0))) / 4;
-                             const int rows = static_cast<int>(n);
-                             for (int q = threadIdx.x; q < 2 * rows * pieces; q += kThreads) {
-                               const int which = q / (rows * pieces), rem = q % (rows * pieces);
-                               const int r = rem / pieces, piece = rem % pieces;
-                               cp_async16((which ? us : gs) + r * kPitch + piece * 4,
-                                          (which ? up : gate) + (p0 + r) * N + n0 + c0 + piece * 4);
-                             }
-                             cp_async_wait_all();
+                           with_prefetch([&] {
+                             static_assert(kThreads == 2 * kTileM, "one thread per row of gate and of up");
+                             const int64_t r = threadIdx.x % kTileM;
+                             if (r < n)
+                               prefetch_l2((threadIdx.x < kTileM ? gate : up) + (p0 + r) * N + n0,
+                                           static_cast<uint32_t>(cols * sizeof(float)));
                            },
-                           [&](int64_t i, int64_t j, float da0, float da1, const uint8_t* buf, int half) {
-                             const float* gs = reinterpret_cast<const float*>(buf);
-                             const float* us = gs + kTileM * kPitch;
-                             const int64_t at = i * kPitch + j - half * kHalfCols;
-                             const float2 g = *reinterpret_cast<const float2*>(gs + at);
-                             const float2 u = *reinterpret_cast<const float2*>(us + at);
+                           [&](int64_t i, int64_t j, float da0, float da1) {
                              const int64_t idx = (p0 + i) * N + n0 + j;
+                             const float2 g = __ldg(reinterpret_cast<const float2*>(gate + idx));
+                             const float2 u = __ldg(reinterpret_cast<const float2*>(up + idx));
                              *reinterpret_cast<uint32_t*>(dg + idx) =
                                  pack2(spec::swiglu_grad_gate(da0, g.x, u.x), spec::swiglu_grad_gate(da1, g.y, u.y));
                              *reinterpret_cast<uint32_t*>(du + idx) =

@@ -147,8 +147,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
   app.add_flag("--trace", trace,
-               "after the timed runs, one profiled forward and backward in a second workspace: per-block marks and sums "
-               "of waiting, GEMM and publishing time (KernelOptions::trace)");
+               "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
+               "memory while it runs): per-block marks and sums of waiting, GEMM and publishing time "
+               "(KernelOptions::trace)");
   CLI11_PARSE(app, argc, argv);
   if (torch_script == "auto") {
     const char* env = std::getenv("MOK_TORCH_BASELINE");

@@ -73,7 +73,8 @@ class LayerCore {
   std::vector<void*> owned_;
   LaunchParams host_{};
   LaunchParams* device_params_ = nullptr;
-  uint32_t* control_ = nullptr;  // 8 counters per local rank, then the abort word
+  uint32_t* control_ = nullptr;  // zeroed every launch: 8 counters per local rank, the abort word, each
+                                 // local rank's tile counters, then each local rank's expert counts
   int64_t control_words_ = 0;
   ErrorRecord* error_ = nullptr;
   uint64_t* trace_ = nullptr;  // kTraceSlots words per block when options_.trace

@@ -21,7 +21,8 @@ struct KernelOptions {
   bool disable_tma = false;      // sm_90a: fill every tile with threads instead of TMA (same bits)
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing
-  bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp)
+  bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp);
+                                 // the virtual rack (Layer) only: NcclLayer has no reader for it
 };
 
 // The most routed rows any rank receives under this routing (topk_experts [G, K] on the host):
@@ -76,7 +77,8 @@ class Layer {
   void check_errors(void* stream = nullptr);
 
   // With KernelOptions::trace: the last pass's profile, kTraceSlots words per block in launch
-  // order (block b serves rank b / blocks_per_rank()); synchronises `stream`. Empty when off.
+  // order (block b serves rank b / blocks_per_rank()); synchronises `stream`, which must be the
+  // stream the pass ran on (or one ordered after it). Empty when off.
   std::vector<uint64_t> trace(void* stream = nullptr) const;
 
   int blocks_per_rank() const;

@@ -126,7 +126,9 @@ struct RankTensors {
 // Per-block profile of one pass (KernelOptions::trace; off by default): thread 0 of every block
 // writes kTraceSlots words. Marks are %globaltimer readings (ns); sums are ns spent in a kind of
 // work over all of the block's work items; kTrItems counts items. Reading it never changes a
-// result bit (it only times what the block does).
+// result bit (it only times what the block does). %globaltimer may advance in steps of up to
+// about a microsecond, so a sum of many short intervals (publishing) is coarse; marks and the
+// GEMM sums (tens of microseconds per item) are not affected much.
 enum TraceSlot : int {
   kTrStart = 0,       // mark: the block starts
   kTrPlanned,         // mark: the routing plan is built (forward) / the pass is set up (backward)

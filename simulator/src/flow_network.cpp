@@ -109,6 +109,11 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   class_flows_[f.demand_class].push_back(idx);
   class_bits_[f.demand_class / 64] |= uint64_t{1} << (f.demand_class % 64);
   f.total_bytes = bytes;
+  // A flow whose demand exceeds a capacity on its path is never frozen by its demand: while it
+  // is unfrozen, that resource's share is at most its capacity, so a saturation step comes first.
+  int64_t smallest = kInf;
+  for (int i = 0; i < path_len; ++i) smallest = std::min(smallest, capacity_[path[i]]);
+  l.demand_unreachable = f.demand_units > smallest;
   set_rate(idx, 0);
   f.bottleneck = -1;
   l.active = true;
@@ -464,9 +469,15 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   auto later = [](const Event& a, const Event& b) { return event_later(a, b); };
   auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
   auto set_status = [&](int f, uint8_t st) { flow_mark_[f] = stamp_ << 2 | st; };
+  // Free flows not yet frozen. A flow whose demand is unreachable gets no demand event: in the
+  // filling a saturation step freezes it first. An attempt that leaves one unfrozen is therefore
+  // not the filling's (it can only be one that a passive guess misled); it is handed to the full
+  // filling instead.
+  int64_t free_left = 0;
   auto free_flow = [&](int f) {
     set_status(f, kFree);
-    push_event(flows_[f].demand_units, 0, 1, f);
+    ++free_left;
+    if (!links_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
   };
   auto freeze_new = [&](int f, int64_t rate) {
     set_status(f, kDone);
@@ -489,7 +500,10 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
         const int f = events_.front().idx();
         std::pop_heap(events_.begin(), events_.end(), later);
         events_.pop_back();
-        if (status(f) == kFree) freeze_new(f, level);
+        if (status(f) == kFree) {
+          --free_left;
+          freeze_new(f, level);
+        }
       }
       continue;
     }
@@ -525,6 +539,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       for (int f : res_flows_[r]) {
         const uint8_t st = status(f);
         if (st == kFree) {
+          --free_left;
           freeze_new(f, level);
         } else if (st == kFixed) {
           const int64_t pt = point_[f];
@@ -563,6 +578,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
   }
 
+  if (free_left != 0) return Attempt::kTooBig;
   // Passive resources: final slack must be at least their number of flow entries.
   for (int r : passive_) res_delta_[r] = 0;
   for (int f : done_) {

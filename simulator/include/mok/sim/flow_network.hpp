@@ -103,6 +103,7 @@ class FlowNetwork {
     int class_slot = 0;
     bool active = false;
     bool fresh = false;  // started since the last assignment
+    bool demand_unreachable = false;  // demand above a capacity on the path
   };
   std::vector<Links> links_;
   std::vector<int> free_flows_;

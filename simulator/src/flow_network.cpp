@@ -471,12 +471,15 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   auto set_status = [&](int f, uint8_t st) { flow_mark_[f] = stamp_ << 2 | st; };
   // Free flows not yet frozen. A flow whose demand is unreachable gets no demand event: in the
   // filling a saturation step freezes it first. An attempt that leaves one unfrozen is therefore
-  // not the filling's (it can only be one that a passive guess misled); it is handed to the full
-  // filling instead.
+  // not the filling's: a resource on its path was wrongly assumed passive (every resource on a
+  // free flow's path is dirty, and a tracked one would have saturated with it). Those resources
+  // are tracked in the repeated attempt.
   int64_t free_left = 0;
+  freed_.clear();
   auto free_flow = [&](int f) {
     set_status(f, kFree);
     ++free_left;
+    freed_.push_back(f);
     if (!links_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
   };
   auto freeze_new = [&](int f, int64_t rate) {
@@ -578,7 +581,21 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
   }
 
-  if (free_left != 0) return Attempt::kTooBig;
+  if (free_left != 0) {
+    bool forced = false;
+    for (int f : freed_) {
+      if (status(f) != kFree) continue;
+      const Flow& fl = flows_[f];
+      for (int i = 0; i < fl.path_len; ++i) {
+        const int r = fl.path[i];
+        if (res_stamp_[r] == stamp_ && res_mode_[r] == kPassive && force_stamp_[r] != update_id_) {
+          force_stamp_[r] = update_id_;
+          forced = true;
+        }
+      }
+    }
+    return forced ? Attempt::kRetry : Attempt::kTooBig;
+  }
   // Passive resources: final slack must be at least their number of flow entries.
   for (int r : passive_) res_delta_[r] = 0;
   for (int f : done_) {

@@ -147,7 +147,7 @@ class FlowNetwork {
   std::vector<uint8_t> res_mode_;
   std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
   std::vector<int> res_unfrozen_;
-  std::vector<int> tracked_, passive_, done_, spread_, candidates_;
+  std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
   std::vector<int64_t> spread_old_level_;  // for spread_ at commit: the level each had before
   // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
   // a cursor accounts for them lazily as the filling passes their points.

@@ -115,7 +115,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   for (int i = 0; i < path_len; ++i) smallest = std::min(smallest, capacity_[path[i]]);
   l.demand_unreachable = f.demand_units > smallest;
   set_rate(idx, 0);
-  f.bottleneck = -1;
+  l.admitted_bottleneck = kNotAdmitted;
   l.active = true;
   l.fresh = true;
   active_pos_[idx] = static_cast<int>(active_.size());
@@ -174,31 +174,33 @@ void FlowNetwork::finish_flow(int flow_idx) {
 void FlowNetwork::admit(int flow_idx) {
   Flow& f = flows_[flow_idx];
   int64_t rate = f.demand_units;
-  f.bottleneck = -1;
+  int bottleneck = -1;
   for (int i = 0; i < f.path_len; ++i) {
     int mult = 0;
     for (int j = 0; j < f.path_len; ++j) mult += f.path[j] == f.path[i];
     const int64_t share = std::max<int64_t>(0, residual_[f.path[i]]) / mult;
     if (share < rate) {
       rate = share;
-      f.bottleneck = f.path[i];
+      bottleneck = f.path[i];
     }
   }
   for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= rate - f.rate_units;
   set_rate(flow_idx, rate);
   links_[flow_idx].fresh = false;
+  links_[flow_idx].admitted_bottleneck = bottleneck;
 }
 
-void FlowNetwork::bottleneck_of(Flow& f) const {
-  if (f.rate_units == f.demand_units) {
-    f.bottleneck = -1;
-    return;
-  }
+int FlowNetwork::bottleneck(int flow_idx) const {
+  const Links& l = links_[flow_idx];
+  if (!l.active || l.fresh) return -1;
+  if (l.admitted_bottleneck != kNotAdmitted) return l.admitted_bottleneck;
+  const Flow& f = flows_[flow_idx];
+  if (f.rate_units == f.demand_units) return -1;
   int best = -1;
   for (int i = 0; i < f.path_len; ++i)
     if (level_[f.path[i]] == f.rate_units && (best < 0 || f.path[i] < best)) best = f.path[i];
   if (best < 0) internal("a flow below its demand has no saturated resource at its rate");
-  f.bottleneck = best;
+  return best;
 }
 
 void FlowNetwork::recompute_rates() {
@@ -232,6 +234,7 @@ void FlowNetwork::recompute_rates() {
     Links& l = links_[idx];
     if (l.fresh || f.rate_units != rate) changed_.push_back(idx);
     l.fresh = false;
+    l.admitted_bottleneck = kNotAdmitted;
     set_rate(idx, rate);
     frozen_epoch_[idx] = epoch_;
     --num_unfrozen;
@@ -240,7 +243,6 @@ void FlowNetwork::recompute_rates() {
       rem_cap_[r] -= rate;
       --unfrozen_count_[r];
     }
-    bottleneck_of(f);  // reads level_, set for every resource saturating at `rate` already
   };
   // Cursor over non-empty demand classes, ascending.
   size_t word = 0;
@@ -628,7 +630,7 @@ void FlowNetwork::update_rates() {
     ++num_retries_;
   }
   ++num_recomputes_;
-  // Commit: new rates, residuals, saturation levels, bottlenecks.
+  // Commit: new rates, residuals, saturation levels (bottlenecks follow from them).
   for (int f : done_) {
     Flow& fl = flows_[f];
     Links& l = links_[f];
@@ -638,29 +640,12 @@ void FlowNetwork::update_rates() {
     for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= rate - fl.rate_units;
     set_rate(f, rate);
   }
-  spread_.clear();  // tracked resources whose saturation level changed
-  spread_old_level_.clear();
   for (int r : tracked_) {
     advance(r, kInf, 1);
     if (res_unfrozen_[r] != 0 || residual_[r] != res_rem_[r])
       internal("a tracked resource's account differs from the committed rates");
-    if (new_level_[r] == level_[r]) continue;
-    spread_old_level_.push_back(level_[r]);
     level_[r] = new_level_[r];
-    spread_.push_back(r);
   }
-  // A flow's bottleneck is a function of its rate and demand and the levels of its path's
-  // resources. Flows in done_ are relabelled below; any other flow kept its rate, so a resource
-  // whose level changed can change its label only if the old or new level equals that rate.
-  for (size_t k = 0; k < spread_.size(); ++k) {
-    const int r = spread_[k];
-    const int64_t old_level = spread_old_level_[k], new_level = level_[r];
-    for (int f : res_flows_[r]) {
-      const int64_t rate = point_[f] >> 1;
-      if (rate == old_level || rate == new_level) bottleneck_of(flows_[f]);
-    }
-  }
-  for (int f : done_) bottleneck_of(flows_[f]);
   pending_flows_.clear();
   pending_resources_.clear();
 }

@@ -792,10 +792,11 @@ void LayerSim::update_port_queues(int64_t now) {
   port_queue_bytes_.assign(net_.num_resources(), 0.0);
   for (int f : net_.active_flows()) {
     const Flow& fl = net_.flow(f);
-    if (fl.bottleneck < 0 || res_kind_[fl.bottleneck] > 1) continue;  // demand, or not an NVLink port
+    const int bottleneck = net_.bottleneck(f);
+    if (bottleneck < 0 || res_kind_[bottleneck] > 1) continue;  // demand, or not an NVLink port
     const Transfer& tr = transfers_[flow_state_[f].transfer];
     const double excess = tr.window_bytes - fl.rate_gbps() * 2.0 * static_cast<double>(tr.latency_ns);
-    if (excess > 0) port_queue_bytes_[fl.bottleneck] += excess;
+    if (excess > 0) port_queue_bytes_[bottleneck] += excess;
   }
   for (int r = 0; r < net_.num_resources(); ++r) {
     if (res_kind_[r] > 1) continue;

@@ -32,9 +32,6 @@ struct alignas(64) Flow {  // one cache line: what a rate assignment reads and w
   int64_t demand_units = 0; // the initiator's own limit (SM issue rate, in-flight window)
   int64_t rate_units = 0;   // current rate
   int64_t total_bytes = 0;
-  // The lowest-index resource of the path that saturated at this flow's rate in the last
-  // assignment; -1 when the flow's own demand fixed the rate.
-  int bottleneck = -1;
   double rate_gbps() const { return units_to_gbps(rate_units); }
   double demand_gbps() const { return units_to_gbps(demand_units); }
 };
@@ -76,6 +73,12 @@ class FlowNetwork {
   void admit(int flow_idx);
 
   const Flow& flow(int flow_idx) const { return flows_[flow_idx]; }
+  // The lowest-index resource of the flow's path that saturated at its rate in the last
+  // recompute_rates() / update_rates(); -1 when its own demand fixed the rate (or it has no rate
+  // yet). After admit(): the resource that admit() found tightest, -1 for the demand. A
+  // function of the rate, the demand and the path's saturation levels, so it is derived on
+  // demand rather than stored.
+  int bottleneck(int flow_idx) const;
   bool active(int flow_idx) const { return links_[flow_idx].active; }
   const std::vector<int>& active_flows() const { return active_; }
   // Bytes that completed flows carried through each resource (exact integers).
@@ -90,6 +93,7 @@ class FlowNetwork {
 
  private:
   static constexpr int64_t kInf = INT64_MAX;
+  static constexpr int kNotAdmitted = -2;
   std::vector<double> capacity_gbps_;
   std::vector<int64_t> capacity_;  // in rate units
   std::vector<std::string> names_;
@@ -104,6 +108,7 @@ class FlowNetwork {
     bool active = false;
     bool fresh = false;  // started since the last assignment
     bool demand_unreachable = false;  // demand above a capacity on the path
+    int admitted_bottleneck = kNotAdmitted;  // what admit() chose, until the next full filling
   };
   std::vector<Links> links_;
   std::vector<int> free_flows_;
@@ -121,7 +126,6 @@ class FlowNetwork {
   std::vector<int> pending_flows_;
   std::vector<int> pending_resources_;
   std::vector<int> changed_;
-  void bottleneck_of(Flow& f) const;
   // scratch for recompute_rates()
   std::vector<int64_t> rem_cap_;
   std::vector<int> unfrozen_count_;
@@ -148,7 +152,6 @@ class FlowNetwork {
   std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
   std::vector<int> res_unfrozen_;
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
-  std::vector<int64_t> spread_old_level_;  // for spread_ at commit: the level each had before
   // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
   // a cursor accounts for them lazily as the filling passes their points.
   struct Pending {  // ordered by (point, flow)

@@ -433,9 +433,20 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   // r saturated at a later level last time: whether the flows it froze then stay frozen there
   // is decided at that level.
   if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
-  std::sort(pool_.begin() + begin, pool_.end(), [](const Pending& a, const Pending& b) {
-    return a.point != b.point ? a.point < b.point : a.flow < b.flow;
-  });
+  // By point alone: advance() takes every entry up to a point at once, so the order among equal
+  // points does not matter. Pools are short (tens of entries): insertion sort.
+  Pending* const first = pool_.data() + begin;
+  const int num = static_cast<int>(pool_.size()) - begin;
+  if (num > 32) {
+    std::sort(first, first + num, [](const Pending& a, const Pending& b) { return a.point < b.point; });
+  } else {
+    for (int i = 1; i < num; ++i) {
+      const Pending p = first[i];
+      int j = i;
+      for (; j > 0 && first[j - 1].point > p.point; --j) first[j] = first[j - 1];
+      first[j] = p;
+    }
+  }
   pool_begin_[r] = begin;
   pool_cursor_[r] = begin;
   pool_end_[r] = static_cast<int>(pool_.size());

@@ -154,7 +154,7 @@ class FlowNetwork {
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
   // a cursor accounts for them lazily as the filling passes their points.
-  struct Pending {  // ordered by (point, flow)
+  struct Pending {  // ordered by point
     int64_t point;  // point_key(old rate, old sub)
     int32_t flow;
   };

@@ -22,7 +22,7 @@ namespace {
 // Where in the filling a frozen flow was frozen: (level, 0) by its demand, (level, 1) by a
 // saturating resource (a demand step of a level comes before its saturation step).
 bool point_le(int64_t la, int sa, int64_t lb, int sb) { return la != lb ? la < lb : sa <= sb; }
-// (level, sub) as FlowNetwork::point_ encodes it; level may be -1 (before the filling) or kInf.
+// (level, sub) as FlowNetwork::FlowKey::point encodes it; level may be -1 (before the filling) or kInf.
 int64_t point_key(int64_t level, int sub) { return level == INT64_MAX ? INT64_MAX : level * 2 + sub; }
 }  // namespace
 
@@ -90,9 +90,8 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     links_.emplace_back();
     active_pos_.push_back(-1);
     frozen_epoch_.push_back(0);
-    flow_mark_.push_back(0);
     new_rate_.push_back(0);
-    point_.push_back(0);
+    key_.push_back(FlowKey{});
   }
   Flow& f = flows_[idx];
   Links& l = links_[idx];
@@ -370,7 +369,7 @@ void FlowNetwork::advance(int r, int64_t level, int sub) {
   const int64_t key = point_key(level, sub);
   while (c < end && pool_[c].point <= key) {
     const int f = pool_[c].flow;
-    const uint8_t st = (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed;
+    const uint8_t st = (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
       res_rem_[r] -= pool_[c].point >> 1;
       --res_unfrozen_[r];
@@ -383,7 +382,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   if (res_stamp_[r] == stamp_) return;  // already dirty in this attempt
   res_stamp_[r] = stamp_;
   const auto& list = res_flows_[r];
-  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
+  auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
   if (force_stamp_[r] != update_id_ && level_[r] == kInf) {
     // Passive (a guess; the end of the update checks it) when over 1/64 of it is unused, or when
     // it has room for what its free flows can take (their demand, or the smallest capacity on
@@ -421,7 +420,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
     } else if (st == kFree) {
       ++n;
     } else {
-      const int64_t pt = point_[f];
+      const int64_t pt = key_[f].point;
       if (st == kFixedFrozen || pt <= key) {
         rem -= pt >> 1;
         continue;
@@ -462,7 +461,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
 
 FlowNetwork::Attempt FlowNetwork::attempt_update() {
   if (++stamp_ == (1u << 30)) {  // wrapped: clear the stamps once every 2^30 attempts
-    std::fill(flow_mark_.begin(), flow_mark_.end(), 0);
+    for (FlowKey& k : key_) k.mark = 0;
     std::fill(res_stamp_.begin(), res_stamp_.end(), 0);
     stamp_ = 1;
   }
@@ -480,8 +479,8 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   // Past this many tracked flow entries a full recompute is cheaper (same result).
   const int64_t work_limit = static_cast<int64_t>(active_.size()) / 2 + 64;
   auto later = [](const Event& a, const Event& b) { return event_later(a, b); };
-  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
-  auto set_status = [&](int f, uint8_t st) { flow_mark_[f] = stamp_ << 2 | st; };
+  auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
+  auto set_status = [&](int f, uint8_t st) { key_[f].mark = stamp_ << 2 | st; };
   // Free flows not yet frozen. A flow whose demand is unreachable gets no demand event: in the
   // filling a saturation step freezes it first. An attempt that leaves one unfrozen is therefore
   // not the filling's: a resource on its path was wrongly assumed passive (every resource on a
@@ -558,7 +557,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
           --free_left;
           freeze_new(f, level);
         } else if (st == kFixed) {
-          const int64_t pt = point_[f];
+          const int64_t pt = key_[f].point;
           if (pt == sat_key) {
             set_status(f, kFixedFrozen);  // where it froze last time (cursors account for it)
           } else if (pt > sat_key) {
@@ -572,7 +571,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     for (int rc : candidates_) {
       if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
       for (int f : res_flows_[rc]) {
-        if (status(f) != kFixed || point_[f] != sat_key) continue;
+        if (status(f) != kFixed || key_[f].point != sat_key) continue;
         const Flow& fl = flows_[f];
         bool held = false;
         for (int i = 0; i < fl.path_len && !held; ++i) {

@@ -145,7 +145,6 @@ class FlowNetwork {
     int idx() const { return static_cast<int>(static_cast<uint32_t>(key)); }
   };
   std::vector<Event> events_;
-  std::vector<uint32_t> flow_mark_;  // attempt stamp << 2 | status in that attempt
   std::vector<uint32_t> res_stamp_, force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
   std::vector<uint8_t> res_mode_;
@@ -161,10 +160,16 @@ class FlowNetwork {
   // A flow's old freezing point (rate, sub) as one integer, rate * 2 + sub (sub 0: frozen by its
   // demand, 1: by a saturating resource), ordered as the filling passes them; kept in step with
   // Flow::rate_units so that an update reads 8 bytes per flow instead of the flow's cache line.
-  std::vector<int64_t> point_;
+  // Beside it, the flow's status in the current attempt (attempt stamp << 2 | status), so that a
+  // scan of a resource's flows touches one line per flow.
+  struct FlowKey {
+    int64_t point = 0;
+    uint32_t mark = 0;
+  };
+  std::vector<FlowKey> key_;
   void set_rate(int f, int64_t rate) {
     flows_[f].rate_units = rate;
-    point_[f] = rate * 2 + (rate == flows_[f].demand_units ? 0 : 1);
+    key_[f].point = rate * 2 + (rate == flows_[f].demand_units ? 0 : 1);
   }
   std::vector<Pending> pool_;
   std::vector<int> pool_begin_, pool_end_, pool_cursor_;

@@ -419,6 +419,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
       rem -= new_rate_[f];
     } else if (st == kFree) {
       ++n;
+      pool_.push_back(Pending{kInf, f});  // last: only the saturation scan below looks at it
     } else {
       const int64_t pt = key_[f].point;
       if (st == kFixedFrozen || pt <= key) {
@@ -550,8 +551,11 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
     spread_.clear();
     const int64_t sat_key = point_key(level, 1);
+    // A tracked resource's pool holds every flow of its list that was free, or fixed at a later
+    // point, when it became dirty; the others were frozen before then and need nothing here.
     for (int r : saturating_)
-      for (int f : res_flows_[r]) {
+      for (int c = pool_begin_[r]; c < pool_end_[r]; ++c) {
+        const int f = pool_[c].flow;
         const uint8_t st = status(f);
         if (st == kFree) {
           --free_left;
@@ -570,8 +574,15 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     // froze here stay frozen only if a clean resource on their path saturates here again.
     for (int rc : candidates_) {
       if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
-      for (int f : res_flows_[rc]) {
-        if (status(f) != kFixed || key_[f].point != sat_key) continue;
+      // Its fixed flows at this point are in its pool (the point is later than where it became
+      // dirty), which is sorted by point.
+      const Pending* const pool_first = pool_.data() + pool_begin_[rc];
+      const Pending* const pool_last = pool_.data() + pool_end_[rc];
+      const Pending* c = std::lower_bound(pool_first, pool_last, sat_key,
+                                          [](const Pending& p, int64_t k) { return p.point < k; });
+      for (; c != pool_last && c->point == sat_key; ++c) {
+        const int f = c->flow;
+        if (status(f) != kFixed) continue;
         const Flow& fl = flows_[f];
         bool held = false;
         for (int i = 0; i < fl.path_len && !held; ++i) {

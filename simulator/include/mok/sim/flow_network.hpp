@@ -151,8 +151,9 @@ class FlowNetwork {
   std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
   std::vector<int> res_unfrozen_;
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
-  // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
-  // a cursor accounts for them lazily as the filling passes their points.
+  // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point
+  // (a cursor accounts for them lazily as the filling passes their points), then its flows that
+  // were free then (point kInf: the saturation scan and the candidates scan need only the pool).
   struct Pending {  // ordered by point
     int64_t point;  // point_key(old rate, old sub)
     int32_t flow;

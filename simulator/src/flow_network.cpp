@@ -363,19 +363,30 @@ void FlowNetwork::freeze_tracked(int f, int64_t rate) {
 
 // Accounts for the tracked resource's fixed flows whose old freezing point is <= (level, sub)
 // and that are still frozen there (not changed, not freed).
+// The pool is not sorted: entries taken are moved before the cursor, and the smallest point of
+// the rest is kept, so that a call that takes nothing costs one compare.
 void FlowNetwork::advance(int r, int64_t level, int sub) {
-  int& c = pool_cursor_[r];
-  const int end = pool_end_[r];
   const int64_t key = point_key(level, sub);
-  while (c < end && pool_[c].point <= key) {
-    const int f = pool_[c].flow;
-    const uint8_t st = (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed;
+  if (key < pool_min_[r]) return;
+  int c = pool_cursor_[r];
+  const int end = pool_end_[r];
+  int64_t rest_min = kInf;
+  for (int i = c; i < end; ++i) {
+    const Pending p = pool_[i];
+    if (p.point > key) {
+      rest_min = std::min(rest_min, p.point);
+      continue;
+    }
+    const uint8_t st = (key_[p.flow].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[p.flow].mark & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
-      res_rem_[r] -= pool_[c].point >> 1;
+      res_rem_[r] -= p.point >> 1;
       --res_unfrozen_[r];
     }
-    ++c;
+    pool_[i] = pool_[c];
+    pool_[c++] = p;
   }
+  pool_cursor_[r] = c;
+  pool_min_[r] = rest_min;
 }
 
 void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
@@ -433,20 +444,9 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   // r saturated at a later level last time: whether the flows it froze then stay frozen there
   // is decided at that level.
   if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
-  // By point alone: advance() takes every entry up to a point at once, so the order among equal
-  // points does not matter. Pools are short (tens of entries): insertion sort.
-  Pending* const first = pool_.data() + begin;
-  const int num = static_cast<int>(pool_.size()) - begin;
-  if (num > 32) {
-    std::sort(first, first + num, [](const Pending& a, const Pending& b) { return a.point < b.point; });
-  } else {
-    for (int i = 1; i < num; ++i) {
-      const Pending p = first[i];
-      int j = i;
-      for (; j > 0 && first[j - 1].point > p.point; --j) first[j] = first[j - 1];
-      first[j] = p;
-    }
-  }
+  int64_t pool_min = kInf;
+  for (size_t c = begin; c < pool_.size(); ++c) pool_min = std::min(pool_min, pool_[c].point);
+  pool_min_[r] = pool_min;
   pool_begin_[r] = begin;
   pool_cursor_[r] = begin;
   pool_end_[r] = static_cast<int>(pool_.size());
@@ -476,6 +476,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     pool_begin_.resize(capacity_.size());
     pool_end_.resize(capacity_.size());
     pool_cursor_.resize(capacity_.size());
+    pool_min_.resize(capacity_.size());
   }
   // Past this many tracked flow entries a full recompute is cheaper (same result).
   const int64_t work_limit = static_cast<int64_t>(active_.size()) / 2 + 64;
@@ -575,13 +576,10 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     for (int rc : candidates_) {
       if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
       // Its fixed flows at this point are in its pool (the point is later than where it became
-      // dirty), which is sorted by point.
-      const Pending* const pool_first = pool_.data() + pool_begin_[rc];
-      const Pending* const pool_last = pool_.data() + pool_end_[rc];
-      const Pending* c = std::lower_bound(pool_first, pool_last, sat_key,
-                                          [](const Pending& p, int64_t k) { return p.point < k; });
-      for (; c != pool_last && c->point == sat_key; ++c) {
-        const int f = c->flow;
+      // dirty), after the cursor (advance() has taken points up to (level, 0) at most).
+      for (int c = pool_cursor_[rc]; c < pool_end_[rc]; ++c) {
+        if (pool_[c].point != sat_key) continue;
+        const int f = pool_[c].flow;
         if (status(f) != kFixed) continue;
         const Flow& fl = flows_[f];
         bool held = false;

@@ -151,10 +151,11 @@ class FlowNetwork {
   std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
   std::vector<int> res_unfrozen_;
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
-  // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point
-  // (a cursor accounts for them lazily as the filling passes their points), then its flows that
-  // were free then (point kInf: the saturation scan and the candidates scan need only the pool).
-  struct Pending {  // ordered by point
+  // A tracked resource's fixed flows not yet frozen when it became dirty, with their old
+  // freezing points (advance() accounts for them lazily as the filling passes their points), and
+  // its flows that were free then (point kInf): the saturation and candidates scans need only
+  // the pool.
+  struct Pending {
     int64_t point;  // point_key(old rate, old sub)
     int32_t flow;
   };
@@ -174,6 +175,7 @@ class FlowNetwork {
   }
   std::vector<Pending> pool_;
   std::vector<int> pool_begin_, pool_end_, pool_cursor_;
+  std::vector<int64_t> pool_min_;  // smallest point in a pool after its cursor
   int64_t work_ = 0;
   void advance(int r, int64_t level, int sub);
   enum class Attempt { kDone, kRetry, kTooBig };

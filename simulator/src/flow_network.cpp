@@ -338,12 +338,16 @@ void FlowNetwork::recompute_rates() {
 namespace {
 constexpr uint8_t kFixed = 0, kFree = 1, kDone = 2, kFixedFrozen = 3;  // flow status in an update
 constexpr uint8_t kClean = 0, kTracked = 1, kPassive = 2;              // resource mode in an update
+// Levels are never negative, so (level, key) compares as one unsigned 128-bit number.
 bool event_later(const auto& a, const auto& b) {
-  return a.level != b.level ? a.level > b.level : a.key > b.key;
+  const unsigned __int128 ka = static_cast<unsigned __int128>(static_cast<uint64_t>(a.level)) << 64 | a.key;
+  const unsigned __int128 kb = static_cast<unsigned __int128>(static_cast<uint64_t>(b.level)) << 64 | b.key;
+  return ka > kb;
 }
 }  // namespace
 
 void FlowNetwork::push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx) {
+  if (level < 0) internal("a negative filling level");
   events_.push_back(Event{level, static_cast<uint64_t>(sub) << 34 | static_cast<uint64_t>(kind) << 32 |
                                      static_cast<uint32_t>(idx)});
   std::push_heap(events_.begin(), events_.end(), [](const Event& a, const Event& b) { return event_later(a, b); });

@@ -217,8 +217,9 @@ void FlowNetwork::recompute_rates() {
   // <= a resource's share never lowers that share (floor((rem - s) / (n - 1)) >= floor(rem / n)
   // when s <= rem / n), so heap keys are lower bounds: a popped key is re-checked and re-pushed
   // when it has grown.
-  auto cmp = [](const std::pair<int64_t, int>& a, const std::pair<int64_t, int>& b) {
-    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  auto cmp = [](const std::pair<int64_t, int>& a, const std::pair<int64_t, int>& b) {  // shares >= 0
+    return (static_cast<unsigned __int128>(static_cast<uint64_t>(a.first)) << 64 | static_cast<uint32_t>(a.second)) >
+           (static_cast<unsigned __int128>(static_cast<uint64_t>(b.first)) << 64 | static_cast<uint32_t>(b.second));
   };
   heap_.clear();
   for (int r = 0; r < num_res; ++r) {

@@ -185,8 +185,10 @@ class CheckpointHeap {
     int64_t time_ns;
     int64_t flow;
   };
+  // Times and flow indices are never negative: (time, flow) compares as one 128-bit number.
   static bool less(const Entry& a, const Entry& b) {
-    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.flow < b.flow;
+    return (static_cast<unsigned __int128>(static_cast<uint64_t>(a.time_ns)) << 64 | static_cast<uint64_t>(a.flow)) <
+           (static_cast<unsigned __int128>(static_cast<uint64_t>(b.time_ns)) << 64 | static_cast<uint64_t>(b.flow));
   }
   void sift_up(int i) {
     const Entry e = heap_[i];

@@ -513,6 +513,23 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     if (links_[f].active && links_[f].fresh)
       for (int i = 0; i < flows_[f].path_len; ++i) make_dirty(flows_[f].path[i], -1, 1);
   for (int r : pending_resources_) make_dirty(r, -1, 1);
+  // A new flow whose demand is unreachable must be frozen by a tracked resource on its path; if
+  // every resource on its path was guessed passive, the attempt would certainly be repeated
+  // (free_left below), so those resources are tracked now, before the filling starts.
+  for (int f : pending_flows_) {
+    if (!links_[f].active || !links_[f].fresh || !links_[f].demand_unreachable) continue;
+    const Flow& fl = flows_[f];
+    bool any_tracked = false;
+    for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = res_mode_[fl.path[i]] == kTracked;
+    if (any_tracked) continue;
+    for (int i = 0; i < fl.path_len; ++i) {
+      const int r = fl.path[i];
+      if (res_mode_[r] != kPassive) continue;  // a path may hold a resource twice
+      res_stamp_[r] = 0;  // stale entry in passive_: the checks below skip non-passive resources
+      force_stamp_[r] = update_id_;
+      make_dirty(r, -1, 1);
+    }
+  }
 
   while (!events_.empty()) {
     if (work_ > work_limit) return Attempt::kTooBig;
@@ -633,7 +650,8 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   }
   bool ok = true;
   for (int r : passive_)
-    if (residual_[r] - res_delta_[r] < static_cast<int64_t>(res_flows_[r].size())) {
+    if (res_mode_[r] == kPassive &&
+        residual_[r] - res_delta_[r] < static_cast<int64_t>(res_flows_[r].size())) {
       force_stamp_[r] = update_id_;
       ok = false;
     }

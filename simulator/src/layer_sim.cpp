@@ -761,7 +761,14 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   if (fs.seg_rate >= 0) {
     d = fs.seg_d0;
     if (fs.seg_rate > 0) d = std::min(d + fs.seg_rate * static_cast<double>(now - fs.seg_t0), total);
-    if (now > fs.seg_t0) close_segment(f, fs, now);
+    // A segment can carry a milestone only at a positive rate, and only when the flow got near
+    // the next piece's end: if those bytes exceed what it delivered by 2^-40 of them, the exact
+    // test in close_segment() would find the milestone after `now` (the rounding of d and of
+    // the division there is below 2^-50 relative), so it is skipped.
+    if (now > fs.seg_t0 && fs.seg_rate > 0 && fs.next_piece < fs.num_pieces) {
+      const double next = static_cast<double>(fs.next_cum);
+      if (!(next > d + 0x1p-40 * next)) close_segment(f, fs, now);
+    }
   }
   fs.seg_t0 = now;
   fs.seg_d0 = d;

@@ -22,7 +22,7 @@ namespace {
 // Where in the filling a frozen flow was frozen: (level, 0) by its demand, (level, 1) by a
 // saturating resource (a demand step of a level comes before its saturation step).
 bool point_le(int64_t la, int sa, int64_t lb, int sb) { return la != lb ? la < lb : sa <= sb; }
-// (level, sub) as FlowNetwork::point_ encodes it; level may be -1 (before the filling) or kInf.
+// (level, sub) as FlowNetwork::FlowKey::point encodes it; level may be -1 (before the filling) or kInf.
 int64_t point_key(int64_t level, int sub) { return level == INT64_MAX ? INT64_MAX : level * 2 + sub; }
 }  // namespace
 
@@ -90,9 +90,8 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     links_.emplace_back();
     active_pos_.push_back(-1);
     frozen_epoch_.push_back(0);
-    flow_mark_.push_back(0);
     new_rate_.push_back(0);
-    point_.push_back(0);
+    key_.push_back(FlowKey{});
   }
   Flow& f = flows_[idx];
   Links& l = links_[idx];
@@ -109,8 +108,13 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   class_flows_[f.demand_class].push_back(idx);
   class_bits_[f.demand_class / 64] |= uint64_t{1} << (f.demand_class % 64);
   f.total_bytes = bytes;
+  // A flow whose demand exceeds a capacity on its path is never frozen by its demand: while it
+  // is unfrozen, that resource's share is at most its capacity, so a saturation step comes first.
+  int64_t smallest = kInf;
+  for (int i = 0; i < path_len; ++i) smallest = std::min(smallest, capacity_[path[i]]);
+  l.demand_unreachable = f.demand_units > smallest;
   set_rate(idx, 0);
-  f.bottleneck = -1;
+  l.admitted_bottleneck = kNotAdmitted;
   l.active = true;
   l.fresh = true;
   active_pos_[idx] = static_cast<int>(active_.size());
@@ -169,31 +173,33 @@ void FlowNetwork::finish_flow(int flow_idx) {
 void FlowNetwork::admit(int flow_idx) {
   Flow& f = flows_[flow_idx];
   int64_t rate = f.demand_units;
-  f.bottleneck = -1;
+  int bottleneck = -1;
   for (int i = 0; i < f.path_len; ++i) {
     int mult = 0;
     for (int j = 0; j < f.path_len; ++j) mult += f.path[j] == f.path[i];
     const int64_t share = std::max<int64_t>(0, residual_[f.path[i]]) / mult;
     if (share < rate) {
       rate = share;
-      f.bottleneck = f.path[i];
+      bottleneck = f.path[i];
     }
   }
   for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= rate - f.rate_units;
   set_rate(flow_idx, rate);
   links_[flow_idx].fresh = false;
+  links_[flow_idx].admitted_bottleneck = bottleneck;
 }
 
-void FlowNetwork::bottleneck_of(Flow& f) const {
-  if (f.rate_units == f.demand_units) {
-    f.bottleneck = -1;
-    return;
-  }
+int FlowNetwork::bottleneck(int flow_idx) const {
+  const Links& l = links_[flow_idx];
+  if (!l.active || l.fresh) return -1;
+  if (l.admitted_bottleneck != kNotAdmitted) return l.admitted_bottleneck;
+  const Flow& f = flows_[flow_idx];
+  if (f.rate_units == f.demand_units) return -1;
   int best = -1;
   for (int i = 0; i < f.path_len; ++i)
     if (level_[f.path[i]] == f.rate_units && (best < 0 || f.path[i] < best)) best = f.path[i];
   if (best < 0) internal("a flow below its demand has no saturated resource at its rate");
-  f.bottleneck = best;
+  return best;
 }
 
 void FlowNetwork::recompute_rates() {
@@ -211,8 +217,9 @@ void FlowNetwork::recompute_rates() {
   // <= a resource's share never lowers that share (floor((rem - s) / (n - 1)) >= floor(rem / n)
   // when s <= rem / n), so heap keys are lower bounds: a popped key is re-checked and re-pushed
   // when it has grown.
-  auto cmp = [](const std::pair<int64_t, int>& a, const std::pair<int64_t, int>& b) {
-    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  auto cmp = [](const std::pair<int64_t, int>& a, const std::pair<int64_t, int>& b) {  // shares >= 0
+    return (static_cast<unsigned __int128>(static_cast<uint64_t>(a.first)) << 64 | static_cast<uint32_t>(a.second)) >
+           (static_cast<unsigned __int128>(static_cast<uint64_t>(b.first)) << 64 | static_cast<uint32_t>(b.second));
   };
   heap_.clear();
   for (int r = 0; r < num_res; ++r) {
@@ -227,6 +234,7 @@ void FlowNetwork::recompute_rates() {
     Links& l = links_[idx];
     if (l.fresh || f.rate_units != rate) changed_.push_back(idx);
     l.fresh = false;
+    l.admitted_bottleneck = kNotAdmitted;
     set_rate(idx, rate);
     frozen_epoch_[idx] = epoch_;
     --num_unfrozen;
@@ -235,7 +243,6 @@ void FlowNetwork::recompute_rates() {
       rem_cap_[r] -= rate;
       --unfrozen_count_[r];
     }
-    bottleneck_of(f);  // reads level_, set for every resource saturating at `rate` already
   };
   // Cursor over non-empty demand classes, ascending.
   size_t word = 0;
@@ -332,12 +339,16 @@ void FlowNetwork::recompute_rates() {
 namespace {
 constexpr uint8_t kFixed = 0, kFree = 1, kDone = 2, kFixedFrozen = 3;  // flow status in an update
 constexpr uint8_t kClean = 0, kTracked = 1, kPassive = 2;              // resource mode in an update
+// Levels are never negative, so (level, key) compares as one unsigned 128-bit number.
 bool event_later(const auto& a, const auto& b) {
-  return a.level != b.level ? a.level > b.level : a.key > b.key;
+  const unsigned __int128 ka = static_cast<unsigned __int128>(static_cast<uint64_t>(a.level)) << 64 | a.key;
+  const unsigned __int128 kb = static_cast<unsigned __int128>(static_cast<uint64_t>(b.level)) << 64 | b.key;
+  return ka > kb;
 }
 }  // namespace
 
 void FlowNetwork::push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx) {
+  if (level < 0) internal("a negative filling level");
   events_.push_back(Event{level, static_cast<uint64_t>(sub) << 34 | static_cast<uint64_t>(kind) << 32 |
                                      static_cast<uint32_t>(idx)});
   std::push_heap(events_.begin(), events_.end(), [](const Event& a, const Event& b) { return event_later(a, b); });
@@ -357,26 +368,37 @@ void FlowNetwork::freeze_tracked(int f, int64_t rate) {
 
 // Accounts for the tracked resource's fixed flows whose old freezing point is <= (level, sub)
 // and that are still frozen there (not changed, not freed).
+// The pool is not sorted: entries taken are moved before the cursor, and the smallest point of
+// the rest is kept, so that a call that takes nothing costs one compare.
 void FlowNetwork::advance(int r, int64_t level, int sub) {
-  int& c = pool_cursor_[r];
-  const int end = pool_end_[r];
   const int64_t key = point_key(level, sub);
-  while (c < end && pool_[c].point <= key) {
-    const int f = pool_[c].flow;
-    const uint8_t st = (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed;
+  if (key < pool_min_[r]) return;
+  int c = pool_cursor_[r];
+  const int end = pool_end_[r];
+  int64_t rest_min = kInf;
+  for (int i = c; i < end; ++i) {
+    const Pending p = pool_[i];
+    if (p.point > key) {
+      rest_min = std::min(rest_min, p.point);
+      continue;
+    }
+    const uint8_t st = (key_[p.flow].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[p.flow].mark & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
-      res_rem_[r] -= pool_[c].point >> 1;
+      res_rem_[r] -= p.point >> 1;
       --res_unfrozen_[r];
     }
-    ++c;
+    pool_[i] = pool_[c];
+    pool_[c++] = p;
   }
+  pool_cursor_[r] = c;
+  pool_min_[r] = rest_min;
 }
 
 void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   if (res_stamp_[r] == stamp_) return;  // already dirty in this attempt
   res_stamp_[r] = stamp_;
   const auto& list = res_flows_[r];
-  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
+  auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
   if (force_stamp_[r] != update_id_ && level_[r] == kInf) {
     // Passive (a guess; the end of the update checks it) when over 1/64 of it is unused, or when
     // it has room for what its free flows can take (their demand, or the smallest capacity on
@@ -413,8 +435,9 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
       rem -= new_rate_[f];
     } else if (st == kFree) {
       ++n;
+      pool_.push_back(Pending{kInf, f});  // last: only the saturation scan below looks at it
     } else {
-      const int64_t pt = point_[f];
+      const int64_t pt = key_[f].point;
       if (st == kFixedFrozen || pt <= key) {
         rem -= pt >> 1;
         continue;
@@ -426,9 +449,9 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   // r saturated at a later level last time: whether the flows it froze then stay frozen there
   // is decided at that level.
   if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
-  std::sort(pool_.begin() + begin, pool_.end(), [](const Pending& a, const Pending& b) {
-    return a.point != b.point ? a.point < b.point : a.flow < b.flow;
-  });
+  int64_t pool_min = kInf;
+  for (size_t c = begin; c < pool_.size(); ++c) pool_min = std::min(pool_min, pool_[c].point);
+  pool_min_[r] = pool_min;
   pool_begin_[r] = begin;
   pool_cursor_[r] = begin;
   pool_end_[r] = static_cast<int>(pool_.size());
@@ -444,7 +467,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
 
 FlowNetwork::Attempt FlowNetwork::attempt_update() {
   if (++stamp_ == (1u << 30)) {  // wrapped: clear the stamps once every 2^30 attempts
-    std::fill(flow_mark_.begin(), flow_mark_.end(), 0);
+    for (FlowKey& k : key_) k.mark = 0;
     std::fill(res_stamp_.begin(), res_stamp_.end(), 0);
     stamp_ = 1;
   }
@@ -458,15 +481,25 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     pool_begin_.resize(capacity_.size());
     pool_end_.resize(capacity_.size());
     pool_cursor_.resize(capacity_.size());
+    pool_min_.resize(capacity_.size());
   }
   // Past this many tracked flow entries a full recompute is cheaper (same result).
   const int64_t work_limit = static_cast<int64_t>(active_.size()) / 2 + 64;
   auto later = [](const Event& a, const Event& b) { return event_later(a, b); };
-  auto status = [&](int f) { return (flow_mark_[f] >> 2) == stamp_ ? static_cast<uint8_t>(flow_mark_[f] & 3) : kFixed; };
-  auto set_status = [&](int f, uint8_t st) { flow_mark_[f] = stamp_ << 2 | st; };
+  auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
+  auto set_status = [&](int f, uint8_t st) { key_[f].mark = stamp_ << 2 | st; };
+  // Free flows not yet frozen. A flow whose demand is unreachable gets no demand event: in the
+  // filling a saturation step freezes it first. An attempt that leaves one unfrozen is therefore
+  // not the filling's: a resource on its path was wrongly assumed passive (every resource on a
+  // free flow's path is dirty, and a tracked one would have saturated with it). Those resources
+  // are tracked in the repeated attempt.
+  int64_t free_left = 0;
+  freed_.clear();
   auto free_flow = [&](int f) {
     set_status(f, kFree);
-    push_event(flows_[f].demand_units, 0, 1, f);
+    ++free_left;
+    freed_.push_back(f);
+    if (!links_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
   };
   auto freeze_new = [&](int f, int64_t rate) {
     set_status(f, kDone);
@@ -480,6 +513,23 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     if (links_[f].active && links_[f].fresh)
       for (int i = 0; i < flows_[f].path_len; ++i) make_dirty(flows_[f].path[i], -1, 1);
   for (int r : pending_resources_) make_dirty(r, -1, 1);
+  // A new flow whose demand is unreachable must be frozen by a tracked resource on its path; if
+  // every resource on its path was guessed passive, the attempt would certainly be repeated
+  // (free_left below), so those resources are tracked now, before the filling starts.
+  for (int f : pending_flows_) {
+    if (!links_[f].active || !links_[f].fresh || !links_[f].demand_unreachable) continue;
+    const Flow& fl = flows_[f];
+    bool any_tracked = false;
+    for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = res_mode_[fl.path[i]] == kTracked;
+    if (any_tracked) continue;
+    for (int i = 0; i < fl.path_len; ++i) {
+      const int r = fl.path[i];
+      if (res_mode_[r] != kPassive) continue;  // a path may hold a resource twice
+      res_stamp_[r] = 0;  // stale entry in passive_: the checks below skip non-passive resources
+      force_stamp_[r] = update_id_;
+      make_dirty(r, -1, 1);
+    }
+  }
 
   while (!events_.empty()) {
     if (work_ > work_limit) return Attempt::kTooBig;
@@ -489,7 +539,10 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
         const int f = events_.front().idx();
         std::pop_heap(events_.begin(), events_.end(), later);
         events_.pop_back();
-        if (status(f) == kFree) freeze_new(f, level);
+        if (status(f) == kFree) {
+          --free_left;
+          freeze_new(f, level);
+        }
       }
       continue;
     }
@@ -521,13 +574,17 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
     spread_.clear();
     const int64_t sat_key = point_key(level, 1);
+    // A tracked resource's pool holds every flow of its list that was free, or fixed at a later
+    // point, when it became dirty; the others were frozen before then and need nothing here.
     for (int r : saturating_)
-      for (int f : res_flows_[r]) {
+      for (int c = pool_begin_[r]; c < pool_end_[r]; ++c) {
+        const int f = pool_[c].flow;
         const uint8_t st = status(f);
         if (st == kFree) {
+          --free_left;
           freeze_new(f, level);
         } else if (st == kFixed) {
-          const int64_t pt = point_[f];
+          const int64_t pt = key_[f].point;
           if (pt == sat_key) {
             set_status(f, kFixedFrozen);  // where it froze last time (cursors account for it)
           } else if (pt > sat_key) {
@@ -540,8 +597,12 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     // froze here stay frozen only if a clean resource on their path saturates here again.
     for (int rc : candidates_) {
       if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
-      for (int f : res_flows_[rc]) {
-        if (status(f) != kFixed || point_[f] != sat_key) continue;
+      // Its fixed flows at this point are in its pool (the point is later than where it became
+      // dirty), after the cursor (advance() has taken points up to (level, 0) at most).
+      for (int c = pool_cursor_[rc]; c < pool_end_[rc]; ++c) {
+        if (pool_[c].point != sat_key) continue;
+        const int f = pool_[c].flow;
+        if (status(f) != kFixed) continue;
         const Flow& fl = flows_[f];
         bool held = false;
         for (int i = 0; i < fl.path_len && !held; ++i) {
@@ -563,6 +624,21 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
   }
 
+  if (free_left != 0) {
+    bool forced = false;
+    for (int f : freed_) {
+      if (status(f) != kFree) continue;
+      const Flow& fl = flows_[f];
+      for (int i = 0; i < fl.path_len; ++i) {
+        const int r = fl.path[i];
+        if (res_stamp_[r] == stamp_ && res_mode_[r] == kPassive && force_stamp_[r] != update_id_) {
+          force_stamp_[r] = update_id_;
+          forced = true;
+        }
+      }
+    }
+    return forced ? Attempt::kRetry : Attempt::kTooBig;
+  }
   // Passive resources: final slack must be at least their number of flow entries.
   for (int r : passive_) res_delta_[r] = 0;
   for (int f : done_) {
@@ -574,7 +650,8 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   }
   bool ok = true;
   for (int r : passive_)
-    if (residual_[r] - res_delta_[r] < static_cast<int64_t>(res_flows_[r].size())) {
+    if (res_mode_[r] == kPassive &&
+        residual_[r] - res_delta_[r] < static_cast<int64_t>(res_flows_[r].size())) {
       force_stamp_[r] = update_id_;
       ok = false;
     }
@@ -595,7 +672,7 @@ void FlowNetwork::update_rates() {
     ++num_retries_;
   }
   ++num_recomputes_;
-  // Commit: new rates, residuals, saturation levels, bottlenecks.
+  // Commit: new rates, residuals, saturation levels (bottlenecks follow from them).
   for (int f : done_) {
     Flow& fl = flows_[f];
     Links& l = links_[f];
@@ -605,29 +682,12 @@ void FlowNetwork::update_rates() {
     for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= rate - fl.rate_units;
     set_rate(f, rate);
   }
-  spread_.clear();  // tracked resources whose saturation level changed
-  spread_old_level_.clear();
   for (int r : tracked_) {
     advance(r, kInf, 1);
     if (res_unfrozen_[r] != 0 || residual_[r] != res_rem_[r])
       internal("a tracked resource's account differs from the committed rates");
-    if (new_level_[r] == level_[r]) continue;
-    spread_old_level_.push_back(level_[r]);
     level_[r] = new_level_[r];
-    spread_.push_back(r);
   }
-  // A flow's bottleneck is a function of its rate and demand and the levels of its path's
-  // resources. Flows in done_ are relabelled below; any other flow kept its rate, so a resource
-  // whose level changed can change its label only if the old or new level equals that rate.
-  for (size_t k = 0; k < spread_.size(); ++k) {
-    const int r = spread_[k];
-    const int64_t old_level = spread_old_level_[k], new_level = level_[r];
-    for (int f : res_flows_[r]) {
-      const int64_t rate = point_[f] >> 1;
-      if (rate == old_level || rate == new_level) bottleneck_of(flows_[f]);
-    }
-  }
-  for (int f : done_) bottleneck_of(flows_[f]);
   pending_flows_.clear();
   pending_resources_.clear();
 }

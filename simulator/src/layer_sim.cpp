@@ -185,8 +185,10 @@ class CheckpointHeap {
     int64_t time_ns;
     int64_t flow;
   };
+  // Times and flow indices are never negative: (time, flow) compares as one 128-bit number.
   static bool less(const Entry& a, const Entry& b) {
-    return a.time_ns != b.time_ns ? a.time_ns < b.time_ns : a.flow < b.flow;
+    return (static_cast<unsigned __int128>(static_cast<uint64_t>(a.time_ns)) << 64 | static_cast<uint64_t>(a.flow)) <
+           (static_cast<unsigned __int128>(static_cast<uint64_t>(b.time_ns)) << 64 | static_cast<uint64_t>(b.flow));
   }
   void sift_up(int i) {
     const Entry e = heap_[i];
@@ -357,21 +359,24 @@ class LayerSim {
   std::vector<int64_t> barrier_gpu_ns_[2];
   int32_t barrier_gpus_[2] = {0, 0};
 
-  // Per flow: its transfer and SM and its constant-rate segments (start, bytes delivered then,
-  // rate). Chunk milestones follow from the segments; they are evaluated in one batch when the
-  // flow completes, never as one event each.
+  // Per flow: its transfer and SM and its current constant-rate segment (start, bytes delivered
+  // then, rate). Chunk milestones follow from the segments: piece j's milestone lies in the
+  // first segment whose rate carries the flow past the bytes through piece j before the next
+  // segment starts. Each segment is examined when it closes (a rate change), so no segment log
+  // is kept; the milestones found are handed on in one batch when the flow completes, never as
+  // one event each.
   struct FlowState {
     int64_t seg_t0;      // current segment's start
     double seg_d0;       // bytes delivered at seg_t0
     double seg_rate;     // bytes per ns in this segment; -1 before the first assignment
     int32_t transfer, agent;
+    int64_t next_cum;    // bytes through piece next_piece (the first without a milestone yet)
+    int32_t next_piece, num_pieces;
   };
-  struct Segment {
-    int64_t t0;
-    double d0, rate;
-  };
-  std::vector<FlowState> flow_state_;            // by flow index
-  std::vector<std::vector<Segment>> flow_segments_;  // by flow index: its earlier segments
+  std::vector<FlowState> flow_state_;               // by flow index
+  std::vector<std::vector<int64_t>> flow_piece_ns_;  // by flow index: milestones found so far
+  // Milestones inside the current segment of flow f, for a segment that ends at end_ns.
+  void close_segment(int f, FlowState& fs, int64_t end_ns);
   std::vector<int64_t> combine_last_source_;  // per destination: producer of its latest combine data
   std::vector<int64_t> combine_last_data_ns_;
 
@@ -719,17 +724,36 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   ++num_flows_;
   if (static_cast<size_t>(f) >= flow_state_.size()) {
     flow_state_.resize(f + 1);
-    flow_segments_.resize(f + 1);
+    flow_piece_ns_.resize(f + 1);
   }
-  flow_state_[f] = FlowState{now, 0.0, -1.0, tid, agent};
-  flow_segments_[f].clear();
+  flow_state_[f] = FlowState{now, 0.0, -1.0, tid, agent,
+                             piece_wire_bytes(tr.phase, transfer_piece(tr, 0), tr.src != tr.dst), 0,
+                             static_cast<int32_t>(tr.count)};
+  flow_piece_ns_[f].clear();
   checkpoints_.erase(f);
   new_flows_.push_back(f);
   dirty_ = true;
 }
 
-// A new constant-rate segment from `now`: the old one goes to the flow's log (chunk milestones
-// are evaluated from the log when the flow completes), then the completion is rescheduled.
+// Milestones of flow f inside its current segment, which ends at end_ns: piece j's last byte
+// passes the bottleneck at t0 + ceil((bytes through j - d0) / rate); when that is after end_ns,
+// the piece and every later one are left to later segments.
+void LayerSim::close_segment(int f, FlowState& fs, int64_t end_ns) {
+  while (fs.next_piece < fs.num_pieces) {
+    const int64_t dt =
+        fs.seg_rate > 0 ? delivery_ns(static_cast<double>(fs.next_cum) - fs.seg_d0, fs.seg_rate) : kNeverNs;
+    const int64_t t = dt >= kNeverNs ? kNeverNs : fs.seg_t0 + dt;
+    if (t > end_ns) return;
+    flow_piece_ns_[f].push_back(t);
+    if (++fs.next_piece < fs.num_pieces) {
+      const Transfer& tr = transfers_[fs.transfer];
+      fs.next_cum += piece_wire_bytes(tr.phase, transfer_piece(tr, fs.next_piece), tr.src != tr.dst);
+    }
+  }
+}
+
+// A new constant-rate segment from `now`: the old one's milestones are found (a segment of zero
+// length carries none), then the completion is rescheduled.
 void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   const double total = static_cast<double>(net_.flow(f).total_bytes);
   FlowState& fs = flow_state_[f];
@@ -737,7 +761,14 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   if (fs.seg_rate >= 0) {
     d = fs.seg_d0;
     if (fs.seg_rate > 0) d = std::min(d + fs.seg_rate * static_cast<double>(now - fs.seg_t0), total);
-    if (now > fs.seg_t0) flow_segments_[f].push_back(Segment{fs.seg_t0, fs.seg_d0, fs.seg_rate});
+    // A segment can carry a milestone only at a positive rate, and only when the flow got near
+    // the next piece's end: if those bytes exceed what it delivered by 2^-40 of them, the exact
+    // test in close_segment() would find the milestone after `now` (the rounding of d and of
+    // the division there is below 2^-50 relative), so it is skipped.
+    if (now > fs.seg_t0 && fs.seg_rate > 0 && fs.next_piece < fs.num_pieces) {
+      const double next = static_cast<double>(fs.next_cum);
+      if (!(next > d + 0x1p-40 * next)) close_segment(f, fs, now);
+    }
   }
   fs.seg_t0 = now;
   fs.seg_d0 = d;
@@ -750,35 +781,17 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   checkpoints_.set(f, now + dt);
 }
 
-// Every chunk milestone of a completed flow, in order: piece j's last byte leaves the
-// bottleneck in the first segment whose rate carries the flow past the bytes through piece j,
-// at t0 + ceil((cum_j - d0) / rate). Evaluating them here rather than as they happen is exact:
-// their consumers only count and take maxima (see mark_known).
+// Every chunk milestone of a completed flow, in piece order: those of its closed segments were
+// found as they closed; the last segment carries the rest. Handing them on here rather than as
+// they happen is exact: their consumers only count and take maxima (see mark_known).
 void LayerSim::replay_milestones(int f, int64_t now) {
-  const FlowState& fs = flow_state_[f];
-  std::vector<Segment>& segs = flow_segments_[f];
-  segs.push_back(Segment{fs.seg_t0, fs.seg_d0, fs.seg_rate});
+  FlowState& fs = flow_state_[f];
+  close_segment(f, fs, INT64_MAX);
   const Transfer& tr = transfers_[fs.transfer];
-  const bool remote = tr.src != tr.dst;
-  const size_t num_segs = segs.size();
-  size_t k = 0;
-  int64_t cum = 0;
+  const std::vector<int64_t>& times = flow_piece_ns_[f];
   for (int64_t j = 0; j < tr.count; ++j) {
-    const int64_t piece = transfer_piece(tr, j);
-    cum += piece_wire_bytes(tr.phase, piece, remote);
-    int64_t t;
-    for (;;) {
-      const Segment& sg = segs[k];
-      const int64_t dt = sg.rate > 0 ? delivery_ns(static_cast<double>(cum) - sg.d0, sg.rate) : kNeverNs;
-      t = dt >= kNeverNs ? kNeverNs : sg.t0 + dt;
-      if (k + 1 < num_segs && t > segs[k + 1].t0) {
-        ++k;
-        continue;
-      }
-      break;
-    }
     ++num_milestones_;
-    on_piece_data(tr, piece, std::min(t, now));
+    on_piece_data(tr, transfer_piece(tr, j), std::min(times[j], now));
   }
 }
 
@@ -788,10 +801,11 @@ void LayerSim::update_port_queues(int64_t now) {
   port_queue_bytes_.assign(net_.num_resources(), 0.0);
   for (int f : net_.active_flows()) {
     const Flow& fl = net_.flow(f);
-    if (fl.bottleneck < 0 || res_kind_[fl.bottleneck] > 1) continue;  // demand, or not an NVLink port
+    const int bottleneck = net_.bottleneck(f);
+    if (bottleneck < 0 || res_kind_[bottleneck] > 1) continue;  // demand, or not an NVLink port
     const Transfer& tr = transfers_[flow_state_[f].transfer];
     const double excess = tr.window_bytes - fl.rate_gbps() * 2.0 * static_cast<double>(tr.latency_ns);
-    if (excess > 0) port_queue_bytes_[fl.bottleneck] += excess;
+    if (excess > 0) port_queue_bytes_[bottleneck] += excess;
   }
   for (int r = 0; r < net_.num_resources(); ++r) {
     if (res_kind_[r] > 1) continue;

@@ -187,11 +187,11 @@ RC_GTEST_PROP(FlowNetworkProperty, IncrementalUpdateEqualsFullRecompute, ()) {
     full.recompute_rates();
     ++updates;
     for (int f : live) {
-      if (inc.flow(f).rate_units != full.flow(f).rate_units || inc.flow(f).bottleneck != full.flow(f).bottleneck)
+      if (inc.flow(f).rate_units != full.flow(f).rate_units || inc.bottleneck(f) != full.bottleneck(f))
         RC_FAIL("flow " + std::to_string(f) + " after update " + std::to_string(updates) + ": incremental rate " +
-                std::to_string(inc.flow(f).rate_units) + " bottleneck " + std::to_string(inc.flow(f).bottleneck) +
+                std::to_string(inc.flow(f).rate_units) + " bottleneck " + std::to_string(inc.bottleneck(f)) +
                 ", full " + std::to_string(full.flow(f).rate_units) + " bottleneck " +
-                std::to_string(full.flow(f).bottleneck));
+                std::to_string(full.bottleneck(f)));
     }
     std::vector<int> ci = inc.changed_flows(), cf = full.changed_flows();
     std::sort(ci.begin(), ci.end());

@@ -28,8 +28,15 @@ TEST(Workload, GeneratedRoutingIsValidAndThePlanHoldsEverySlot) {
     s.exponent = 1.5;
     s.per_rank_skew = 0.3;
     s.seed = 7;
+    s.empty_slot_fraction = kind == RoutingKind::kHot ? 0.1 : 0.0;
     const Workload w = generate_workload(small_cfg(), s);
-    EXPECT_EQ(w.expert_offsets.back(), w.cfg.num_slots());
+    // generate_workload skips from_topk's check (valid by construction): check it here.
+    int64_t bad_token = -1, bad_slot = -1;
+    EXPECT_TRUE(spec::validate_routing(w.cfg, w.topk_experts.data(), &bad_token, &bad_slot).ok)
+        << "token " << bad_token << " slot " << bad_slot;
+    if (s.empty_slot_fraction == 0) {
+      EXPECT_EQ(w.expert_offsets.back(), w.cfg.num_slots());
+    }
     // canonical order inside each expert: ascending token, then slot
     for (int64_t e = 0; e < w.cfg.num_experts; ++e)
       for (int64_t r = w.expert_offsets[e] + 1; r < w.expert_offsets[e + 1]; ++r)

@@ -32,9 +32,6 @@ struct alignas(64) Flow {  // one cache line: what a rate assignment reads and w
   int64_t demand_units = 0; // the initiator's own limit (SM issue rate, in-flight window)
   int64_t rate_units = 0;   // current rate
   int64_t total_bytes = 0;
-  // The lowest-index resource of the path that saturated at this flow's rate in the last
-  // assignment; -1 when the flow's own demand fixed the rate.
-  int bottleneck = -1;
   double rate_gbps() const { return units_to_gbps(rate_units); }
   double demand_gbps() const { return units_to_gbps(demand_units); }
 };
@@ -76,6 +73,12 @@ class FlowNetwork {
   void admit(int flow_idx);
 
   const Flow& flow(int flow_idx) const { return flows_[flow_idx]; }
+  // The lowest-index resource of the flow's path that saturated at its rate in the last
+  // recompute_rates() / update_rates(); -1 when its own demand fixed the rate (or it has no rate
+  // yet). After admit(): the resource that admit() found tightest, -1 for the demand. A
+  // function of the rate, the demand and the path's saturation levels, so it is derived on
+  // demand rather than stored.
+  int bottleneck(int flow_idx) const;
   bool active(int flow_idx) const { return links_[flow_idx].active; }
   const std::vector<int>& active_flows() const { return active_; }
   // Bytes that completed flows carried through each resource (exact integers).
@@ -90,6 +93,7 @@ class FlowNetwork {
 
  private:
   static constexpr int64_t kInf = INT64_MAX;
+  static constexpr int kNotAdmitted = -2;
   std::vector<double> capacity_gbps_;
   std::vector<int64_t> capacity_;  // in rate units
   std::vector<std::string> names_;
@@ -103,6 +107,8 @@ class FlowNetwork {
     int class_slot = 0;
     bool active = false;
     bool fresh = false;  // started since the last assignment
+    bool demand_unreachable = false;  // demand above a capacity on the path
+    int admitted_bottleneck = kNotAdmitted;  // what admit() chose, until the next full filling
   };
   std::vector<Links> links_;
   std::vector<int> free_flows_;
@@ -120,7 +126,6 @@ class FlowNetwork {
   std::vector<int> pending_flows_;
   std::vector<int> pending_resources_;
   std::vector<int> changed_;
-  void bottleneck_of(Flow& f) const;
   // scratch for recompute_rates()
   std::vector<int64_t> rem_cap_;
   std::vector<int> unfrozen_count_;
@@ -140,30 +145,37 @@ class FlowNetwork {
     int idx() const { return static_cast<int>(static_cast<uint32_t>(key)); }
   };
   std::vector<Event> events_;
-  std::vector<uint32_t> flow_mark_;  // attempt stamp << 2 | status in that attempt
   std::vector<uint32_t> res_stamp_, force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
   std::vector<uint8_t> res_mode_;
   std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
   std::vector<int> res_unfrozen_;
-  std::vector<int> tracked_, passive_, done_, spread_, candidates_;
-  std::vector<int64_t> spread_old_level_;  // for spread_ at commit: the level each had before
-  // A tracked resource's fixed flows not yet frozen when it became dirty, by old freezing point;
-  // a cursor accounts for them lazily as the filling passes their points.
-  struct Pending {  // ordered by (point, flow)
+  std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
+  // A tracked resource's fixed flows not yet frozen when it became dirty, with their old
+  // freezing points (advance() accounts for them lazily as the filling passes their points), and
+  // its flows that were free then (point kInf): the saturation and candidates scans need only
+  // the pool.
+  struct Pending {
     int64_t point;  // point_key(old rate, old sub)
     int32_t flow;
   };
   // A flow's old freezing point (rate, sub) as one integer, rate * 2 + sub (sub 0: frozen by its
   // demand, 1: by a saturating resource), ordered as the filling passes them; kept in step with
   // Flow::rate_units so that an update reads 8 bytes per flow instead of the flow's cache line.
-  std::vector<int64_t> point_;
+  // Beside it, the flow's status in the current attempt (attempt stamp << 2 | status), so that a
+  // scan of a resource's flows touches one line per flow.
+  struct FlowKey {
+    int64_t point = 0;
+    uint32_t mark = 0;
+  };
+  std::vector<FlowKey> key_;
   void set_rate(int f, int64_t rate) {
     flows_[f].rate_units = rate;
-    point_[f] = rate * 2 + (rate == flows_[f].demand_units ? 0 : 1);
+    key_[f].point = rate * 2 + (rate == flows_[f].demand_units ? 0 : 1);
   }
   std::vector<Pending> pool_;
   std::vector<int> pool_begin_, pool_end_, pool_cursor_;
+  std::vector<int64_t> pool_min_;  // smallest point in a pool after its cursor
   int64_t work_ = 0;
   void advance(int r, int64_t level, int sub);
   enum class Attempt { kDone, kRetry, kTooBig };

@@ -81,11 +81,20 @@ struct AliasTable {
     }
     for (int32_t i : large) prob[i] = 1.0;
     for (int32_t i : small) prob[i] = 1.0;
+    finish();
+  }
+  // The same draws as `rng.uniform() < prob[i] ? i : alias[i]`, compared in integers:
+  // uniform() is m * 2^-53 with m = next_u64() >> 11, and m * 2^-53 < p exactly when m <
+  // ceil(p * 2^53) (p * 2^53 is exact: a power-of-two scaling of p in [0, 1]).
+  void finish() {
+    cut.resize(prob.size());
+    for (size_t i = 0; i < prob.size(); ++i) cut[i] = static_cast<uint64_t>(std::ceil(prob[i] * 0x1.0p53));
   }
   int32_t draw(Rng& rng) const {
-    const uint64_t i = rng.below(prob.size());
-    return rng.uniform() < prob[i] ? static_cast<int32_t>(i) : alias[i];
+    const uint64_t i = rng.below(cut.size());
+    return (rng.next_u64() >> 11) < cut[i] ? static_cast<int32_t>(i) : alias[i];
   }
+  std::vector<uint64_t> cut;
 };
 
 std::vector<double> global_popularity(const spec::LayerConfig& cfg, const RoutingSpec& s, Rng& rng) {

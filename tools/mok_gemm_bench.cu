@@ -310,6 +310,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
 #endif
 }
 
+// One persistent block per SM of the layer's engine or of the warp-specialised variant.
+template <int kMode>
+void launch_mode(const Args& a, int sms, size_t smem, bool ws) {
+  if (ws)
+    ws_kernel<kMode><<<sms, kWsThreads, smem>>>(a);
+  else
+    engine_kernel<kMode><<<sms, kThreads, smem>>>(a);
+}
+
 __global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
@@ -503,22 +512,16 @@ int main(int argc, char** argv) {
         fill_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(f), GM * GN * 2, f == args.out_f32[0] ? 31 : 32);
         CK(cudaGetLastError());
       }
-    auto launch = [&] {
+    auto launch_either = [&](bool ws) {
       switch (mode) {
-        case kFwd1: engine_kernel<kFwd1><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
-        case kFwd2: engine_kernel<kFwd2><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
-        case kBwd1: engine_kernel<kBwd1><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
-        default: engine_kernel<kWgrad><<<prop.multiProcessorCount, kThreads, smem>>>(args); break;
+        case kFwd1: launch_mode<kFwd1>(args, prop.multiProcessorCount, smem, ws); break;
+        case kFwd2: launch_mode<kFwd2>(args, prop.multiProcessorCount, smem, ws); break;
+        case kBwd1: launch_mode<kBwd1>(args, prop.multiProcessorCount, smem, ws); break;
+        default: launch_mode<kWgrad>(args, prop.multiProcessorCount, smem, ws); break;
       }
     };
-    auto launch_ws = [&] {
-      switch (mode) {
-        case kFwd1: ws_kernel<kFwd1><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
-        case kFwd2: ws_kernel<kFwd2><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
-        case kBwd1: ws_kernel<kBwd1><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
-        default: ws_kernel<kWgrad><<<prop.multiProcessorCount, kWsThreads, smem>>>(args); break;
-      }
-    };
+    auto launch = [&] { launch_either(false); };
+    auto launch_ws = [&] { launch_either(true); };
     for (auto* f : {engine_kernel<kFwd1>, engine_kernel<kFwd2>, engine_kernel<kBwd1>, engine_kernel<kWgrad>,
                     ws_kernel<kFwd1>, ws_kernel<kFwd2>, ws_kernel<kBwd1>, ws_kernel<kWgrad>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -56,11 +56,10 @@ struct Args {
   const TensorMapBytes* maps;  // A, B, B2 in global memory
   int64_t M, N, K;
   int64_t row_tiles, col_tiles;
-  float* out_f32[2];
+  float* out_f32[3];
   uint16_t* out_bf16;
   bool store;
-  bool layer;  // bwd1: the layer's epilogue (reads fp32 g, u from out_f32[0..1]; writes d_gate, d_up bf16)
-  int part;    // with layer: 0 all of it, 1 the SwiGLU math only (g, u from the accumulators), 2 the loads only
+  bool layer;  // bwd1: the layer's epilogue (reads fp32 silu(g), silu'(g), u from out_f32[0..2]; writes d_gate, d_up bf16)
 };
 
 [[maybe_unused]] __device__ __forceinline__ void grouped(int64_t i, int64_t rows, int64_t cols, int64_t& rt, int64_t& ct) {
@@ -85,12 +84,15 @@ template <int kMode>
     a.out_f32[0][0] = v0;
   }
 }
-// fwd1: gate and up in fp32 and act in bf16, as the layer's phase 1.
+// fwd1: silu(g), silu'(g) and u in fp32 and act in bf16, as the layer's phase 1.
 [[maybe_unused]] __device__ __forceinline__ void store_gate_up(const Args& a, int64_t idx, float g0, float g1, float u0, float u1) {
   if (a.store) {
-    *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(g0, g1);
-    *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);
-    *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::swiglu_act(g0, u0), mok::spec::swiglu_act(g1, u1));
+    const mok::spec::SiluPair s0 = mok::spec::silu_and_grad_f32(g0), s1 = mok::spec::silu_and_grad_f32(g1);
+    *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(s0.silu, s1.silu);
+    *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(s0.grad, s1.grad);
+    *reinterpret_cast<float2*>(a.out_f32[2] + idx) = make_float2(u0, u1);
+    *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
+        pack2(mok::spec::swiglu_act_pre(s0.silu, u0), mok::spec::swiglu_act_pre(s1.silu, u1));
   } else if (g0 + g1 + u0 + u1 == -1.25e30f) {
     a.out_f32[0][0] = g0;
   }
@@ -115,68 +117,20 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
                                         [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
                                           store_gate_up(a, (m0 + i) * a.N + n0 + j, g0, g1, u0, u1);
                                         });
-    } else if (kMode == kBwd1 && a.layer && a.part == 3) {
-      // The layer's epilogue through shared memory: the accumulators go to the (free) ring as
-      // fp32, then every thread runs the SwiGLU gradients over float4 groups with its loads of
-      // g and u batched, no accumulator alive.
-      constexpr int kP = kTileNWide + 4;
-      float* tile = reinterpret_cast<float*>(smem);
-      gemm_fast<0, 1, false, kTileNWide>(smem, a.K, rows, cols, kmajor(mp, m0), mnmajor(mp + 1, 0, n0),
-                                         mnmajor(mp + 1, 0, n0), [&](int64_t i, int64_t j, float v0, float v1) {
-                                           *reinterpret_cast<float2*>(tile + i * kP + j) = make_float2(v0, v1);
-                                         });
-      __syncthreads();
-      const int per_row = static_cast<int>(cols) / 4, groups = static_cast<int>(rows) * per_row;
-      // (the ring's next users, TMA and wgmma of the next item, follow the fence at the end)
-      constexpr int kB = 4;
-      for (int q0 = threadIdx.x; q0 < groups; q0 += kThreads * kB) {
-        float4 g[kB], u[kB], d[kB];
-        int64_t at[kB];
-#pragma unroll
-        for (int b = 0; b < kB; ++b) {
-          const int q = q0 + b * kThreads;
-          if (q >= groups) continue;
-          const int r = q / per_row, c4 = q % per_row;
-          at[b] = (m0 + r) * a.N + n0 + c4 * 4;
-          g[b] = __ldg(reinterpret_cast<const float4*>(a.out_f32[0] + at[b]));
-          u[b] = __ldg(reinterpret_cast<const float4*>(a.out_f32[1] + at[b]));
-          d[b] = *reinterpret_cast<const float4*>(tile + r * kP + c4 * 4);
-        }
-#pragma unroll
-        for (int b = 0; b < kB; ++b) {
-          if (q0 + b * kThreads >= groups) continue;
-          using mok::spec::swiglu_grad_gate, mok::spec::swiglu_grad_up;
-          *reinterpret_cast<uint2*>(a.out_bf16 + at[b]) =
-              make_uint2(pack2(swiglu_grad_gate(d[b].x, g[b].x, u[b].x), swiglu_grad_gate(d[b].y, g[b].y, u[b].y)),
-                         pack2(swiglu_grad_gate(d[b].z, g[b].z, u[b].z), swiglu_grad_gate(d[b].w, g[b].w, u[b].w)));
-          *reinterpret_cast<uint2*>(a.out_bf16 + a.M * a.N + at[b]) =
-              make_uint2(pack2(swiglu_grad_up(d[b].x, g[b].x), swiglu_grad_up(d[b].y, g[b].y)),
-                         pack2(swiglu_grad_up(d[b].z, g[b].z), swiglu_grad_up(d[b].w, g[b].w)));
-        }
-      }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic accesses, then the async proxy
     } else {
       constexpr int TA = kMode == kWgrad ? 1 : 0, TB = kMode == kFwd2 ? 0 : 1;
       const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
       const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
       gemm_fast<TA, TB, false, kTileNWide>(smem, a.K, rows, cols, A, B, B, [&](int64_t i, int64_t j, float v0, float v1) {
         const int64_t idx = (m0 + i) * a.N + n0 + j;
-        if (kMode == kBwd1 && a.layer && a.part == 2) {
-          const float2 g = *reinterpret_cast<const float2*>(a.out_f32[0] + idx);
-          const float2 u = *reinterpret_cast<const float2*>(a.out_f32[1] + idx);
-          *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::bf16_from_f32_rne(v0 * g.x * u.x),
-                                                                 mok::spec::bf16_from_f32_rne(v1 * g.y * u.y));
+        if (kMode == kBwd1 && a.layer) {  // as the layer's backward phase 1
+          const float2 sg = __ldg(reinterpret_cast<const float2*>(a.out_f32[0] + idx));
+          const float2 ds = __ldg(reinterpret_cast<const float2*>(a.out_f32[1] + idx));
+          const float2 u = __ldg(reinterpret_cast<const float2*>(a.out_f32[2] + idx));
+          *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::swiglu_grad_gate_pre(v0, u.x, ds.x),
+                                                                 mok::spec::swiglu_grad_gate_pre(v1, u.y, ds.y));
           *reinterpret_cast<uint32_t*>(a.out_bf16 + a.M * a.N + idx) =
-              pack2(mok::spec::bf16_from_f32_rne(v0 * g.x), mok::spec::bf16_from_f32_rne(v1 * g.y));
-        } else if (kMode == kBwd1 && a.layer) {
-          const float2 g = a.part == 1 ? make_float2(v1 * 0.5f, v0 * 0.25f)
-                                       : *reinterpret_cast<const float2*>(a.out_f32[0] + idx);
-          const float2 u = a.part == 1 ? make_float2(v0 + 1.0f, v1 - 1.0f)
-                                       : *reinterpret_cast<const float2*>(a.out_f32[1] + idx);
-          *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) =
-              pack2(mok::spec::swiglu_grad_gate(v0, g.x, u.x), mok::spec::swiglu_grad_gate(v1, g.y, u.y));
-          *reinterpret_cast<uint32_t*>(a.out_bf16 + a.M * a.N + idx) =
-              pack2(mok::spec::swiglu_grad_up(v0, g.x), mok::spec::swiglu_grad_up(v1, g.y));
+              pack2(mok::spec::swiglu_grad_up_pre(v0, sg.x), mok::spec::swiglu_grad_up_pre(v1, sg.y));
         } else {
           store_pair<kMode>(a, idx, v0, v1);
         }
@@ -402,10 +356,9 @@ int main(int argc, char** argv) {
   app.add_option("--modes", modes, "comma-separated subset of fwd1,fwd2,bwd1,wgrad");
   app.add_option("--epilogue", epi,
                  "store (what the layer writes), none (main loop only), or layer (bwd1 only: also reads the forward's "
-                 "fp32 gate/up and computes the SwiGLU gradients, as the layer's epilogue; the ws bits column then says n/a; "
-                 "layer-math: its math alone, layer-loads: its loads and stores alone, layer-smem: the same results "
-                 "through shared memory: accumulators to smem, then an elementwise pass with batched loads)")
-      ->check(CLI::IsMember({"store", "none", "layer", "layer-math", "layer-loads", "layer-smem"}));
+                 "fp32 silu(g), silu'(g) and u and writes the SwiGLU gradients, as the layer's epilogue; the ws bits "
+                 "column then says n/a)")
+      ->check(CLI::IsMember({"store", "none", "layer"}));
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
   try {
@@ -501,15 +454,14 @@ int main(int argc, char** argv) {
     args.row_tiles = (GM + kTileM - 1) / kTileM;
     args.col_tiles = (GN + bn - 1) / bn;
     args.store = epi != "none";
-    args.layer = epi.rfind("layer", 0) == 0 && mode == kBwd1;
-    args.part = epi == "layer-math" ? 1 : epi == "layer-loads" ? 2 : epi == "layer-smem" ? 3 : 0;
+    args.layer = epi == "layer" && mode == kBwd1;
     CK(cudaMalloc(&args.out_f32[0], GM * GN * 4));
-    CK(cudaMalloc(&args.out_f32[1], mode == kFwd1 || args.layer ? GM * GN * 4 : 4));
+    for (float** f : {&args.out_f32[1], &args.out_f32[2]}) CK(cudaMalloc(f, mode == kFwd1 || args.layer ? GM * GN * 4 : 4));
     // cuBLAS writes 2N columns for fwd1; the layer epilogue of bwd1 writes two bf16 arrays
     CK(cudaMalloc(&args.out_bf16, GM * GN * (mode == kFwd1 || args.layer ? 4 : 2)));
-    if (args.layer)  // random fp32 g and u (pairs of random halves: finite, about [-1, 1])
-      for (float* f : {args.out_f32[0], args.out_f32[1]}) {
-        fill_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(f), GM * GN * 2, f == args.out_f32[0] ? 31 : 32);
+    if (args.layer)  // random fp32 silu(g), silu'(g), u (pairs of random halves: finite, about [-1, 1])
+      for (int q = 0; q < 3; ++q) {
+        fill_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(args.out_f32[q]), GM * GN * 2, 31 + q);
         CK(cudaGetLastError());
       }
     auto launch_either = [&](bool ws) {
@@ -540,18 +492,6 @@ int main(int argc, char** argv) {
     CK(cudaGetLastError());
     CK(cudaMemcpy(got.data(), out_ptr, out_bytes, cudaMemcpyDeviceToHost));
     bool same = ref == got;
-    if (args.layer && args.part == 3) {  // the smem route must give the layer epilogue's bits
-      const size_t n = GM * GN * 2 * 2;
-      std::vector<unsigned char> direct(n), staged(n);
-      args.part = 0;
-      launch();
-      CK(cudaMemcpy(direct.data(), args.out_bf16, n, cudaMemcpyDeviceToHost));
-      args.part = 3;
-      CK(cudaMemset(args.out_bf16, 0, n));
-      launch();
-      CK(cudaMemcpy(staged.data(), args.out_bf16, n, cudaMemcpyDeviceToHost));
-      std::printf("# layer-smem vs layer epilogue: %s\n", direct == staged ? "same bits" : "BITS DIFFER");
-    }
     args.store = keep;
     const double ms = time_ms(launch, warmup, reps);
     const double ws_ms = time_ms(launch_ws, warmup, reps);
@@ -577,7 +517,7 @@ int main(int argc, char** argv) {
                 args.layer ? "n/a" : same ? "same" : "DIFFER");
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
-                    static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]),
+                    static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]), static_cast<void*>(args.out_f32[2]),
                     static_cast<void*>(args.out_bf16)})
       CK(cudaFree(p));
     if (B2 != B) CK(cudaFree(B2));

@@ -517,7 +517,9 @@ __device__ inline void combine_columns(const LaunchParams& P, const Role& role, 
 // ---------------------------------------------------------------------------------------------
 // Forward.
 
-// gate/up of one column tile: g, u fp32 and act = swiglu(g, u) bf16.
+// gate/up of one column tile: silu(g), silu'(g) and u fp32 and act = swiglu(g, u) bf16. The
+// backward reads silu(g) and silu'(g) instead of recomputing them from g: its phase-1 epilogue
+// then has no exp and no division (kernel/README.md, "Backward phase 1").
 __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
                                       int64_t n0) {
   const spec::LayerConfig& c = P.cfg;
@@ -531,7 +533,8 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
   trace_add(P, kTrWaitRows, t0);
   t0 = trace_now(P);
   const int64_t N = routed ? c.intermediate : c.shared_intermediate;
-  float* gate = routed ? S.gate : S.shared_gate;
+  float* gsilu = routed ? S.gate_silu : S.shared_gate_silu;
+  float* gdsilu = routed ? S.gate_dsilu : S.shared_gate_dsilu;
   float* up = routed ? S.up : S.shared_up;
   uint16_t* act = routed ? S.act : S.shared_act;
   const uint16_t* a_src = routed ? S.xd : P.peers[role.rank].x;
@@ -547,21 +550,27 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
     gemm_fast<0, 0, true, kTileNFast>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
                           [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
                             const int64_t idx = (p0 + i) * N + n0 + j;
-                            *reinterpret_cast<float2*>(gate + idx) = make_float2(g0, g1);
+                            const spec::SiluPair s0 = spec::silu_and_grad_f32(g0), s1 = spec::silu_and_grad_f32(g1);
+                            *reinterpret_cast<float2*>(gsilu + idx) = make_float2(s0.silu, s1.silu);
+                            *reinterpret_cast<float2*>(gdsilu + idx) = make_float2(s0.grad, s1.grad);
                             *reinterpret_cast<float2*>(up + idx) = make_float2(u0, u1);
                             *reinterpret_cast<uint32_t*>(act + idx) =
-                                pack2(spec::swiglu_act(g0, u0), spec::swiglu_act(g1, u1));
+                                pack2(spec::swiglu_act_pre(s0.silu, u0), spec::swiglu_act_pre(s1.silu, u1));
                           });
   } else {
     auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
     gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wg[col * H + k]; },
-              [&](int64_t m, int64_t col, float g) { gate[(p0 + m) * N + col] = g; });
-    // The same thread holds (m, col) in both tiles: it reads back its own gate value.
+              [&](int64_t m, int64_t col, float g) {
+                const spec::SiluPair s = spec::silu_and_grad_f32(g);
+                gsilu[(p0 + m) * N + col] = s.silu;
+                gdsilu[(p0 + m) * N + col] = s.grad;
+              });
+    // The same thread holds (m, col) in both tiles: it reads back its own silu(g).
     gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wu[col * H + k]; },
               [&](int64_t m, int64_t col, float u) {
                 const int64_t idx = (p0 + m) * N + col;
                 up[idx] = u;
-                act[idx] = spec::swiglu_act(gate[idx], u);
+                act[idx] = spec::swiglu_act_pre(gsilu[idx], u);
               });
   }
   trace_add(P, kTrPhase1, t0);
@@ -688,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
 // Backward.
 
 // d_act of one column tile: da = dy . W_down (routed) or d_output . W_shared_down, then
-// d_gate, d_up (bf16) from the forward's g, u.
+// d_gate, d_up (bf16) from the forward's silu(g), silu'(g) and u.
 __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
                                        int64_t n0) {
   const spec::LayerConfig& c = P.cfg;
@@ -702,7 +711,8 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   trace_add(P, kTrWaitRows, t0);
   t0 = trace_now(P);
   const int64_t N = routed ? c.intermediate : c.shared_intermediate;
-  const float* gate = routed ? S.gate : S.shared_gate;
+  const float* gsilu = routed ? S.gate_silu : S.shared_gate_silu;
+  const float* gdsilu = routed ? S.gate_dsilu : S.shared_gate_dsilu;
   const float* up = routed ? S.up : S.shared_up;
   uint16_t* dg = routed ? S.d_gate : S.shared_d_gate;
   uint16_t* du = routed ? S.d_up : S.shared_d_up;
@@ -710,32 +720,35 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   const uint16_t* wd = routed ? W.w_routed_down + t.e * H * N : W.w_shared_down;  // [H, N]
   auto epi = [&](int64_t m, int64_t col, float da) {
     const int64_t j = (p0 + m) * N + col;
-    dg[j] = spec::swiglu_grad_gate(da, gate[j], up[j]);
-    du[j] = spec::swiglu_grad_up(da, gate[j]);
+    dg[j] = spec::swiglu_grad_gate_pre(da, up[j], gdsilu[j]);
+    du[j] = spec::swiglu_grad_up_pre(da, gsilu[j]);
   };
   // ORDER: dot-chain over H.
   if (P.fast) {
     const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
-    // The forward's g and u of the tile are asked into L2 near the end of the main loop and read
-    // through the read-only path (this pass never writes them).
+    // The forward's silu(g), silu'(g) and u of the tile are asked into L2 near the end of the
+    // main loop and read through the read-only path (this pass never writes them).
     const int64_t cols = min(static_cast<int64_t>(kTileNWide), N - n0);
     gemm_fast<0, 1, false, kTileNWide>(smem, H, n, cols, A, B, B,
                            with_prefetch([&] {
-                             static_assert(kThreads == 2 * kTileM, "one thread per row of gate and of up");
-                             const int64_t r = threadIdx.x % kTileM;
-                             if (r < n)
-                               prefetch_l2((threadIdx.x < kTileM ? gate : up) + (p0 + r) * N + n0,
-                                           static_cast<uint32_t>(cols * sizeof(float)));
+                             const float* src[3] = {gsilu, gdsilu, up};
+                             for (int q = threadIdx.x; q < 3 * kTileM; q += kThreads) {
+                               const int64_t r = q % kTileM;
+                               if (r < n)
+                                 prefetch_l2(src[q / kTileM] + (p0 + r) * N + n0,
+                                             static_cast<uint32_t>(cols * sizeof(float)));
+                             }
                            },
                            [&](int64_t i, int64_t j, float da0, float da1) {
                              const int64_t idx = (p0 + i) * N + n0 + j;
-                             const float2 g = __ldg(reinterpret_cast<const float2*>(gate + idx));
+                             const float2 s = __ldg(reinterpret_cast<const float2*>(gsilu + idx));
+                             const float2 ds = __ldg(reinterpret_cast<const float2*>(gdsilu + idx));
                              const float2 u = __ldg(reinterpret_cast<const float2*>(up + idx));
-                             *reinterpret_cast<uint32_t*>(dg + idx) =
-                                 pack2(spec::swiglu_grad_gate(da0, g.x, u.x), spec::swiglu_grad_gate(da1, g.y, u.y));
+                             *reinterpret_cast<uint32_t*>(dg + idx) = pack2(spec::swiglu_grad_gate_pre(da0, u.x, ds.x),
+                                                                            spec::swiglu_grad_gate_pre(da1, u.y, ds.y));
                              *reinterpret_cast<uint32_t*>(du + idx) =
-                                 pack2(spec::swiglu_grad_up(da0, g.x), spec::swiglu_grad_up(da1, g.y));
+                                 pack2(spec::swiglu_grad_up_pre(da0, s.x), spec::swiglu_grad_up_pre(da1, s.y));
                            }));
   } else {
     gemm_slow(smem, n, N, H, 0, n0, [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; },

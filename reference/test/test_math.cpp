@@ -1,5 +1,6 @@
 // The spec's fp32 exp/sigmoid/silu/silu': accuracy against double, special values, exact rules.
 #include "mok/spec/math.hpp"
+#include "mok/spec/orders.hpp"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
@@ -46,6 +47,21 @@ RC_GTEST_PROP(SpecMath, SiluAndGradAccurate, ()) {
   // near the zeros of silu' (x ~ -1.28), where cancellation is inherent.
   RC_ASSERT(std::fabs(silu_f32(x) - silu) <= 8 * 0x1.0p-24 * std::fabs(silu) + 1e-37);
   RC_ASSERT(std::fabs(silu_grad_f32(x) - grad) <= 16 * 0x1.0p-24 * (std::fabs(s) + std::fabs(s * x * (1 - s))) + 1e-37);
+}
+
+// The kernel stores silu(g) and silu'(g) from one sigmoid in the forward and feeds them to the
+// _pre forms in the backward: every fp32 bit pattern (NaN, Inf, subnormal included) must give
+// the bits of the one-function-at-a-time definitions.
+RC_GTEST_PROP(SpecMath, SiluPairAndPreFormsGiveTheDefinitionsBits, ()) {
+  const float g = f32_from_bits(*rc::gen::arbitrary<uint32_t>());
+  const float u = f32_from_bits(*rc::gen::arbitrary<uint32_t>());
+  const float d = *rc::gen::map(rc::gen::inRange(-2000000, 2000000), [](int v) { return v / 1000.0f; });
+  const SiluPair p = silu_and_grad_f32(g);
+  RC_ASSERT(f32_bits(p.silu) == f32_bits(silu_f32(g)));
+  RC_ASSERT(f32_bits(p.grad) == f32_bits(silu_grad_f32(g)));
+  RC_ASSERT(swiglu_act_pre(p.silu, u) == swiglu_act(g, u));
+  RC_ASSERT(swiglu_grad_gate_pre(d, u, p.grad) == swiglu_grad_gate(d, g, u));
+  RC_ASSERT(swiglu_grad_up_pre(d, p.silu) == swiglu_grad_up(d, g));
 }
 
 TEST(SpecMath, SiluIsTheFixedOperationSequence) {

@@ -44,16 +44,25 @@ MOK_HD float exp_f32(float x) {
   return fmul(p, exp2_int(n));  // 2^n is exact even when subnormal: one rounding
 }
 
-// sigmoid(x) = 1 / (1 + exp(-x)), IEEE division.
-MOK_HD float sigmoid_f32(float x) { return fdiv(1.0f, fadd(1.0f, exp_f32(-x))); }
+// sigmoid(x) = 1 / (1 + exp(-x)), IEEE division (frcp_ge1: the divisor is at least 1 or NaN).
+MOK_HD float sigmoid_f32(float x) { return frcp_ge1(fadd(1.0f, exp_f32(-x))); }
 
 // silu(x) = x * sigmoid(x).
 MOK_HD float silu_f32(float x) { return fmul(x, sigmoid_f32(x)); }
 
 // silu'(x) = s * (1 + x * (1 - s)) with s = sigmoid(x); the inner 1 + x*(1-s) is one fma.
-MOK_HD float silu_grad_f32(float x) {
+MOK_HD float silu_grad_from_sigmoid(float x, float s) { return fmul(s, ffma(x, fsub(1.0f, s), 1.0f)); }
+MOK_HD float silu_grad_f32(float x) { return silu_grad_from_sigmoid(x, sigmoid_f32(x)); }
+
+// silu(x) and silu'(x) from one sigmoid: the same bits as silu_f32 and silu_grad_f32. The
+// kernel's forward stores both, so the backward needs no exp or division (kernel/README.md).
+struct SiluPair {
+  float silu;
+  float grad;
+};
+MOK_HD SiluPair silu_and_grad_f32(float x) {
   const float s = sigmoid_f32(x);
-  return fmul(s, ffma(x, fsub(1.0f, s), 1.0f));
+  return {fmul(x, s), silu_grad_from_sigmoid(x, s)};
 }
 
 }  // namespace mok::spec

@@ -51,19 +51,22 @@ MOK_HD float combine_step(float acc, float router_weight, uint16_t y) {
 // ORDER: dx-slots. d_x = rn(dx_shared + dx_0 + dx_1 + ...), one add per non-empty slot in slot order.
 MOK_HD float dx_step(float acc, uint16_t dx_slot) { return fadd(acc, f32_from_bf16(dx_slot)); }
 
-// Elementwise steps of the profile (forward 2, backward 1 and 3).
-MOK_HD uint16_t swiglu_act(float gate, float up) {
-  return bf16_from_f32_rne(fmul(silu_f32(gate), up));
-}
+// Elementwise steps of the profile (forward 2, backward 1 and 3). The _pre forms take silu(g)
+// and silu'(g) already computed (silu_and_grad_f32), as the kernel's backward does; each
+// function of g is written once, through them.
+MOK_HD uint16_t swiglu_act_pre(float silu_gate, float up) { return bf16_from_f32_rne(fmul(silu_gate, up)); }
+MOK_HD uint16_t swiglu_act(float gate, float up) { return swiglu_act_pre(silu_f32(gate), up); }
 MOK_HD uint16_t scale_grad(float router_weight, uint16_t d_output) {
   return bf16_from_f32_rne(fmul(router_weight, f32_from_bf16(d_output)));
 }
 // dg = rn((da * u) * silu'(g)), du = rn(da * silu(g)).
+MOK_HD uint16_t swiglu_grad_gate_pre(float d_act, float up, float silu_grad_gate) {
+  return bf16_from_f32_rne(fmul(fmul(d_act, up), silu_grad_gate));
+}
+MOK_HD uint16_t swiglu_grad_up_pre(float d_act, float silu_gate) { return bf16_from_f32_rne(fmul(d_act, silu_gate)); }
 MOK_HD uint16_t swiglu_grad_gate(float d_act, float gate, float up) {
-  return bf16_from_f32_rne(fmul(fmul(d_act, up), silu_grad_f32(gate)));
+  return swiglu_grad_gate_pre(d_act, up, silu_grad_f32(gate));
 }
-MOK_HD uint16_t swiglu_grad_up(float d_act, float gate) {
-  return bf16_from_f32_rne(fmul(d_act, silu_f32(gate)));
-}
+MOK_HD uint16_t swiglu_grad_up(float d_act, float gate) { return swiglu_grad_up_pre(d_act, silu_f32(gate)); }
 
 }  // namespace mok::spec

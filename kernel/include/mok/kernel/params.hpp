@@ -83,7 +83,8 @@ struct RankState {
   spec::RowRef* rows;         // [capacity]: canonical rows of the local experts, concatenated
   uint32_t* row_ready;        // [capacity]: dispatch epoch of each gathered x row
   uint32_t* row_ready_bwd;    // [capacity]: same for d_output rows
-  uint32_t* counters;         // [8]: barrier count, barrier generation, shared done (fwd, bwd), expected arrivals
+  uint32_t* counters;         // [8]: barrier count, barrier generation, shared done (fwd, bwd), expected arrivals,
+                              // GEMM items claimed, weight-gradient items claimed
   uint32_t* expert_counts;    // [E_local]: routed rows per local expert, counted by every block of the rank
                               // (zeroed before every pass; expert_offsets follow from them)
   uint32_t* tiles_done;       // [row tiles + shared tiles]: column tiles of a row tile's first GEMM finished

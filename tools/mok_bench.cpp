@@ -9,7 +9,7 @@
 #include "mok/spec/bf16.hpp"
 #include "unfused_baseline.hpp"
 
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
                "memory while it runs): per-block marks and sums of waiting, GEMM and publishing time "
                "(KernelOptions::trace)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   if (torch_script == "auto") {
     const char* env = std::getenv("MOK_TORCH_BASELINE");
     if (env && *env)

@@ -16,7 +16,7 @@
 #include "../kernel/device/mma_tile.cuh"
 #include "mok/spec/orders.hpp"
 
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -361,14 +361,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"store", "none", "layer"}));
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   if (H % 256 != 0 || I % 128 != 0 || wrows % 64 != 0) {
     std::fprintf(stderr,
                  "mok-gemm-bench: --H must be a multiple of 256, --I of 128 and --wgrad-rows of 64 (got %lld, %lld, %lld)\n",

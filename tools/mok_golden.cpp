@@ -5,7 +5,7 @@
 #include "mok/reference/golden.hpp"
 #include "mok/reference/oracle.hpp"
 
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -65,14 +65,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-intermediates", no_intermediates, "leave out /intermediates (smaller file)");
   app.add_flag("--no-bounds", no_bounds, "leave out /bounds (skips the oracle)");
   app.add_option("--output,-o", out, "output file (written atomically)")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
     mok::spec::LayerConfig cfg = mok::ref::preset_config(preset);
     if (H != -1) cfg.hidden = H;

@@ -4,7 +4,7 @@
 // pending, and the one-way latency of a flag between two SMs. Local memory only: on a one-GPU
 // machine nothing crosses NVLink, so these are the issuing side's figures, not the wire's.
 // Prints a table (or --json); exit 3 without a GPU.
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   app.add_option("--mib", mib, "copy buffer size in MiB (read and written once per repetition)")->capture_default_str();
   app.add_option("--reps", reps, "repetitions per figure (median reported)")->capture_default_str();
   app.add_flag("--json", json, "one JSON object on stdout");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   if (mib < 16 || reps < 1) {
     std::fprintf(stderr, "mok-gpu-probe: --mib must be >= 16 and --reps >= 1\n");
     return 2;

@@ -2,7 +2,7 @@
 // returns the first failure's exit code; a small stand-in for mpirun on a single node.
 #include <nccl.h>
 
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 
 #include <chrono>
 #include <csignal>
@@ -28,14 +28,7 @@ int main(int argc, char** argv) {
   app.add_option("-n,--np", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 72));
   app.add_option("--timeout", timeout_s, "seconds before every process is stopped (0 = none)");
   app.add_option("command", command, "program and its arguments (after --)")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {
     std::fprintf(stderr, "mok-launch: ncclGetUniqueId failed (is NCCL usable here?)\n");

@@ -5,7 +5,7 @@
 #include "mok/reference/oracle.hpp"
 #include "mok/reference/parallel.hpp"
 
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads,-j", threads, "threads (0 = all cores)")->capture_default_str();
   app.add_option("--reps,-r", reps, "repetitions (median reported)")->capture_default_str()->check(CLI::Range(1, 100));
   app.add_option("--seed,-s", seed, "input seed")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
     const mok::spec::LayerConfig cfg = mok::ref::preset_config(preset);
     const mok::ref::TensorMap in = mok::ref::generate_inputs(cfg, mok::ref::parse_routing("uniform"), seed);

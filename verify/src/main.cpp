@@ -6,7 +6,7 @@
 #include "mok/verify/compare.hpp"
 #include "mok/verify/determinism.hpp"
 
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -108,14 +108,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   det->add_flag("--json", json, "machine-readable summary on stdout");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitBadInput;
-  }
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
 
   auto progress = [&](const std::string& line) { std::fprintf(stderr, "mok-verify: %s\n", line.c_str()); };
   try {

@@ -391,7 +391,9 @@ struct RowTile {
 // item when it starts one (the block's last thread; the answer is only read at the end of the
 // item, so the atomic's round trip hides behind the GEMM), which keeps blocks finishing
 // together (a fixed round-robin deal left a 0.3 ms tail on the dsv3 forward). Who computes an
-// item never changes how: every result bit is the same.
+// item never changes how: every result bit is the same. One shared slot serves every ItemClaims
+// of a block; uses follow one another with a block barrier between them (the backward's rank
+// barrier separates its GEMM items from its weight-gradient items).
 class ItemClaims {
  public:
   __device__ explicit ItemClaims(uint32_t* counter) : counter_(counter) {

@@ -90,9 +90,14 @@ struct AliasTable {
     cut.resize(prob.size());
     for (size_t i = 0; i < prob.size(); ++i) cut[i] = static_cast<uint64_t>(std::ceil(prob[i] * 0x1.0p53));
   }
+  // Branch-free: whether the cut is passed is a coin flip for many entries of a skewed table,
+  // so a branch here would be mispredicted often; both candidates are read and one is selected
+  // by a mask (the same result as the conditional; the RNG is called in the same order).
   int32_t draw(Rng& rng) const {
     const uint64_t i = rng.below(cut.size());
-    return (rng.next_u64() >> 11) < cut[i] ? static_cast<int32_t>(i) : alias[i];
+    const uint64_t m = rng.next_u64() >> 11;
+    const int32_t keep = -static_cast<int32_t>(m < cut[i]);  // all ones when i itself is drawn
+    return (static_cast<int32_t>(i) & keep) | (alias[i] & ~keep);
   }
   std::vector<uint64_t> cut;
 };
@@ -171,34 +176,53 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
     for (double x : p) positive += x > 0;
     if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
     const AliasTable table(p);
-    for (int64_t t = 0; t < T; ++t) {
-      int32_t* row = &topk[(r * T + t) * K];
-      for (int64_t k = 0; k < K; ++k) {
-        // Draw with replacement and reject repeats: the same law as successive sampling
-        // without replacement; after many rejections fall back to an exact scan.
+    // Each token's K distinct experts: draw with replacement and reject repeats (the same law
+    // as successive sampling without replacement); after 64 rejections in a row for one slot,
+    // an exact scan of the free mass. ORDER: the rank's tokens in order, each token's slots in
+    // order 0..K-1, one alias draw per iteration from rank_rng; then, per finished token, its
+    // empty-slot draws. These are the draws and decisions of "per slot, draw until an expert is
+    // not taken", written as one flat loop over the rank's slots that does not branch on
+    // whether a draw repeats an expert (unpredictable under skewed popularity): a rejected
+    // candidate is written into the open slot and overwritten by the next draw, and marking an
+    // already taken expert taken changes nothing. (Measured: the nested per-token, per-slot
+    // loops cost about as much as generating the draws, in mispredicted loop exits.)
+    int32_t* const rank_slots = &topk[r * T * K];
+    const int64_t rank_slot_count = T * K;
+    int64_t next_slot = 0;  // slots [0, next_slot) of the rank are accepted
+    int64_t filled = 0;     // accepted slots of the current token
+    int rejected = 0;       // consecutive rejections for slot next_slot
+    while (next_slot < rank_slot_count) {
+      const int32_t c = table.draw(rank_rng);
+      const bool fresh = !taken[c];
+      rank_slots[next_slot] = c;
+      taken[c] = 1;
+      next_slot += fresh;
+      filled += fresh;
+      rejected = fresh ? 0 : rejected + 1;
+      if (rejected == 64) [[unlikely]] {
         int32_t e = -1;
-        for (int attempt = 0; attempt < 64 && e < 0; ++attempt) {
-          const int32_t c = table.draw(rank_rng);
-          if (!taken[c]) e = c;
-        }
-        if (e < 0) {
-          double free_mass = 0;
-          for (int64_t x = 0; x < E; ++x) free_mass += taken[x] ? 0.0 : p[x];
-          double u = rank_rng.uniform() * free_mass;
-          for (int64_t x = 0; x < E; ++x) {
-            if (taken[x] || p[x] <= 0) continue;
-            e = static_cast<int32_t>(x);
-            u -= p[x];
-            if (u < 0) break;
-          }
+        double free_mass = 0;
+        for (int64_t x = 0; x < E; ++x) free_mass += taken[x] ? 0.0 : p[x];
+        double u = rank_rng.uniform() * free_mass;
+        for (int64_t x = 0; x < E; ++x) {
+          if (taken[x] || p[x] <= 0) continue;
+          e = static_cast<int32_t>(x);
+          u -= p[x];
+          if (u < 0) break;
         }
         taken[e] = 1;
-        row[k] = e;
+        rank_slots[next_slot++] = e;
+        ++filled;
+        rejected = 0;
       }
-      for (int64_t k = 0; k < K; ++k) taken[row[k]] = 0;
-      if (s.empty_slot_fraction > 0)
-        for (int64_t k = 0; k < K; ++k)
-          if (rank_rng.uniform() < s.empty_slot_fraction) row[k] = -1;
+      if (filled == K) {  // the token is complete
+        int32_t* row = rank_slots + next_slot - K;
+        for (int64_t k = 0; k < K; ++k) taken[row[k]] = 0;
+        filled = 0;
+        if (s.empty_slot_fraction > 0)
+          for (int64_t k = 0; k < K; ++k)
+            if (rank_rng.uniform() < s.empty_slot_fraction) row[k] = -1;
+      }
     }
   }
   // Valid by construction (K distinct experts in range per row, or -1), so the per-row check of

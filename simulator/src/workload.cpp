@@ -13,20 +13,18 @@
 namespace mok::sim {
 
 namespace {
-// The routing plan of routing that is known to be valid (cfg validated too).
-Workload plan_workload(const spec::LayerConfig& cfg, std::vector<int32_t> topk_experts, std::string description) {
-  Workload w;
-  w.cfg = cfg;
-  w.topk_experts = std::move(topk_experts);
-  w.description = std::move(description);
+// Builds w's routing plan from w.topk_experts, which must be valid (cfg validated too), in w's
+// own vectors. `slot_row` is the spec's per-slot index table, which the simulator does not
+// read; both keep their storage, so a caller that reuses them (Monte-Carlo trials) allocates
+// and first-touches nothing per workload.
+void build_plan(Workload& w, std::vector<int32_t>& slot_row) {
+  const spec::LayerConfig& cfg = w.cfg;
   w.expert_offsets.assign(cfg.num_experts + 1, 0);
   w.rows.resize(cfg.num_slots());
-  std::vector<int32_t> slot_row(cfg.num_slots());
+  slot_row.resize(cfg.num_slots());
   spec::build_routing_plan(cfg, w.topk_experts.data(),
                            spec::RoutingPlanView{w.expert_offsets.data(), w.rows.data(), slot_row.data()});
   w.rows.resize(w.expert_offsets[cfg.num_experts]);
-  w.rows.shrink_to_fit();
-  return w;
 }
 }  // namespace
 
@@ -47,7 +45,14 @@ Workload Workload::from_topk(const spec::LayerConfig& cfg, std::vector<int32_t> 
        << topk_experts[bad_token * cfg.top_k + bad_slot] << ")";
     throw Error(os.str());
   }
-  return plan_workload(cfg, std::move(topk_experts), std::move(description));
+  Workload w;
+  w.cfg = cfg;
+  w.topk_experts = std::move(topk_experts);
+  w.description = std::move(description);
+  std::vector<int32_t> slot_row;
+  build_plan(w, slot_row);
+  w.rows.shrink_to_fit();
+  return w;
 }
 
 namespace {
@@ -148,10 +153,19 @@ std::vector<int32_t> read_topk_file(const spec::LayerConfig& cfg, const std::str
 }  // namespace
 
 Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
+  WorkloadBuffers buffers;
+  generate_workload(cfg, s, buffers);
+  buffers.workload.rows.shrink_to_fit();
+  return std::move(buffers.workload);
+}
+
+const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s, WorkloadBuffers& buffers) {
   const spec::Status cfg_status = cfg.validate();
   if (!cfg_status.ok) throw Error(std::string("layer: ") + cfg_status.message);
-  if (s.kind == RoutingKind::kTopkFile)
-    return Workload::from_topk(cfg, read_topk_file(cfg, s.topk_file), "topk_file " + s.topk_file);
+  if (s.kind == RoutingKind::kTopkFile) {
+    buffers.workload = Workload::from_topk(cfg, read_topk_file(cfg, s.topk_file), "topk_file " + s.topk_file);
+    return buffers.workload;
+  }
   if (s.kind == RoutingKind::kGolden)
     throw Error("workload.kind golden: this library does not read HDF5; the mok-sim CLI reads golden files "
                 "(in code: mok::ref::read_golden, then Workload::from_topk, then run_points(..., &workload))",
@@ -159,7 +173,11 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
   Rng rng = Rng::derive(s.seed, 0);
   const std::vector<double> p_global = global_popularity(cfg, s, rng);
   const int64_t E = cfg.num_experts, K = cfg.top_k, R = cfg.num_ranks, T = cfg.tokens_per_rank;
-  std::vector<int32_t> topk(cfg.num_slots());
+  Workload& w = buffers.workload;
+  w.cfg = cfg;
+  // Every slot is written below, so reused storage needs no clearing.
+  std::vector<int32_t>& topk = w.topk_experts;
+  topk.resize(cfg.num_slots());
   std::vector<char> taken(E, 0);
   for (int64_t r = 0; r < R; ++r) {
     Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
@@ -227,7 +245,9 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
   }
   // Valid by construction (K distinct experts in range per row, or -1), so the per-row check of
   // from_topk() is skipped; the workload tests run it on generated routing.
-  return plan_workload(cfg, std::move(topk), routing_spec_to_json(s).dump());
+  w.description = routing_spec_to_json(s).dump();
+  build_plan(w, buffers.slot_row);
+  return w;
 }
 
 namespace {

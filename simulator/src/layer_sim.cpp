@@ -968,20 +968,29 @@ void LayerSim::run_compute_queue(int gpu, int64_t now) {
     return (g / T) * NC + (g % T) / C;
   };
   const int64_t e_begin = cfg_.first_expert(gpu), e_end = e_begin + cfg_.experts_per_rank();
+  // Rows come in ascending token order, so runs of rows share one (owner, chunk) and thus one
+  // piece: the piece, its known time and the last-piece test are taken once per run (the test
+  // is a maximum, so repeating it for the same piece would change nothing).
+  int64_t run_key = -1, known = 0, last_known = 0;
   for (int64_t e = e_begin; e < e_end; ++e) {
     // ORDER: canonical rows (ascending global token, then slot) from spec::build_routing_plan;
     // tile i holds rows [i*TR, (i+1)*TR) of that list, as in the kernel's GEMM.
     const int64_t r0 = work_.expert_offsets[e], r1 = work_.expert_offsets[e + 1];
     int64_t in_tile = 0;
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t piece = piece_lookup_[chunk_key(work_.rows[r].token_idx)];
-      const int64_t known = dispatch_known_[piece].known_ns;
+      const int64_t key = chunk_key(work_.rows[r].token_idx);
+      if (key != run_key) {
+        run_key = key;
+        const int64_t piece = piece_lookup_[key];
+        known = dispatch_known_[piece].known_ns;
+        if (last_piece < 0 || known > last_known || (known == last_known && piece > last_piece)) {
+          last_piece = piece;
+          last_known = known;
+        }
+      }
       if (in_tile == 0) tile_ready_.emplace_back(known, static_cast<int32_t>(tile_ready_.size()));
       if (++in_tile == TR) in_tile = 0;
       tile_ready_.back().first = std::max(tile_ready_.back().first, known);
-      if (last_piece < 0 || known > dispatch_known_[last_piece].known_ns ||
-          (known == dispatch_known_[last_piece].known_ns && piece > last_piece))
-        last_piece = piece;
     }
   }
   if (last_piece >= 0) {

@@ -211,12 +211,14 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
     int rejected = 0;       // consecutive rejections for slot next_slot
     while (next_slot < rank_slot_count) {
       const int32_t c = table.draw(rank_rng);
-      const bool fresh = !taken[c];
+      const int repeat = taken[c];  // 0 or 1
       rank_slots[next_slot] = c;
       taken[c] = 1;
-      next_slot += fresh;
-      filled += fresh;
-      rejected = fresh ? 0 : rejected + 1;
+      next_slot += 1 - repeat;
+      filled += 1 - repeat;
+      // Arithmetic rather than `repeat ? rejected + 1 : 0`, which the compiler turns back into
+      // a branch on the repeat.
+      rejected = (rejected + 1) * repeat;
       if (rejected == 64) [[unlikely]] {
         int32_t e = -1;
         double free_mass = 0;

@@ -89,7 +89,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     flows_.emplace_back();
     links_.emplace_back();
     active_pos_.push_back(-1);
-    frozen_epoch_.push_back(0);
+    fill_mark_.emplace_back();
     new_rate_.push_back(0);
     key_.push_back(FlowKey{});
   }
@@ -116,7 +116,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   set_rate(idx, 0);
   l.admitted_bottleneck = kNotAdmitted;
   l.active = true;
-  l.fresh = true;
+  fill_mark_[idx].fresh = 1;
   active_pos_[idx] = static_cast<int>(active_.size());
   active_.push_back(idx);
   pending_flows_.push_back(idx);
@@ -158,7 +158,7 @@ void FlowNetwork::finish_flow(int flow_idx) {
     if (list.empty()) class_bits_[f.demand_class / 64] &= ~(uint64_t{1} << (f.demand_class % 64));
   }
   l.active = false;
-  l.fresh = false;
+  fill_mark_[flow_idx].fresh = 0;
   set_rate(flow_idx, 0);
   // Swap-remove: the order of active_ stays a pure function of the call sequence.
   const int pos = active_pos_[flow_idx];
@@ -185,14 +185,15 @@ void FlowNetwork::admit(int flow_idx) {
   }
   for (int i = 0; i < f.path_len; ++i) residual_[f.path[i]] -= rate - f.rate_units;
   set_rate(flow_idx, rate);
-  links_[flow_idx].fresh = false;
+  fill_mark_[flow_idx].fresh = 0;
   links_[flow_idx].admitted_bottleneck = bottleneck;
+  links_[flow_idx].admitted_epoch = epoch_;
 }
 
 int FlowNetwork::bottleneck(int flow_idx) const {
   const Links& l = links_[flow_idx];
-  if (!l.active || l.fresh) return -1;
-  if (l.admitted_bottleneck != kNotAdmitted) return l.admitted_bottleneck;
+  if (!l.active || fill_mark_[flow_idx].fresh) return -1;
+  if (l.admitted_epoch == epoch_ && l.admitted_bottleneck != kNotAdmitted) return l.admitted_bottleneck;
   const Flow& f = flows_[flow_idx];
   if (f.rate_units == f.demand_units) return -1;
   int best = -1;
@@ -205,8 +206,10 @@ int FlowNetwork::bottleneck(int flow_idx) const {
 void FlowNetwork::recompute_rates() {
   ++num_recomputes_;
   changed_.clear();
+  // A new epoch also ends every admit() choice (admitted_epoch is now stale).
   if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 recomputes
-    std::fill(frozen_epoch_.begin(), frozen_epoch_.end(), 0);
+    for (FillMark& m : fill_mark_) m.frozen_epoch = 0;
+    for (Links& l : links_) l.admitted_bottleneck = kNotAdmitted;
     epoch_ = 1;
   }
   const int num_res = num_resources();
@@ -231,12 +234,11 @@ void FlowNetwork::recompute_rates() {
 
   auto freeze = [&](int idx, int64_t rate) {
     Flow& f = flows_[idx];
-    Links& l = links_[idx];
-    if (l.fresh || f.rate_units != rate) changed_.push_back(idx);
-    l.fresh = false;
-    l.admitted_bottleneck = kNotAdmitted;
+    FillMark& m = fill_mark_[idx];
+    if (m.fresh || f.rate_units != rate) changed_.push_back(idx);
+    m.fresh = 0;
+    m.frozen_epoch = epoch_;
     set_rate(idx, rate);
-    frozen_epoch_[idx] = epoch_;
     --num_unfrozen;
     for (int i = 0; i < f.path_len; ++i) {
       const int r = f.path[i];
@@ -280,7 +282,7 @@ void FlowNetwork::recompute_rates() {
     if (c >= 0 && class_demand_[c] <= share) {
       // Demand step: the flows' own limit binds before (or as) any shared resource fills.
       for (int idx : class_flows_[c])
-        if (frozen_epoch_[idx] != epoch_) freeze(idx, class_demand_[c]);
+        if (fill_mark_[idx].frozen_epoch != epoch_) freeze(idx, class_demand_[c]);
       bits &= bits - 1;
       continue;
     }
@@ -304,7 +306,7 @@ void FlowNetwork::recompute_rates() {
     }
     for (int r : saturating_)
       for (int idx : res_flows_[r])
-        if (frozen_epoch_[idx] != epoch_) freeze(idx, share);
+        if (fill_mark_[idx].frozen_epoch != epoch_) freeze(idx, share);
   }
   if (num_unfrozen != 0) internal("progressive filling left flows without a rate");
   residual_ = rem_cap_;
@@ -508,16 +510,16 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     freeze_tracked(f, rate);
   };
   for (int f : pending_flows_)
-    if (links_[f].active && links_[f].fresh && status(f) != kFree) free_flow(f);
+    if (links_[f].active && fill_mark_[f].fresh && status(f) != kFree) free_flow(f);
   for (int f : pending_flows_)
-    if (links_[f].active && links_[f].fresh)
+    if (links_[f].active && fill_mark_[f].fresh)
       for (int i = 0; i < flows_[f].path_len; ++i) make_dirty(flows_[f].path[i], -1, 1);
   for (int r : pending_resources_) make_dirty(r, -1, 1);
   // A new flow whose demand is unreachable must be frozen by a tracked resource on its path; if
   // every resource on its path was guessed passive, the attempt would certainly be repeated
   // (free_left below), so those resources are tracked now, before the filling starts.
   for (int f : pending_flows_) {
-    if (!links_[f].active || !links_[f].fresh || !links_[f].demand_unreachable) continue;
+    if (!links_[f].active || !fill_mark_[f].fresh || !links_[f].demand_unreachable) continue;
     const Flow& fl = flows_[f];
     bool any_tracked = false;
     for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = res_mode_[fl.path[i]] == kTracked;
@@ -675,10 +677,10 @@ void FlowNetwork::update_rates() {
   // Commit: new rates, residuals, saturation levels (bottlenecks follow from them).
   for (int f : done_) {
     Flow& fl = flows_[f];
-    Links& l = links_[f];
+    FillMark& m = fill_mark_[f];
     const int64_t rate = new_rate_[f];
-    if (l.fresh || rate != fl.rate_units) changed_.push_back(f);
-    l.fresh = false;
+    if (m.fresh || rate != fl.rate_units) changed_.push_back(f);
+    m.fresh = 0;
     for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= rate - fl.rate_units;
     set_rate(f, rate);
   }

@@ -343,7 +343,7 @@ class LayerSim {
   std::vector<int64_t> compute_busy_ns_;
   int64_t tile_ns_ = 0, shared_ns_ = 0, reduce_ns_ = 0;
   std::vector<int64_t> last_tile_piece_data_ns_, last_tile_piece_known_ns_, last_tile_source_;
-  std::vector<int64_t> piece_lookup_;           // scratch: (source, chunk) -> piece
+  std::vector<int64_t> chunk_known_;            // scratch: (source, chunk) -> its piece's known time
   std::vector<std::pair<int64_t, int32_t>> tile_ready_;  // scratch: (ready ns, tile)
 
   // Programs
@@ -566,7 +566,7 @@ void LayerSim::build_compute_model() {
   // Final combine sum on the token owner: read K slot rows and write one output row per token.
   reduce_ns_ = ceil_ns(static_cast<double>(cfg_.tokens_per_rank * (cfg_.top_k + 1) * cfg_.hidden * 2) / topo_.hbm_gbps);
   dispatch_known_.assign(traffic_.pieces.size(), PieceKnown{0, 0});
-  piece_lookup_.assign(static_cast<size_t>(R_) * num_chunks_, -1);
+  chunk_known_.assign(static_cast<size_t>(R_) * num_chunks_, -1);
 }
 
 // Gives the initiator's comm SMs their transfers for one phase. Peers are visited in an order
@@ -952,15 +952,25 @@ void LayerSim::on_dst_complete(int ph, int gpu, int64_t now) {
 // tile's ready time is final; the queue's only effect on the rest is its finish time.
 void LayerSim::run_compute_queue(int gpu, int64_t now) {
   const int64_t T = cfg_.tokens_per_rank, C = proto_.chunk_tokens, NC = num_chunks_, TR = proto_.gemm_tile_rows;
+  // The pieces into `gpu` are exactly the (source, chunk) pairs that hold a row of one of its
+  // experts (build_traffic() made one per pair with a routed slot), so the last piece, the
+  // largest (known time, piece index) over the rows, is the largest over these pieces.
+  int64_t last_piece = -1, last_known = 0;
   for (int s = 0; s < R_; ++s) {
     const size_t pair = static_cast<size_t>(s) * R_ + gpu;
-    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
-      piece_lookup_[s * NC + traffic_.pieces[i].chunk_idx] = i;
+    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i) {
+      const int64_t known = dispatch_known_[i].known_ns;
+      chunk_known_[s * NC + traffic_.pieces[i].chunk_idx] = known;
+      if (last_piece < 0 || known > last_known || (known == last_known && i > last_piece)) {
+        last_piece = i;
+        last_known = known;
+      }
+    }
   }
   tile_ready_.clear();
-  int64_t last_piece = -1;
-  // Row -> (token owner, chunk) -> piece. When T is a multiple of C the (owner, chunk) index is
-  // g / C, a shift when C is a power of two (the common case; this loop visits every row).
+  // Row -> (token owner, chunk) -> its piece's known time. When T is a multiple of C the (owner,
+  // chunk) index is g / C, a shift when C is a power of two (the common case; this loop visits
+  // every row).
   const bool whole_chunks = T % C == 0;
   const int shift = (C & (C - 1)) == 0 ? __builtin_ctzll(static_cast<uint64_t>(C)) : -1;
   auto chunk_key = [&](int64_t g) {
@@ -970,18 +980,14 @@ void LayerSim::run_compute_queue(int gpu, int64_t now) {
   const int64_t e_begin = cfg_.first_expert(gpu), e_end = e_begin + cfg_.experts_per_rank();
   for (int64_t e = e_begin; e < e_end; ++e) {
     // ORDER: canonical rows (ascending global token, then slot) from spec::build_routing_plan;
-    // tile i holds rows [i*TR, (i+1)*TR) of that list, as in the kernel's GEMM.
+    // tile i holds rows [i*TR, (i+1)*TR) of that list, as in the kernel's GEMM, and is ready
+    // when its last piece is known.
     const int64_t r0 = work_.expert_offsets[e], r1 = work_.expert_offsets[e + 1];
-    int64_t in_tile = 0;
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t piece = piece_lookup_[chunk_key(work_.rows[r].token_idx)];
-      const int64_t known = dispatch_known_[piece].known_ns;
-      if (in_tile == 0) tile_ready_.emplace_back(known, static_cast<int32_t>(tile_ready_.size()));
-      if (++in_tile == TR) in_tile = 0;
-      tile_ready_.back().first = std::max(tile_ready_.back().first, known);
-      if (last_piece < 0 || known > dispatch_known_[last_piece].known_ns ||
-          (known == dispatch_known_[last_piece].known_ns && piece > last_piece))
-        last_piece = piece;
+    for (int64_t t0 = r0; t0 < r1; t0 += TR) {
+      const int64_t t1 = std::min(r1, t0 + TR);
+      int64_t ready = chunk_known_[chunk_key(work_.rows[t0].token_idx)];
+      for (int64_t r = t0 + 1; r < t1; ++r) ready = std::max(ready, chunk_known_[chunk_key(work_.rows[r].token_idx)]);
+      tile_ready_.emplace_back(ready, static_cast<int32_t>(tile_ready_.size()));
     }
   }
   if (last_piece >= 0) {

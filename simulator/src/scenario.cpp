@@ -190,6 +190,7 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
   std::string first_error;
   std::atomic<bool> failed{false};
   auto worker = [&] {
+    WorkloadBuffers buffers;  // reused by this thread's trials
     for (;;) {
       const size_t j = next.fetch_add(1);
       if (j >= jobs.size() || failed.load()) return;
@@ -197,8 +198,8 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
       try {
         RoutingSpec routing = scenarios[pi].routing;
         routing.seed = trial_seed(routing.seed, trial);
-        const Workload generated = fixed_workload ? Workload{} : generate_workload(scenarios[pi].cfg, routing);
-        const Workload& w = fixed_workload ? *fixed_workload : generated;
+        const Workload& w =
+            fixed_workload ? *fixed_workload : generate_workload(scenarios[pi].cfg, routing, buffers);
         const LayerResult r = simulate_layer(scenarios[pi].topo, w, scenarios[pi].proto, scenarios[pi].options);
         rows[j] = RunRow{pi, trial, routing.seed, flat_metrics(r)};
       } catch (const std::exception& e) {

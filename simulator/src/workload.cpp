@@ -13,20 +13,18 @@
 namespace mok::sim {
 
 namespace {
-// The routing plan of routing that is known to be valid (cfg validated too).
-Workload plan_workload(const spec::LayerConfig& cfg, std::vector<int32_t> topk_experts, std::string description) {
-  Workload w;
-  w.cfg = cfg;
-  w.topk_experts = std::move(topk_experts);
-  w.description = std::move(description);
+// Builds w's routing plan from w.topk_experts, which must be valid (cfg validated too), in w's
+// own vectors. `slot_row` is the spec's per-slot index table, which the simulator does not
+// read; both keep their storage, so a caller that reuses them (Monte-Carlo trials) allocates
+// and first-touches nothing per workload.
+void build_plan(Workload& w, std::vector<int32_t>& slot_row) {
+  const spec::LayerConfig& cfg = w.cfg;
   w.expert_offsets.assign(cfg.num_experts + 1, 0);
   w.rows.resize(cfg.num_slots());
-  std::vector<int32_t> slot_row(cfg.num_slots());
+  slot_row.resize(cfg.num_slots());
   spec::build_routing_plan(cfg, w.topk_experts.data(),
                            spec::RoutingPlanView{w.expert_offsets.data(), w.rows.data(), slot_row.data()});
   w.rows.resize(w.expert_offsets[cfg.num_experts]);
-  w.rows.shrink_to_fit();
-  return w;
 }
 }  // namespace
 
@@ -47,7 +45,14 @@ Workload Workload::from_topk(const spec::LayerConfig& cfg, std::vector<int32_t> 
        << topk_experts[bad_token * cfg.top_k + bad_slot] << ")";
     throw Error(os.str());
   }
-  return plan_workload(cfg, std::move(topk_experts), std::move(description));
+  Workload w;
+  w.cfg = cfg;
+  w.topk_experts = std::move(topk_experts);
+  w.description = std::move(description);
+  std::vector<int32_t> slot_row;
+  build_plan(w, slot_row);
+  w.rows.shrink_to_fit();
+  return w;
 }
 
 namespace {
@@ -90,9 +95,14 @@ struct AliasTable {
     cut.resize(prob.size());
     for (size_t i = 0; i < prob.size(); ++i) cut[i] = static_cast<uint64_t>(std::ceil(prob[i] * 0x1.0p53));
   }
+  // Branch-free: whether the cut is passed is a coin flip for many entries of a skewed table,
+  // so a branch here would be mispredicted often; both candidates are read and one is selected
+  // by a mask (the same result as the conditional; the RNG is called in the same order).
   int32_t draw(Rng& rng) const {
     const uint64_t i = rng.below(cut.size());
-    return (rng.next_u64() >> 11) < cut[i] ? static_cast<int32_t>(i) : alias[i];
+    const uint64_t m = rng.next_u64() >> 11;
+    const int32_t keep = -static_cast<int32_t>(m < cut[i]);  // all ones when i itself is drawn
+    return (static_cast<int32_t>(i) & keep) | (alias[i] & ~keep);
   }
   std::vector<uint64_t> cut;
 };
@@ -143,10 +153,19 @@ std::vector<int32_t> read_topk_file(const spec::LayerConfig& cfg, const std::str
 }  // namespace
 
 Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
+  WorkloadBuffers buffers;
+  generate_workload(cfg, s, buffers);
+  buffers.workload.rows.shrink_to_fit();
+  return std::move(buffers.workload);
+}
+
+const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s, WorkloadBuffers& buffers) {
   const spec::Status cfg_status = cfg.validate();
   if (!cfg_status.ok) throw Error(std::string("layer: ") + cfg_status.message);
-  if (s.kind == RoutingKind::kTopkFile)
-    return Workload::from_topk(cfg, read_topk_file(cfg, s.topk_file), "topk_file " + s.topk_file);
+  if (s.kind == RoutingKind::kTopkFile) {
+    buffers.workload = Workload::from_topk(cfg, read_topk_file(cfg, s.topk_file), "topk_file " + s.topk_file);
+    return buffers.workload;
+  }
   if (s.kind == RoutingKind::kGolden)
     throw Error("workload.kind golden: this library does not read HDF5; the mok-sim CLI reads golden files "
                 "(in code: mok::ref::read_golden, then Workload::from_topk, then run_points(..., &workload))",
@@ -154,7 +173,11 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
   Rng rng = Rng::derive(s.seed, 0);
   const std::vector<double> p_global = global_popularity(cfg, s, rng);
   const int64_t E = cfg.num_experts, K = cfg.top_k, R = cfg.num_ranks, T = cfg.tokens_per_rank;
-  std::vector<int32_t> topk(cfg.num_slots());
+  Workload& w = buffers.workload;
+  w.cfg = cfg;
+  // Every slot is written below, so reused storage needs no clearing.
+  std::vector<int32_t>& topk = w.topk_experts;
+  topk.resize(cfg.num_slots());
   std::vector<char> taken(E, 0);
   for (int64_t r = 0; r < R; ++r) {
     Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
@@ -171,39 +194,62 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
     for (double x : p) positive += x > 0;
     if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
     const AliasTable table(p);
-    for (int64_t t = 0; t < T; ++t) {
-      int32_t* row = &topk[(r * T + t) * K];
-      for (int64_t k = 0; k < K; ++k) {
-        // Draw with replacement and reject repeats: the same law as successive sampling
-        // without replacement; after many rejections fall back to an exact scan.
+    // Each token's K distinct experts: draw with replacement and reject repeats (the same law
+    // as successive sampling without replacement); after 64 rejections in a row for one slot,
+    // an exact scan of the free mass. ORDER: the rank's tokens in order, each token's slots in
+    // order 0..K-1, one alias draw per iteration from rank_rng; then, per finished token, its
+    // empty-slot draws. These are the draws and decisions of "per slot, draw until an expert is
+    // not taken", written as one flat loop over the rank's slots that does not branch on
+    // whether a draw repeats an expert (unpredictable under skewed popularity): a rejected
+    // candidate is written into the open slot and overwritten by the next draw, and marking an
+    // already taken expert taken changes nothing. (Measured: the nested per-token, per-slot
+    // loops cost about as much as generating the draws, in mispredicted loop exits.)
+    int32_t* const rank_slots = &topk[r * T * K];
+    const int64_t rank_slot_count = T * K;
+    int64_t next_slot = 0;  // slots [0, next_slot) of the rank are accepted
+    int64_t filled = 0;     // accepted slots of the current token
+    int rejected = 0;       // consecutive rejections for slot next_slot
+    while (next_slot < rank_slot_count) {
+      const int32_t c = table.draw(rank_rng);
+      const int repeat = taken[c];  // 0 or 1
+      rank_slots[next_slot] = c;
+      taken[c] = 1;
+      next_slot += 1 - repeat;
+      filled += 1 - repeat;
+      // Arithmetic rather than `repeat ? rejected + 1 : 0`, which the compiler turns back into
+      // a branch on the repeat.
+      rejected = (rejected + 1) * repeat;
+      if (rejected == 64) [[unlikely]] {
         int32_t e = -1;
-        for (int attempt = 0; attempt < 64 && e < 0; ++attempt) {
-          const int32_t c = table.draw(rank_rng);
-          if (!taken[c]) e = c;
-        }
-        if (e < 0) {
-          double free_mass = 0;
-          for (int64_t x = 0; x < E; ++x) free_mass += taken[x] ? 0.0 : p[x];
-          double u = rank_rng.uniform() * free_mass;
-          for (int64_t x = 0; x < E; ++x) {
-            if (taken[x] || p[x] <= 0) continue;
-            e = static_cast<int32_t>(x);
-            u -= p[x];
-            if (u < 0) break;
-          }
+        double free_mass = 0;
+        for (int64_t x = 0; x < E; ++x) free_mass += taken[x] ? 0.0 : p[x];
+        double u = rank_rng.uniform() * free_mass;
+        for (int64_t x = 0; x < E; ++x) {
+          if (taken[x] || p[x] <= 0) continue;
+          e = static_cast<int32_t>(x);
+          u -= p[x];
+          if (u < 0) break;
         }
         taken[e] = 1;
-        row[k] = e;
+        rank_slots[next_slot++] = e;
+        ++filled;
+        rejected = 0;
       }
-      for (int64_t k = 0; k < K; ++k) taken[row[k]] = 0;
-      if (s.empty_slot_fraction > 0)
-        for (int64_t k = 0; k < K; ++k)
-          if (rank_rng.uniform() < s.empty_slot_fraction) row[k] = -1;
+      if (filled == K) {  // the token is complete
+        int32_t* row = rank_slots + next_slot - K;
+        for (int64_t k = 0; k < K; ++k) taken[row[k]] = 0;
+        filled = 0;
+        if (s.empty_slot_fraction > 0)
+          for (int64_t k = 0; k < K; ++k)
+            if (rank_rng.uniform() < s.empty_slot_fraction) row[k] = -1;
+      }
     }
   }
   // Valid by construction (K distinct experts in range per row, or -1), so the per-row check of
   // from_topk() is skipped; the workload tests run it on generated routing.
-  return plan_workload(cfg, std::move(topk), routing_spec_to_json(s).dump());
+  w.description = routing_spec_to_json(s).dump();
+  build_plan(w, buffers.slot_row);
+  return w;
 }
 
 namespace {

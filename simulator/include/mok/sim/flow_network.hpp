@@ -106,9 +106,9 @@ class FlowNetwork {
     int slot[kMaxPathLen];
     int class_slot = 0;
     bool active = false;
-    bool fresh = false;  // started since the last assignment
     bool demand_unreachable = false;  // demand above a capacity on the path
-    int admitted_bottleneck = kNotAdmitted;  // what admit() chose, until the next full filling
+    int admitted_bottleneck = kNotAdmitted;  // what admit() chose, until the next full filling:
+    uint32_t admitted_epoch = 0;             // valid while this equals epoch_
   };
   std::vector<Links> links_;
   std::vector<int> free_flows_;
@@ -129,8 +129,15 @@ class FlowNetwork {
   // scratch for recompute_rates()
   std::vector<int64_t> rem_cap_;
   std::vector<int> unfrozen_count_;
-  std::vector<uint32_t> frozen_epoch_;  // flow frozen in this recompute iff == epoch_
-  uint32_t epoch_ = 0;
+  // Per flow, what every freeze of recompute_rates() reads and writes, in 8 bytes rather than
+  // in the flow's Links (another cache line per frozen flow): frozen in this recompute iff
+  // frozen_epoch == epoch_; fresh = started since the last assignment.
+  struct FillMark {
+    uint32_t frozen_epoch = 0;
+    uint32_t fresh = 0;
+  };
+  std::vector<FillMark> fill_mark_;
+  uint32_t epoch_ = 0;  // recompute_rates() calls, mod 2^32 (0 skipped after a wrap)
   std::vector<std::pair<int64_t, int>> heap_;
   std::vector<int> saturating_;
   std::vector<int64_t> old_rate_;

@@ -13,7 +13,7 @@
 
 namespace mok::sim {
 
-// Built only through from_topk(), so the plan always matches topk_experts.
+// Built only through from_topk() or generate_workload(), so the plan always matches topk_experts.
 struct Workload {
   spec::LayerConfig cfg;
   std::vector<int32_t> topk_experts;      // [G*K], global token order, -1 = empty slot
@@ -56,6 +56,16 @@ struct RoutingSpec {
 RoutingSpec routing_spec_from_json(const nlohmann::json& doc, const std::string& origin);
 nlohmann::json routing_spec_to_json(const RoutingSpec& spec);
 Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec);
+
+// Storage for generating one workload after another (Monte-Carlo trials): the same workload as
+// generate_workload(cfg, spec), built in `buffers`, whose vectors keep their capacity from one
+// call to the next (an NVL72 layer's routing, plan and slot table are ~75 MB, and fresh pages
+// cost a page fault each). The result lives in buffers.workload until the next call.
+struct WorkloadBuffers {
+  Workload workload;
+  std::vector<int32_t> slot_row;  // the routing plan's per-slot table (unused by the simulator)
+};
+const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec, WorkloadBuffers& buffers);
 
 // Load statistics of a set of non-negative counts.
 struct LoadStats {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <thread>
 
-#include <CLI/CLI.hpp>
+#include "mok/cli.hpp"
 
 #include "mok/reference/golden.hpp"
 #include "mok/sim/error.hpp"
@@ -298,12 +298,7 @@ int main(int argc, char** argv) {
 
   app.add_subcommand("example", "Print an example scenario with a sweep and a plot");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? kExitOk : kExitBadInput;
-  }
+  if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
     if (run->parsed()) return run_command(scenario_path, topology, golden_path, sets, format, out_dir, trace_path, trace_gpus,
                                           threads, per_gpu);

@@ -10,8 +10,12 @@
 //   bwd1   d_act:        A [M, K] K-major, B [K, N] MN-major (256-wide), K = H
 //   wgrad  weight grads: A [K, M] MN-major, B [K, N] MN-major (256-wide), K = rows of an expert
 // Epilogues: `store` writes what the layer writes (fp32 or bf16 pairs), `none` only keeps the
-// accumulators alive (the pure main loop). Prints a table: ms (median), TFLOP/s, % of the bf16
-// peak measured in the same run (an 8192^3 cublasGemmEx), and cuBLAS on the same M, N, K.
+// accumulators alive (the pure main loop). Three variants of the engine run each case: stores
+// from the accumulator fragments (pairs of columns, eight rows per warp instruction), the
+// warp-specialised experiment below, and row stores through shared memory (the layer's epilogue
+// since 2026-12-03); both others' bits are checked against the first. Prints a table: ms
+// (median), TFLOP/s, % of the bf16 peak measured in the same run (an 8192^3 cublasGemmEx), and
+// cuBLAS on the same M, N, K.
 // Exit 3 without a GPU with sm_90a, 2 on bad arguments.
 #include "../kernel/device/mma_tile.cuh"
 #include "mok/spec/orders.hpp"
@@ -98,7 +102,44 @@ template <int kMode>
   }
 }
 
+// The same stores as a row epilogue (gemm_fast stages the tile in shared memory; a warp stores
+// 256-512 contiguous bytes of one row), as the layer does since 2026-12-03.
 template <int kMode>
+[[maybe_unused]] __device__ __forceinline__ void store_row4(const Args& a, int64_t idx, const float4& v, int valid) {
+  using namespace mok::spec;
+  if (!a.store) {
+    if (v.x + v.y + v.z + v.w == -1.25e30f) a.out_f32[0][0] = v.x;
+  } else if constexpr (kMode == kWgrad) {
+    store4_f32(a.out_f32[0] + idx, v, valid);
+  } else if (kMode == kBwd1 && a.layer) {
+    const float4 sg = load4_f32(a.out_f32[0] + idx, valid), ds = load4_f32(a.out_f32[1] + idx, valid),
+                 u = load4_f32(a.out_f32[2] + idx, valid);
+    store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, ds.x), swiglu_grad_gate_pre(v.y, u.y, ds.y),
+                swiglu_grad_gate_pre(v.z, u.z, ds.z), swiglu_grad_gate_pre(v.w, u.w, ds.w), valid);
+    store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, sg.x), swiglu_grad_up_pre(v.y, sg.y),
+                swiglu_grad_up_pre(v.z, sg.z), swiglu_grad_up_pre(v.w, sg.w), valid);
+  } else {
+    store4_bf16(a.out_bf16 + idx, bf16_from_f32_rne(v.x), bf16_from_f32_rne(v.y), bf16_from_f32_rne(v.z),
+                bf16_from_f32_rne(v.w), valid);
+  }
+}
+[[maybe_unused]] __device__ __forceinline__ void store_gate_up4(const Args& a, int64_t idx, const float4& g,
+                                                                const float4& u, int valid) {
+  using namespace mok::spec;
+  if (!a.store) {
+    if (g.x + g.y + u.z + u.w == -1.25e30f) a.out_f32[0][0] = g.x;
+    return;
+  }
+  const SiluPair s0 = silu_and_grad_f32(g.x), s1 = silu_and_grad_f32(g.y), s2 = silu_and_grad_f32(g.z),
+                 s3 = silu_and_grad_f32(g.w);
+  store4_f32(a.out_f32[0] + idx, make_float4(s0.silu, s1.silu, s2.silu, s3.silu), valid);
+  store4_f32(a.out_f32[1] + idx, make_float4(s0.grad, s1.grad, s2.grad, s3.grad), valid);
+  store4_f32(a.out_f32[2] + idx, u, valid);
+  store4_bf16(a.out_bf16 + idx, swiglu_act_pre(s0.silu, u.x), swiglu_act_pre(s1.silu, u.y),
+              swiglu_act_pre(s2.silu, u.z), swiglu_act_pre(s3.silu, u.w), valid);
+}
+
+template <int kMode, bool kRows>
 __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
 #if defined(MOK_WGMMA)
   extern __shared__ __align__(1024) unsigned char dyn[];
@@ -112,11 +153,25 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
     const int64_t m0 = rt * kTileM, n0 = ct * kBN;
     const int64_t rows = min(int64_t{kTileM}, a.M - m0), cols = min(int64_t{kBN}, a.N - n0);
     const TensorMapBytes* mp = a.maps;
-    if constexpr (kMode == kFwd1) {
+    if constexpr (kMode == kFwd1 && kRows) {
+      gemm_fast<0, 0, true, kTileNFast>(
+          smem, a.K, rows, cols, kmajor(mp, m0), kmajor(mp + 1, n0), kmajor(mp + 2, n0),
+          by_rows(NoKey{}, [&](int64_t i, int64_t, int j, const float4& g, const float4& u, int valid) {
+            store_gate_up4(a, (m0 + i) * a.N + n0 + j, g, u, valid);
+          }));
+    } else if constexpr (kMode == kFwd1) {
       gemm_fast<0, 0, true, kTileNFast>(smem, a.K, rows, cols, kmajor(mp, m0), kmajor(mp + 1, n0), kmajor(mp + 2, n0),
                                         [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
                                           store_gate_up(a, (m0 + i) * a.N + n0 + j, g0, g1, u0, u1);
                                         });
+    } else if constexpr (kRows) {
+      constexpr int TA = kMode == kWgrad ? 1 : 0, TB = kMode == kFwd2 ? 0 : 1;
+      const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+      const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
+      gemm_fast<TA, TB, false, kTileNWide>(smem, a.K, rows, cols, A, B, B,
+                                           by_rows(NoKey{}, [&](int64_t i, int64_t, int j, const float4& v, int valid) {
+                                             store_row4<kMode>(a, (m0 + i) * a.N + n0 + j, v, valid);
+                                           }));
     } else {
       constexpr int TA = kMode == kWgrad ? 1 : 0, TB = kMode == kFwd2 ? 0 : 1;
       const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
@@ -265,12 +320,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
 }
 
 // One persistent block per SM of the layer's engine or of the warp-specialised variant.
+// variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores.
 template <int kMode>
-void launch_mode(const Args& a, int sms, size_t smem, bool ws) {
-  if (ws)
+void launch_mode(const Args& a, int sms, size_t smem, int variant) {
+  if (variant == 1)
     ws_kernel<kMode><<<sms, kWsThreads, smem>>>(a);
+  else if (variant == 2)
+    engine_kernel<kMode, true><<<sms, kThreads, smem>>>(a);
   else
-    engine_kernel<kMode><<<sms, kThreads, smem>>>(a);
+    engine_kernel<kMode, false><<<sms, kThreads, smem>>>(a);
 }
 
 __global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t seed) {
@@ -381,7 +439,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   cudaFuncAttributes fa{};
-  CK(cudaFuncGetAttributes(&fa, engine_kernel<kFwd1>));
+  CK(cudaFuncGetAttributes(&fa, engine_kernel<kFwd1, false>));
   if (fa.binaryVersion != 90) {
     std::fprintf(stderr, "mok-gemm-bench: built without sm_90a code (binary version %d); configure with MOK_CUDA_ARCHS "
                  "containing 90a\n", fa.binaryVersion);
@@ -419,8 +477,9 @@ int main(int argc, char** argv) {
               prop.name, prop.multiProcessorCount, static_cast<long long>(M), static_cast<long long>(H),
               static_cast<long long>(I), static_cast<long long>(wrows), epi.c_str(), reps, warmup);
   std::printf("# bf16 peak measured now: %.0f TFLOP/s (8192^3 cublasGemmEx)\n", peak);
-  std::printf("%-6s %7s %7s %7s %10s %9s %7s %8s %9s %7s %10s %9s %s\n", "gemm", "M", "N", "K", "engine ms",
-              "TFLOP/s", "% peak", "ws ms", "TFLOP/s", "% peak", "cuBLAS ms", "TFLOP/s", "ws bits");
+  std::printf("%-6s %7s %7s %7s %10s %9s %7s %8s %9s %7s %8s %9s %7s %10s %9s %-7s %s\n", "gemm", "M", "N", "K",
+              "engine ms", "TFLOP/s", "% peak", "ws ms", "TFLOP/s", "% peak", "rows ms", "TFLOP/s", "% peak",
+              "cuBLAS ms", "TFLOP/s", "ws bits", "rows bits");
 
   for (const char* name : {"fwd1", "fwd2", "bwd1", "wgrad"}) {
     if (("," + modes + ",").find(std::string(",") + name + ",") == std::string::npos) continue;
@@ -457,18 +516,21 @@ int main(int argc, char** argv) {
         fill_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(args.out_f32[q]), GM * GN * 2, 31 + q);
         CK(cudaGetLastError());
       }
-    auto launch_either = [&](bool ws) {
+    auto launch_variant = [&](int variant) {
       switch (mode) {
-        case kFwd1: launch_mode<kFwd1>(args, prop.multiProcessorCount, smem, ws); break;
-        case kFwd2: launch_mode<kFwd2>(args, prop.multiProcessorCount, smem, ws); break;
-        case kBwd1: launch_mode<kBwd1>(args, prop.multiProcessorCount, smem, ws); break;
-        default: launch_mode<kWgrad>(args, prop.multiProcessorCount, smem, ws); break;
+        case kFwd1: launch_mode<kFwd1>(args, prop.multiProcessorCount, smem, variant); break;
+        case kFwd2: launch_mode<kFwd2>(args, prop.multiProcessorCount, smem, variant); break;
+        case kBwd1: launch_mode<kBwd1>(args, prop.multiProcessorCount, smem, variant); break;
+        default: launch_mode<kWgrad>(args, prop.multiProcessorCount, smem, variant); break;
       }
     };
-    auto launch = [&] { launch_either(false); };
-    auto launch_ws = [&] { launch_either(true); };
-    for (auto* f : {engine_kernel<kFwd1>, engine_kernel<kFwd2>, engine_kernel<kBwd1>, engine_kernel<kWgrad>,
-                    ws_kernel<kFwd1>, ws_kernel<kFwd2>, ws_kernel<kBwd1>, ws_kernel<kWgrad>})
+    auto launch = [&] { launch_variant(0); };
+    auto launch_ws = [&] { launch_variant(1); };
+    auto launch_rows = [&] { launch_variant(2); };
+    for (auto* f : {engine_kernel<kFwd1, false>, engine_kernel<kFwd2, false>, engine_kernel<kBwd1, false>,
+                    engine_kernel<kWgrad, false>, engine_kernel<kFwd1, true>, engine_kernel<kFwd2, true>,
+                    engine_kernel<kBwd1, true>, engine_kernel<kWgrad, true>, ws_kernel<kFwd1>, ws_kernel<kFwd2>,
+                    ws_kernel<kBwd1>, ws_kernel<kWgrad>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     // Both engines must produce the same bits (same chain order); checked with the stores on.
     const int64_t out_bytes = mode == kWgrad ? GM * GN * 4 : mode == kFwd1 ? GM * GN * 4 : GM * GN * 2;
@@ -485,9 +547,25 @@ int main(int argc, char** argv) {
     CK(cudaGetLastError());
     CK(cudaMemcpy(got.data(), out_ptr, out_bytes, cudaMemcpyDeviceToHost));
     bool same = ref == got;
+    // The row epilogue must store the fragment path's bits, the layer's epilogue (bwd1) included.
+    std::vector<unsigned char> ref_all, got_all;
+    const int64_t all_bytes = args.layer ? 2 * out_bytes : out_bytes;
+    ref_all.resize(all_bytes);
+    got_all.resize(all_bytes);
+    void* all_ptr = args.layer ? static_cast<void*>(args.out_bf16) : out_ptr;
+    CK(cudaMemset(all_ptr, 0, all_bytes));
+    launch();
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(ref_all.data(), all_ptr, all_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(all_ptr, 0, all_bytes));
+    launch_rows();
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(got_all.data(), all_ptr, all_bytes, cudaMemcpyDeviceToHost));
+    const bool rows_same = ref_all == got_all;
     args.store = keep;
     const double ms = time_ms(launch, warmup, reps);
     const double ws_ms = time_ms(launch_ws, warmup, reps);
+    const double rows_ms = time_ms(launch_rows, warmup, reps);
     const double flops = 2.0 * GM * GN * GK * (mode == kFwd1 ? 2 : 1);
     // cuBLAS on the same product (column-major view: C^T [GN, GM] = B^T A^T); for fwd1 one GEMM
     // with 2N columns (gate and up stacked).
@@ -504,10 +582,11 @@ int main(int argc, char** argv) {
         },
         warmup, reps);
     auto tf = [&](double t) { return flops / (t * 1e-3) / 1e12; };
-    std::printf("%-6s %7lld %7lld %7lld %10.3f %9.1f %6.1f%% %8.3f %9.1f %6.1f%% %10.3f %9.1f %s\n", name,
-                static_cast<long long>(GM), static_cast<long long>(cn), static_cast<long long>(GK), ms, tf(ms),
-                100.0 * tf(ms) / peak, ws_ms, tf(ws_ms), 100.0 * tf(ws_ms) / peak, cms, tf(cms),
-                args.layer ? "n/a" : same ? "same" : "DIFFER");
+    std::printf("%-6s %7lld %7lld %7lld %10.3f %9.1f %6.1f%% %8.3f %9.1f %6.1f%% %8.3f %9.1f %6.1f%% %10.3f %9.1f %-7s %s\n",
+                name, static_cast<long long>(GM), static_cast<long long>(cn), static_cast<long long>(GK), ms, tf(ms),
+                100.0 * tf(ms) / peak, ws_ms, tf(ws_ms), 100.0 * tf(ws_ms) / peak, rows_ms, tf(rows_ms),
+                100.0 * tf(rows_ms) / peak, cms, tf(cms), args.layer ? "n/a" : same ? "same" : "DIFFER",
+                rows_same ? "same" : "DIFFER");
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
                     static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]), static_cast<void*>(args.out_f32[2]),

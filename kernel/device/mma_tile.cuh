@@ -16,6 +16,7 @@
 #include "mok/spec/config.hpp"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace mok::kernel::device {
 
@@ -372,24 +373,10 @@ __device__ __forceinline__ void fast_chunk(float (&acc)[NJ][4], float (&acc2)[16
 }
 #endif
 
-// An epilogue that reads memory (backward: the forward's gate and up) can ask for it early:
-// gemm_fast calls prefetch() on every thread kPrefetchLead chunks before the main loop ends, so
-// the reads hit L2 instead of DRAM, one after another, behind the epilogue's stores.
+// An epilogue that reads memory (backward: the forward's silu(g), silu'(g) and u) can ask for it
+// early: gemm_fast calls its prefetch() on every thread kPrefetchLead chunks before the main loop
+// ends, so the reads hit L2 instead of DRAM (RowEpilogue's pre()).
 inline constexpr int64_t kPrefetchLead = 12;
-template <class Pre, class Epi>
-struct PrefetchEpilogue {
-  Pre pre;
-  Epi epi;
-  __device__ __forceinline__ void prefetch() const { pre(); }
-  template <class... V>
-  __device__ __forceinline__ void operator()(int64_t i, int64_t j, V... v) const {
-    epi(i, j, v...);
-  }
-};
-template <class Pre, class Epi>
-__device__ __forceinline__ PrefetchEpilogue<Pre, Epi> with_prefetch(Pre pre, Epi epi) {
-  return PrefetchEpilogue<Pre, Epi>{pre, epi};
-}
 
 // Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte aligned global address (sm_90).
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
@@ -400,10 +387,85 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
+// Row epilogues. The accumulator fragment gives a thread two rows and, per instruction, a warp
+// eight rows of 32 (fp32) or 16 (bf16) bytes each: eight cache lines per store. A row epilogue
+// instead receives the finished tile through shared memory (the idle ring), a warp per row and
+// four adjacent columns per lane, so that a warp's store covers 256-512 contiguous bytes:
+//  - key(i): one value per tile row (say, the address of the row's destination), computed once
+//    per tile by thread i and passed to every store of that row;
+//  - store(i, key, j, v, valid) with v = c[i][j .. j+3] (and u = c2[i][j .. j+3] after v with
+//    kDual), valid = how many of the four columns are inside the tile (1 .. 4);
+//  - optionally pre(), gemm_fast's prefetch() hook (kPrefetchLead).
+// Every value is the same fp32 accumulator as in the fragment path: only who stores changes.
+struct NoPrefetch {
+  __device__ __forceinline__ void operator()() const {}
+};
+template <class Key, class Store, class Pre = NoPrefetch>
+struct RowEpilogue {
+  static constexpr bool kRows = true;
+  Key key;
+  Store store;
+  Pre pre;
+  __device__ __forceinline__ void prefetch() const
+    requires(!std::is_same_v<Pre, NoPrefetch>)
+  {
+    pre();
+  }
+};
+template <class Key, class Store>
+__device__ __forceinline__ RowEpilogue<Key, Store> by_rows(Key key, Store store) {
+  return RowEpilogue<Key, Store>{key, store, NoPrefetch{}};
+}
+template <class Key, class Store, class Pre>
+__device__ __forceinline__ RowEpilogue<Key, Store, Pre> by_rows(Key key, Store store, Pre pre) {
+  return RowEpilogue<Key, Store, Pre>{key, store, pre};
+}
+template <class E>
+inline constexpr bool kIsRowEpilogue = requires { E::kRows; };
+// A row epilogue with no per-row value.
+struct NoKey {
+  __device__ __forceinline__ int64_t operator()(int64_t) const { return 0; }
+};
+
+// Row-epilogue staging in the ring: fp32 rows of 256 values (kDual: c at 0..127, c2 at 128..255)
+// padded by 8 floats, so that a half-warp's float2 fragment stores hit 32 different banks; then
+// the 128 row keys.
+constexpr int kStageRowFloats = 256 + 8;
+constexpr int kStageKeysOffset = kTileM * kStageRowFloats * 4;
+static_assert(kStageKeysOffset + kTileM * 8 <= kRingBytes, "the staged tile and its keys fit in the ring");
+
+// Stores four fp32 values (valid of them) at p: one 16-byte store when all four are valid and p is
+// 16-byte aligned.
+__device__ __forceinline__ void store4_f32(float* p, const float4& v, int valid) {
+  if (valid == 4 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<float4*>(p) = v;
+    return;
+  }
+  const float e[4] = {v.x, v.y, v.z, v.w};
+  for (int q = 0; q < valid; ++q) p[q] = e[q];
+}
+// Stores four bf16 bit patterns (valid of them) at p: one 8-byte store when possible.
+__device__ __forceinline__ void store4_bf16(uint16_t* p, uint16_t b0, uint16_t b1, uint16_t b2, uint16_t b3,
+                                            int valid) {
+  if (valid == 4 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack2(b0, b1), pack2(b2, b3));
+    return;
+  }
+  const uint16_t e[4] = {b0, b1, b2, b3};
+  for (int q = 0; q < valid; ++q) p[q] = e[q];
+}
+// Loads four fp32 values (valid of them; the rest read as 0) from p through the read-only path.
+__device__ __forceinline__ float4 load4_f32(const float* p, int valid) {
+  if (valid == 4 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) return __ldg(reinterpret_cast<const float4*>(p));
+  float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int q = 0; q < valid; ++q) e[q] = __ldg(p + q);
+  return make_float4(e[0], e[1], e[2], e[3]);
+}
+
 // Fast engine: C[128 x kBN] = A[128 x K] * B[K x kBN] (and C2 = A * B2 when kDual, kBN = 128), then
 // epilogue(i, j, c[i][j], c[i][j+1]) (or with c2's pair appended) for every even j < cols and
-// i < rows, relative to the tile (cols must be even). TA / TB: A / B MN-major. All threads of
-// the block must call it.
+// i < rows, relative to the tile (cols must be even), or, for a RowEpilogue, its stores of four
+// columns at a time (above). TA / TB: A / B MN-major. All threads of the block must call it.
 template <int TA, int TB, bool kDual, int kBN, class Epilogue>
 __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const FastOperand& A,
                           const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {
@@ -473,19 +535,54 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     for (int st = 0; st < kStages; ++st)
       asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
+  if constexpr (kIsRowEpilogue<Epilogue>) {
+    // The ring is idle: every loaded chunk was consumed and both warpgroups' wgmma are done.
+    float* staged = reinterpret_cast<float*>(smem.ring);
+    int64_t* keys = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset);
 #pragma unroll
-  for (int j = 0; j < NJ; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row
-      const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
-      if (i < rows && jj < cols) {
+      for (int e = 0; e < 4; e += 2) {
+        const int i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
+        *reinterpret_cast<float2*>(staged + i * kStageRowFloats + jj) = make_float2(acc[j][e], acc[j][e + 1]);
         if constexpr (kDual)
-          epilogue(i, jj, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
-        else
-          epilogue(i, jj, acc[j][e], acc[j][e + 1]);
+          *reinterpret_cast<float2*>(staged + i * kStageRowFloats + 128 + jj) = make_float2(acc2[j][e], acc2[j][e + 1]);
+      }
+    if (threadIdx.x < rows) keys[threadIdx.x] = epilogue.key(threadIdx.x);
+    __syncthreads();
+    constexpr int kCols = kDual ? 128 : kBN;  // columns of c per row: 128 per pass of a warp
+    for (int64_t i = warp; i < rows; i += kWarps) {
+      const int64_t key = keys[i];
+      const float* row = staged + i * kStageRowFloats;
+#pragma unroll
+      for (int h = 0; h < kCols / 128; ++h) {
+        const int j = h * 128 + 4 * lane;
+        if (j < cols) {
+          const int valid = cols - j < 4 ? static_cast<int>(cols - j) : 4;
+          const float4 v = *reinterpret_cast<const float4*>(row + j);
+          if constexpr (kDual)
+            epilogue.store(i, key, j, v, *reinterpret_cast<const float4*>(row + 128 + j), valid);
+          else
+            epilogue.store(i, key, j, v, valid);
+        }
       }
     }
+    // The next tile's first barrier keeps its loads off the staged tile until every warp is done.
+  } else {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row
+        const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
+        if (i < rows && jj < cols) {
+          if constexpr (kDual)
+            epilogue(i, jj, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
+          else
+            epilogue(i, jj, acc[j][e], acc[j][e + 1]);
+        }
+      }
+  }
 #else
   // The host only selects the fast engine for sm_90a code; reaching this is a launch error.
   (void)smem_raw, (void)K, (void)rows, (void)cols, (void)A, (void)B, (void)B2, (void)epilogue;

@@ -270,42 +270,44 @@ __device__ inline void publish_tile(uint32_t* counter) {
   publish(counter, 1);
 }
 
-// Combine and backward push: row p's value at column `col`, rounded to bf16, goes straight into
-// the token owner's slot buffer (y_slots or dx_slots), where each (token, slot) is written once.
-__device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
-                                     int64_t p, int64_t col, float v) {
+// Combine and backward push: canonical row p's slot row in its token owner's slot buffer
+// (y_slots or dx_slots), where each (token, slot) is written once.
+__device__ __forceinline__ uint16_t* slot_row(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
+                                              int64_t p) {
   const spec::LayerConfig& c = P.cfg;
   const RowRef row = S.rows[p];
-  uint16_t* dst = P.peers[row.token_idx / c.tokens_per_rank].*slots;
-  dst[((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden + col] = spec::bf16_from_f32_rne(v);
+  return P.peers[row.token_idx / c.tokens_per_rank].*slots +
+         ((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden;
+}
+__device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
+                                     int64_t p, int64_t col, float v) {
+  slot_row(P, S, slots, p)[col] = spec::bf16_from_f32_rne(v);
 }
 
-// The slot rows a thread of the fast engine pushes to. A thread holds only two rows of a tile,
-// i and i + 8 with i = 16 * warp + lane / 4 (gemm_fast's fragment layout), so both addresses are
-// looked up once per tile (the lookup reads the row list and the peer table and divides by T),
-// not once per column pair; bit 3 of the tile row picks one.
-struct SlotRows {
-  uint16_t* dst[2] = {nullptr, nullptr};
-  SlotRows() = default;
-  __device__ __forceinline__ SlotRows(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
-                                      int64_t p0, int64_t n) {
-    const spec::LayerConfig& c = P.cfg;
-    const int64_t i0 = (threadIdx.x / 32) * 16 + (threadIdx.x % 32) / 4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      dst[h] = nullptr;
-      if (i0 + 8 * h < n) {
-        const RowRef r = S.rows[p0 + i0 + 8 * h];
-        dst[h] = P.peers[r.token_idx / c.tokens_per_rank].*slots +
-                 ((r.token_idx % c.tokens_per_rank) * c.top_k + r.slot_idx) * c.hidden;
-      }
-    }
-  }
-  // Two adjacent columns (col even) of tile row i in one 4-byte store.
-  __device__ __forceinline__ void push_pair(int64_t i, int64_t col, float v0, float v1) const {
-    *reinterpret_cast<uint32_t*>(dst[(i >> 3) & 1] + col) = pack2(spec::bf16_from_f32_rne(v0), spec::bf16_from_f32_rne(v1));
-  }
-};
+// Four columns of a row epilogue rounded to bf16 (valid of them stored).
+__device__ __forceinline__ void store4_rne(uint16_t* p, const float4& v, int valid) {
+  store4_bf16(p, spec::bf16_from_f32_rne(v.x), spec::bf16_from_f32_rne(v.y), spec::bf16_from_f32_rne(v.z),
+              spec::bf16_from_f32_rne(v.w), valid);
+}
+
+// The fast engine's phase-2 epilogue (forward down, backward d_x), through shared memory: a
+// routed row goes to its slot row at the token's owner (the row's key is that address), a
+// shared-expert row to this rank's fp32 `shared` rows.
+__device__ __forceinline__ auto slot_row_epilogue(const LaunchParams& P, const RankState& S,
+                                                  uint16_t* PeerBuffers::*slots, bool routed, int64_t p0, int64_t n0,
+                                                  float* shared) {
+  const int64_t H = P.cfg.hidden;
+  return by_rows(
+      [&P, &S, slots, routed, p0](int64_t i) {
+        return routed ? reinterpret_cast<int64_t>(slot_row(P, S, slots, p0 + i)) : int64_t{0};
+      },
+      [routed, p0, n0, shared, H](int64_t i, int64_t key, int j, const float4& v, int valid) {
+        if (routed)
+          store4_rne(reinterpret_cast<uint16_t*>(key) + n0 + j, v, valid);
+        else
+          store4_f32(shared + (p0 + i) * H + n0 + j, v, valid);
+      });
+}
 
 // Atomics variant: adds a column pair of row p to its token's fp32 accumulator at the owner,
 // forward w * rn(y) (scale), backward rn(dx); a shared-expert row (routed false, p the token)
@@ -557,6 +559,9 @@ __device__ inline void combine_columns(const LaunchParams& P, const Role& role, 
 // gate/up of one column tile: silu(g), silu'(g) and u fp32 and act = swiglu(g, u) bf16. The
 // backward reads silu(g) and silu'(g) instead of recomputing them from g: its phase-1 epilogue
 // then has no exp and no division (kernel/README.md, "Backward phase 1").
+// Its stores stay in the fragment layout: through shared memory (a RowEpilogue) this tile took
+// 5% longer on the dsv3 forward (2026-12-03, kernel/notes/bench_v6_rows.txt), where the other
+// GEMMs' epilogues gained.
 __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
                                       int64_t n0) {
   const spec::LayerConfig& c = P.cfg;
@@ -650,18 +655,17 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   };
   // ORDER: dot-chain over I (Is).
   if (P.fast) {
-    const SlotRows slot_rows = routed ? SlotRows(P, S, &PeerBuffers::y_slots, p0, n) : SlotRows{};
     const FastOperand A = kmajor(routed ? &maps.act : &maps.shared_act, p0);
     const FastOperand B = kmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, (routed ? t.e * H : 0) + n0);
-    gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, min(static_cast<int64_t>(kTileNWide), H - n0), A, B, B,
-                           [&](int64_t i, int64_t j, float v0, float v1) {
-                             if constexpr (kAtomics)
+    const int64_t cols = min(static_cast<int64_t>(kTileNWide), H - n0);
+    if constexpr (kAtomics)
+      gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, cols, A, B, B,
+                             [&](int64_t i, int64_t j, float v0, float v1) {
                                atomic_pair(P, role, S, routed, true, p0 + i, n0 + j, v0, v1);
-                             else if (routed)
-                               slot_rows.push_pair(i, n0 + j, v0, v1);
-                             else
-                               *reinterpret_cast<float2*>(S.shared_out + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
-                           });
+                             });
+    else
+      gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, cols, A, B, B,
+                             slot_row_epilogue(P, S, &PeerBuffers::y_slots, routed, p0, n0, S.shared_out));
   } else {
     gemm_slow(smem, n, H, Kd, 0, n0, [&](int64_t m, int64_t k) { return act[(p0 + m) * Kd + k]; },
               [&](int64_t k, int64_t col) { return wd[col * Kd + k]; }, out);
@@ -768,25 +772,29 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
     // main loop and read through the read-only path (this pass never writes them).
     const int64_t cols = min(static_cast<int64_t>(kTileNWide), N - n0);
     gemm_fast<0, 1, false, kTileNWide>(smem, H, n, cols, A, B, B,
-                           with_prefetch([&] {
-                             const float* src[3] = {gsilu, gdsilu, up};
-                             for (int q = threadIdx.x; q < 3 * kTileM; q += kThreads) {
-                               const int64_t r = q % kTileM;
-                               if (r < n)
-                                 prefetch_l2(src[q / kTileM] + (p0 + r) * N + n0,
-                                             static_cast<uint32_t>(cols * sizeof(float)));
-                             }
-                           },
-                           [&](int64_t i, int64_t j, float da0, float da1) {
-                             const int64_t idx = (p0 + i) * N + n0 + j;
-                             const float2 s = __ldg(reinterpret_cast<const float2*>(gsilu + idx));
-                             const float2 ds = __ldg(reinterpret_cast<const float2*>(gdsilu + idx));
-                             const float2 u = __ldg(reinterpret_cast<const float2*>(up + idx));
-                             *reinterpret_cast<uint32_t*>(dg + idx) = pack2(spec::swiglu_grad_gate_pre(da0, u.x, ds.x),
-                                                                            spec::swiglu_grad_gate_pre(da1, u.y, ds.y));
-                             *reinterpret_cast<uint32_t*>(du + idx) =
-                                 pack2(spec::swiglu_grad_up_pre(da0, s.x), spec::swiglu_grad_up_pre(da1, s.y));
-                           }));
+                           by_rows(
+                               NoKey{},
+                               [&](int64_t i, int64_t, int j, const float4& da, int valid) {
+                                 const int64_t idx = (p0 + i) * N + n0 + j;
+                                 const float4 s = load4_f32(gsilu + idx, valid), ds = load4_f32(gdsilu + idx, valid),
+                                              u = load4_f32(up + idx, valid);
+                                 store4_bf16(dg + idx, spec::swiglu_grad_gate_pre(da.x, u.x, ds.x),
+                                             spec::swiglu_grad_gate_pre(da.y, u.y, ds.y),
+                                             spec::swiglu_grad_gate_pre(da.z, u.z, ds.z),
+                                             spec::swiglu_grad_gate_pre(da.w, u.w, ds.w), valid);
+                                 store4_bf16(du + idx, spec::swiglu_grad_up_pre(da.x, s.x), spec::swiglu_grad_up_pre(da.y, s.y),
+                                             spec::swiglu_grad_up_pre(da.z, s.z), spec::swiglu_grad_up_pre(da.w, s.w),
+                                             valid);
+                               },
+                               [&] {
+                                 const float* src[3] = {gsilu, gdsilu, up};
+                                 for (int q = threadIdx.x; q < 3 * kTileM; q += kThreads) {
+                                   const int64_t r = q % kTileM;
+                                   if (r < n)
+                                     prefetch_l2(src[q / kTileM] + (p0 + r) * N + n0,
+                                                 static_cast<uint32_t>(cols * sizeof(float)));
+                                 }
+                               }));
   } else {
     gemm_slow(smem, n, N, H, 0, n0, [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; },
               [&](int64_t k, int64_t col) { return wd[k * N + col]; }, epi);
@@ -831,21 +839,20 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   };
   // ORDER: dot-chain over 2I, gate half first.
   if (P.fast) {
-    const SlotRows slot_rows = routed ? SlotRows(P, S, &PeerBuffers::dx_slots, p0, n) : SlotRows{};
     const FastOperand A = routed ? kmajor2(&maps.d_gate, p0, &maps.d_up, p0, N1)
                                  : kmajor2(&maps.shared_d_gate, p0, &maps.shared_d_up, p0, N1);
     const int64_t wrow = routed ? t.e * N1 : 0;
     const FastOperand B = routed ? mnmajor2(&maps.w_routed_gate, wrow, &maps.w_routed_up, wrow, N1, n0)
                                  : mnmajor2(&maps.w_shared_gate, wrow, &maps.w_shared_up, wrow, N1, n0);
-    gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, min(static_cast<int64_t>(kTileNWide), H - n0), A, B, B,
-                           [&](int64_t i, int64_t j, float v0, float v1) {
-                             if constexpr (kAtomics)
+    const int64_t cols = min(static_cast<int64_t>(kTileNWide), H - n0);
+    if constexpr (kAtomics)
+      gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, cols, A, B, B,
+                             [&](int64_t i, int64_t j, float v0, float v1) {
                                atomic_pair(P, role, S, routed, false, p0 + i, n0 + j, v0, v1);
-                             else if (routed)
-                               slot_rows.push_pair(i, n0 + j, v0, v1);
-                             else
-                               *reinterpret_cast<float2*>(S.dx_shared + (p0 + i) * H + n0 + j) = make_float2(v0, v1);
-                           });
+                             });
+    else
+      gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, cols, A, B, B,
+                             slot_row_epilogue(P, S, &PeerBuffers::dx_slots, routed, p0, n0, S.dx_shared));
   } else {
     gemm_slow(
         smem, n, H, 2 * N1, 0, n0,
@@ -860,6 +867,26 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
     publish(&S.counters[3], 1);
   trace_add(P, kTrPublish, t0);
   return true;
+}
+
+// A weight-gradient tile's stores: fp32 rows through shared memory (deterministic kernel), or
+// fp32 atomic adds of column pairs (the atomics variant).
+__device__ __forceinline__ auto wgrad_epilogue(float* out, int64_t N, int64_t m0, int64_t n0) {
+  if constexpr (kAtomics) {
+    return [=](int64_t i, int64_t j, float v0, float v1) {
+      float2* o = reinterpret_cast<float2*>(out + (m0 + i) * N + n0 + j);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(o, make_float2(v0, v1));
+#else
+      atomicAdd(&o->x, v0);
+      atomicAdd(&o->y, v1);
+#endif
+    };
+  } else {
+    return by_rows(NoKey{}, [=](int64_t i, int64_t, int j, const float4& v, int valid) {
+      store4_f32(out + (m0 + i) * N + n0 + j, v, valid);
+    });
+  }
 }
 
 // Weight-gradient tile items: routed (per local expert: gate, up [I x H]; down [H x I]) then
@@ -879,19 +906,7 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
       gemm_fast<1, 1, false, kTileNWide>(smem, nr, min(static_cast<int64_t>(kTileM), M - m0),
                              min(static_cast<int64_t>(kTileNWide), N - n0), mnmajor(am, r0, m0), mnmajor(bm, r0, n0),
                              mnmajor(bm, r0, n0),
-                             [&](int64_t i, int64_t j, float v0, float v1) {
-                               float2* o = reinterpret_cast<float2*>(out + (m0 + i) * N + n0 + j);
-                               if constexpr (kAtomics) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                                 atomicAdd(o, make_float2(v0, v1));
-#else
-                                 atomicAdd(&o->x, v0);
-                                 atomicAdd(&o->y, v1);
-#endif
-                               } else {
-                                 *o = make_float2(v0, v1);
-                               }
-                             });
+                             wgrad_epilogue(out, N, m0, n0));
     } else {
       gemm_slow(smem, M, N, nr, m0, n0, [&](int64_t m, int64_t k) { return a_src[(r0 + k) * M + m]; },
                 [&](int64_t k, int64_t col) { return b_src[(r0 + k) * N + col]; },

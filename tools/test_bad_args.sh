@@ -19,7 +19,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--transport" --transport bogus
   expect_exit "$MOK_BENCH" 2 "--trace" --transport nccl --trace
   if [[ ${MOK_BENCH_NCCL:-OFF} != ON ]]; then
-    expect_exit "$MOK_BENCH" 2 "this build has no NCCL" --transport nccl --preset tiny --R 1
+    expect_exit "$MOK_BENCH" 3 "this build has no NCCL" --transport nccl --preset tiny --R 1
   elif [[ ${CUDA_VISIBLE_DEVICES-all} != "" ]] && command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
     expect_exit "$MOK_BENCH" 2 "lower --R" --transport nccl --preset tiny --R 4096
   else

@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
                "over reps of the slowest rank's time; % of peak is against R times the one GPU's measured peak.\n"
                "The baselines (cuBLAS unfused, PyTorch) run the whole layer on one GPU: they run with the virtual\n"
                "transport, and with nccl only at R=1 (skipped, and said so, at R>1). Asking for nccl in a build\n"
-               "without NCCL, or for more ranks than visible GPUs, exits 2 naming the fix.", "mok-bench"};
+               "without NCCL exits 3; with more ranks than visible GPUs, 2; both name the fix.", "mok-bench"};
   std::string preset = "dsv3-mini", file, routing = "uniform", transport = "virtual";
   int reps = 20, warmup = 3, comm = 0, blocks = 0;
   int64_t R = 0, T = 0, H = 0, I = 0, Is = -1, E = 0, K = 0;

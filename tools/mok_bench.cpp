@@ -1,8 +1,10 @@
-// mok-bench: forward and backward time of the fused kernel against the unfused cuBLAS pipeline
-// and the PyTorch pipeline (tools/moe_torch_baseline.py, started by this program with the same
-// shape), with the bf16 matrix peak and copy bandwidth measured in the same run (device events,
-// warm-up, median of N), and the bytes a pass must move at least.
+// mok-bench: forward and backward time of the fused kernel (virtual ranks on one GPU, or one rank
+// per GPU through NCCL) against the unfused cuBLAS pipeline and the PyTorch pipeline
+// (tools/moe_torch_baseline.py, started by this program with the same shape), with the bf16
+// matrix peak and copy bandwidth measured in the same run (device events, warm-up, median of N),
+// and the bytes a pass must move at least.
 #include "mok/kernel/layer.hpp"
+#include "mok/kernel/nccl.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/generate.hpp"
 #include "mok/reference/golden.hpp"
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -118,22 +121,35 @@ void* zeros(size_t bytes) {
 int main(int argc, char** argv) {
   CLI::App app{"mok-bench: time the fused MoE kernel (forward, backward) against the unfused cuBLAS pipeline, with the\n"
                "bf16 matrix peak (an 8192^3 cublasGemmEx) and the copy bandwidth measured in the same run;\n"
-               "CUDA events, median of --reps after --warmup. Exit 3 without a GPU.", "mok-bench"};
-  std::string preset = "dsv3-mini", file, routing = "uniform";
+               "CUDA events, median of --reps after --warmup. Exit 3 without a GPU.\n\n"
+               "--transport virtual (default): the R ranks share one GPU in one launch. --transport nccl: one rank\n"
+               "per GPU through NCCL symmetric memory, on the first R GPUs of this process (one thread each), or\n"
+               "one process per GPU when started by mok-launch (mok-launch -n R -- mok-bench --transport nccl ...);\n"
+               "each rank times its passes with CUDA events from a common start, and a case's time is the median\n"
+               "over reps of the slowest rank's time; % of peak is against R times the one GPU's measured peak.\n"
+               "The baselines (cuBLAS unfused, PyTorch) run the whole layer on one GPU: they run with the virtual\n"
+               "transport, and with nccl only at R=1 (skipped, and said so, at R>1). Asking for nccl in a build\n"
+               "without NCCL exits 3; with more ranks than visible GPUs, 2; both name the fix.", "mok-bench"};
+  std::string preset = "dsv3-mini", file, routing = "uniform", transport = "virtual";
   int reps = 20, warmup = 3, comm = 0, blocks = 0;
   int64_t R = 0, T = 0, H = 0, I = 0, Is = -1, E = 0, K = 0;
   app.add_option("--preset,-p", preset, "configuration preset (ignored with --file)")->capture_default_str();
   app.add_option("--file,-f", file, "take config and inputs from a golden file instead");
   app.add_option("--routing", routing, "routing for generated inputs")->capture_default_str();
-  app.add_option("--R", R, "virtual ranks (overrides the preset)");
+  app.add_option("--R", R, "ranks (overrides the preset): virtual ranks on one GPU, or GPUs with --transport nccl");
   app.add_option("--T", T, "tokens per rank (overrides the preset)");
   app.add_option("--H", H, "hidden size (overrides the preset)");
   app.add_option("--I", I, "routed intermediate size");
   app.add_option("--Is", Is, "shared intermediate size (0: none)");
   app.add_option("--E", E, "experts (over all ranks)");
   app.add_option("--K", K, "top-k");
-  app.add_option("--reps", reps, "timed repetitions")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str();
+  app.add_option("--transport", transport,
+                 "virtual: all R ranks on one GPU; nccl: one GPU per rank (NCCL symmetric memory; baselines only "
+                 "at R=1)")
+      ->check(CLI::IsMember({"virtual", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--comm-sms", comm, "communication blocks per rank: they gather rows, then compute (0: blocks per rank - 1)")->capture_default_str();
   app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str();
   bool no_tma = false, no_baseline = false, trace = false;
@@ -149,8 +165,25 @@ int main(int argc, char** argv) {
   app.add_flag("--trace", trace,
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
                "memory while it runs): per-block marks and sums of waiting, GEMM and publishing time "
-               "(KernelOptions::trace)");
+               "(KernelOptions::trace; virtual transport only)");
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
+  const bool nccl = transport == "nccl";
+  // Transport requests this build or machine cannot honour are usage errors, named with their fix.
+  auto usage_error = [](const std::string& msg) {
+    std::fprintf(stderr, "mok-bench: %s\n", msg.c_str());
+    return mok::cli::kExitBadInput;
+  };
+  if (nccl && trace)
+    return usage_error("--trace profiles the virtual transport only (NcclLayer has no trace reader); drop --trace or "
+                       "use --transport virtual");
+  if (std::string why; nccl && !mok::kernel::nccl_available(&why)) {  // environment missing: 3, as mok-verify
+    std::fprintf(stderr, "mok-bench: --transport nccl: %s; or use --transport virtual (all ranks on one GPU)\n",
+                 why.c_str());
+    return 3;
+  }
+  // Under mok-launch each process is one rank of an NCCL job; rank 0 prints the report.
+  const bool per_process = nccl && mok::kernel::launched_by_mok_launch();
+  const int my_rank = per_process ? std::atoi(std::getenv("MOK_RANK")) : 0;
   if (torch_script == "auto") {
     const char* env = std::getenv("MOK_TORCH_BASELINE");
     if (env && *env)
@@ -168,6 +201,26 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mok-bench: %s\n", why.c_str());
       return 3;
     }
+    // With nccl, R ranks need R GPUs: one per thread here, or one per mok-launch process.
+    auto transport_fits = [&](int64_t ranks) -> std::optional<std::string> {
+      if (!nccl) return std::nullopt;
+      if (per_process) {
+        const int world = std::atoi(std::getenv("MOK_WORLD_SIZE"));
+        if (world != ranks)
+          return "--transport nccl under mok-launch: mok-launch started " + std::to_string(world) +
+                 " processes (one per rank) but R is " + std::to_string(ranks) + "; use mok-launch -n " +
+                 std::to_string(ranks) + " or --R " + std::to_string(world);
+        return std::nullopt;
+      }
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+      if (ranks > devices)
+        return "--transport nccl runs one rank per GPU: R=" + std::to_string(ranks) + " needs " +
+               std::to_string(ranks) + " GPUs and this process sees " + std::to_string(devices) +
+               " (CUDA_VISIBLE_DEVICES); lower --R to at most " + std::to_string(devices) +
+               ", or use --transport virtual to run the " + std::to_string(ranks) + " ranks on one GPU";
+      return std::nullopt;
+    };
     mok::spec::LayerConfig cfg;
     mok::ref::TensorMap in;
     if (!file.empty()) {
@@ -176,6 +229,7 @@ int main(int argc, char** argv) {
       auto g = mok::ref::read_golden(file, ro);
       cfg = g.cfg;
       in = std::move(g.tensors);
+      if (const auto msg = transport_fits(cfg.num_ranks)) return usage_error(*msg);
     } else {
       cfg = mok::ref::preset_config(preset);
       if (R) cfg.num_ranks = R;
@@ -185,40 +239,20 @@ int main(int argc, char** argv) {
       if (Is >= 0) cfg.shared_intermediate = Is;
       if (E) cfg.num_experts = E;
       if (K) cfg.top_k = K;
+      if (const auto msg = transport_fits(cfg.num_ranks)) return usage_error(*msg);
       const mok::spec::Status st = cfg.validate();
       if (!st.ok) throw mok::Error(st.message);
       in = mok::ref::generate_inputs(cfg, mok::ref::parse_routing(routing), 1);
     }
-    mok::kernel::DeviceInputs di;
-    di.x = static_cast<const uint16_t*>(upload(in, "inputs/x"));
-    di.topk_experts = static_cast<const int32_t*>(upload(in, "inputs/topk_experts"));
-    di.router_weights = static_cast<const float*>(upload(in, "inputs/router_weights"));
-    di.w_shared_gate = static_cast<const uint16_t*>(upload(in, "inputs/w_shared_gate"));
-    di.w_shared_up = static_cast<const uint16_t*>(upload(in, "inputs/w_shared_up"));
-    di.w_shared_down = static_cast<const uint16_t*>(upload(in, "inputs/w_shared_down"));
-    di.w_routed_gate = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_gate"));
-    di.w_routed_up = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_up"));
-    di.w_routed_down = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_down"));
-    di.d_output = static_cast<const uint16_t*>(upload(in, "inputs/d_output"));
     const int64_t G = cfg.num_tokens(), Hc = cfg.hidden, Ic = cfg.intermediate, Isc = cfg.shared_intermediate,
                   Ec = cfg.num_experts, Kc = cfg.top_k, Rn = cfg.num_ranks;
-    mok::kernel::DeviceOutputs o;
-    o.output = static_cast<uint16_t*>(zeros(G * Hc * 2));
-    o.d_x = static_cast<uint16_t*>(zeros(G * Hc * 2));
-    o.d_router_weights = static_cast<float*>(zeros(G * Kc * 4));
-    o.d_w_routed_gate = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
-    o.d_w_routed_up = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
-    o.d_w_routed_down = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
-    o.d_w_shared_gate = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
-    o.d_w_shared_up = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
-    o.d_w_shared_down = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
+    const bool backward = in.count("inputs/d_output") > 0;
     mok::kernel::KernelOptions ko;
     ko.comm_blocks_per_rank = comm;
     ko.blocks_per_rank = blocks;
     ko.disable_tma = no_tma;
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
     ko.row_capacity = std::max<int64_t>(1, mok::kernel::rows_per_rank(cfg, tk));  // workspace for this routing
-    mok::kernel::Layer layer(cfg, ko);
     int64_t rows = 0;
     for (int64_t i = 0; i < G * Kc; ++i) rows += tk[i] >= 0;
     const double fwd_flops = 6.0 * rows * Hc * Ic + 6.0 * G * Hc * Isc;
@@ -226,7 +260,35 @@ int main(int argc, char** argv) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    auto time = [&](bool backward_too) {
+    // The fused kernel: median pass times, its launch shape and its output (for the sanity check).
+    float f_ms = 0, b_ms = 0;
+    int blocks_per_rank = 0, comm_per_rank = 0;
+    bool tma_on = false;
+    mok::ref::Tensor fused(mok::ref::DType::kBf16, {G, Hc});
+    std::string per_rank_line;
+    if (!nccl) {
+      mok::kernel::DeviceInputs di;
+      di.x = static_cast<const uint16_t*>(upload(in, "inputs/x"));
+      di.topk_experts = static_cast<const int32_t*>(upload(in, "inputs/topk_experts"));
+      di.router_weights = static_cast<const float*>(upload(in, "inputs/router_weights"));
+      di.w_shared_gate = static_cast<const uint16_t*>(upload(in, "inputs/w_shared_gate"));
+      di.w_shared_up = static_cast<const uint16_t*>(upload(in, "inputs/w_shared_up"));
+      di.w_shared_down = static_cast<const uint16_t*>(upload(in, "inputs/w_shared_down"));
+      di.w_routed_gate = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_gate"));
+      di.w_routed_up = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_up"));
+      di.w_routed_down = static_cast<const uint16_t*>(upload(in, "inputs/w_routed_down"));
+      di.d_output = static_cast<const uint16_t*>(upload(in, "inputs/d_output"));
+      mok::kernel::DeviceOutputs o;
+      o.output = static_cast<uint16_t*>(zeros(G * Hc * 2));
+      o.d_x = static_cast<uint16_t*>(zeros(G * Hc * 2));
+      o.d_router_weights = static_cast<float*>(zeros(G * Kc * 4));
+      o.d_w_routed_gate = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
+      o.d_w_routed_up = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
+      o.d_w_routed_down = static_cast<float*>(zeros(Ec * Ic * Hc * 4));
+      o.d_w_shared_gate = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
+      o.d_w_shared_up = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
+      o.d_w_shared_down = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
+      mok::kernel::Layer layer(cfg, ko);
       std::vector<float> fwd, bwd;
       for (int r = 0; r < warmup + reps; ++r) {
         CK(cudaEventRecord(a));
@@ -236,7 +298,7 @@ int main(int argc, char** argv) {
         float ms = 0;
         CK(cudaEventElapsedTime(&ms, a, b));
         if (r >= warmup) fwd.push_back(ms);
-        if (!backward_too) continue;
+        if (!backward) continue;
         CK(cudaEventRecord(a));
         layer.backward(di, o);
         CK(cudaEventRecord(b));
@@ -246,21 +308,50 @@ int main(int argc, char** argv) {
       }
       std::sort(fwd.begin(), fwd.end());
       std::sort(bwd.begin(), bwd.end());
-      return std::make_pair(fwd[fwd.size() / 2], bwd.empty() ? 0.0f : bwd[bwd.size() / 2]);
-    };
-    const auto [f_ms, b_ms] = time(di.d_output != nullptr);
-    if (trace) {
-      mok::kernel::KernelOptions kt = ko;
-      kt.trace = true;
-      mok::kernel::Layer traced(cfg, kt);
-      traced.forward(di, o);  // warm: maps, caches
-      traced.forward(di, o);
-      traced.check_errors();
-      print_trace("forward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
-      if (di.d_output) {
-        traced.backward(di, o);
+      f_ms = fwd[fwd.size() / 2];
+      b_ms = bwd.empty() ? 0.0f : bwd[bwd.size() / 2];
+      blocks_per_rank = layer.blocks_per_rank();
+      comm_per_rank = layer.comm_blocks_per_rank();
+      tma_on = layer.uses_tma();
+      // The last forward's output (a backward pass does not write it).
+      CK(cudaMemcpy(fused.raw(), o.output, fused.size_bytes(), cudaMemcpyDeviceToHost));
+      if (trace) {
+        mok::kernel::KernelOptions kt = ko;
+        kt.trace = true;
+        mok::kernel::Layer traced(cfg, kt);
+        traced.forward(di, o);  // warm: maps, caches
+        traced.forward(di, o);
         traced.check_errors();
-        print_trace("backward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
+        print_trace("forward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
+        if (backward) {
+          traced.backward(di, o);
+          traced.check_errors();
+          print_trace("backward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
+        }
+      }
+    } else {
+      const mok::kernel::NcclTimes t =
+          per_process ? mok::kernel::time_layer_nccl_process(cfg, in, backward, warmup, reps, ko)
+                      : mok::kernel::time_layer_nccl(cfg, in, backward, warmup, reps, ko);
+      if (my_rank != 0) return 0;  // every process has every rank's times; rank 0 reports
+      f_ms = mok::kernel::median_of_slowest_rank(t.forward_ms, t.num_ranks, t.reps);
+      b_ms = mok::kernel::median_of_slowest_rank(t.backward_ms, t.num_ranks, t.reps);
+      blocks_per_rank = t.blocks_per_rank;
+      comm_per_rank = t.comm_blocks_per_rank;
+      tma_on = t.uses_tma;
+      fused = t.output;
+      // Each rank's own median, to show imbalance between ranks.
+      for (int r = 0; r < t.num_ranks; ++r) {
+        auto median = [&](const std::vector<float>& ms) {
+          if (ms.empty()) return 0.0f;
+          std::vector<float> v(ms.begin() + static_cast<ptrdiff_t>(r) * t.reps,
+                               ms.begin() + static_cast<ptrdiff_t>(r + 1) * t.reps);
+          std::sort(v.begin(), v.end());
+          return v[v.size() / 2];
+        };
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "%s%d: %.3f / %.3f", r ? ", " : "", r, median(t.forward_ms), median(t.backward_ms));
+        per_rank_line += buf;
       }
     }
     auto median_of = [&](auto&& fn) {
@@ -277,7 +368,8 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    // The ceilings, measured now: a large bf16 GEMM and a device-to-device copy.
+    // The ceilings, measured now on this process's first GPU: a large bf16 GEMM and a
+    // device-to-device copy. With nccl the layer runs on R such GPUs: the ceilings are R times these.
     double peak_tflops = 0, copy_gbps = 0;
     {
       const int n = 8192;
@@ -306,18 +398,22 @@ int main(int argc, char** argv) {
       CK(cudaFree(src));
       CK(cudaFree(dst));
     }
+    const int gpus = nccl ? static_cast<int>(Rn) : 1;  // GPUs the fused layer ran on
+    // The baselines run the whole layer on one GPU: against the virtual transport, or nccl at R=1.
+    const bool baselines = !no_baseline && (!nccl || Rn == 1);
+    std::string baseline_note;
+    if (!no_baseline && !baselines)
+      baseline_note = "baselines skipped: with --transport nccl and R=" + std::to_string(Rn) + " the layer runs on " +
+                      std::to_string(Rn) + " GPUs, and the cuBLAS and PyTorch baselines run on one (compare at --R 1, "
+                      "or with --transport virtual)";
     float base_f = 0, base_b = 0;
     double agree = -1;
     std::string gemm_path = "-";
-    if (!no_baseline) {
+    if (baselines) {
       mok::bench::UnfusedBaseline base(cfg, in);
       base_f = median_of([&] { base.forward(); });
-      if (di.d_output) base_b = median_of([&] { base.backward(); });
+      if (backward) base_b = median_of([&] { base.backward(); });
       // Sanity: the baseline's output against the fused kernel's (not bit-exact by design).
-      layer.forward(di, o);
-      layer.check_errors();
-      mok::ref::Tensor fused(mok::ref::DType::kBf16, {G, Hc});
-      CK(cudaMemcpy(fused.raw(), o.output, fused.size_bytes(), cudaMemcpyDeviceToHost));
       const mok::ref::Tensor other = base.output();
       int64_t close = 0;
       for (int64_t i = 0; i < fused.numel(); ++i) {
@@ -330,7 +426,7 @@ int main(int argc, char** argv) {
     // PyTorch, same global shape (one GPU: T = G), same routing family (its own random draw).
     double torch_f = 0, torch_fb = 0;
     std::string torch_note;
-    if (!no_baseline && !torch_script.empty() && file.empty()) {
+    if (baselines && !torch_script.empty() && file.empty()) {
       if (!torch_routing(routing)) {
         torch_note = "PyTorch baseline skipped: its script takes uniform or zipf:S routing only";
       } else {
@@ -366,25 +462,37 @@ int main(int argc, char** argv) {
     const double bwd_bytes = 4.0 * G * Hc + 8.0 * G * Kc + 2.0 * w_elems + 2.0 * G * Hc + 4.0 * G * Kc + 4.0 * wg_elems;
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("# mok-bench %s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
+    std::printf("# mok-bench %s%s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
                 "(%d comm), TMA %s, median of %d after %d warm-up\n",
-                prop.name, (long long)G, (long long)Hc, (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc,
-                (long long)Rn, (long long)rows, layer.blocks_per_rank(), layer.comm_blocks_per_rank(),
-                layer.uses_tma() ? "on" : "off", reps, warmup);
+                nccl ? (std::to_string(gpus) + " x ").c_str() : "", prop.name, (long long)G, (long long)Hc,
+                (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc, (long long)Rn, (long long)rows,
+                blocks_per_rank, comm_per_rank, tma_on ? "on" : "off", reps, warmup);
+    if (!nccl)
+      std::printf("# transport virtual: the %lld ranks share one GPU in one launch per pass; fused times are the median "
+                  "over reps of each pass\n",
+                  (long long)Rn);
+    else
+      std::printf("# transport nccl: R=%lld, one rank per GPU (%s), NCCL symmetric memory; fused times are the median "
+                  "over reps of the SLOWEST RANK's pass, each rank timed with CUDA events from a common start (an "
+                  "untimed barrier), its pass including two NCCL barriers and the copy of its inputs into its window\n",
+                  (long long)Rn, per_process ? "one process each, started by mok-launch" : "one thread each, in this process");
+    if (nccl) std::printf("# per-rank medians, forward / backward ms: %s\n", per_rank_line.c_str());
 #if defined(MOK_ATOMICS_VARIANT)
     std::printf("# ATOMICS VARIANT (benchmark build): combine, d_x and weight gradients by fp32 atomics, not "
                 "deterministic; d_router_weights reads y slots this variant's forward does not write (same cost)\n");
 #endif
-    std::printf("# measured now: bf16 GEMM peak %.0f TFLOP/s (8192^3 cublasGemmEx), copy %.0f GB/s (read+write)\n",
-                peak_tflops, copy_gbps);
+    std::printf("# measured now: bf16 GEMM peak %.0f TFLOP/s (8192^3 cublasGemmEx), copy %.0f GB/s (read+write)%s\n",
+                peak_tflops, copy_gbps, gpus > 1 ? " on GPU 0; % peak and floors use the R GPUs' sum" : "");
+    const double all_peak = gpus * peak_tflops, all_copy = gpus * copy_gbps;
     std::printf("# floors at the measured rates: forward %.3f ms of FLOPs, %.3f ms of bytes (%.2f GB); backward %.3f ms "
                 "of FLOPs, %.3f ms of bytes (%.2f GB)\n",
-                fwd_flops / (peak_tflops * 1e12) * 1e3, fwd_bytes / (copy_gbps * 1e9) * 1e3, fwd_bytes / 1e9,
-                bwd_flops / (peak_tflops * 1e12) * 1e3, bwd_bytes / (copy_gbps * 1e9) * 1e3, bwd_bytes / 1e9);
+                fwd_flops / (all_peak * 1e12) * 1e3, fwd_bytes / (all_copy * 1e9) * 1e3, fwd_bytes / 1e9,
+                bwd_flops / (all_peak * 1e12) * 1e3, bwd_bytes / (all_copy * 1e9) * 1e3, bwd_bytes / 1e9);
     std::printf("%-22s %10s %10s %9s %10s\n", "pipeline / pass", "ms", "TFLOP/s", "% peak", "GB/s");
+    // (the baselines run only where the fused layer ran on one GPU, so one peak serves every row)
     auto row = [&](const char* name, double ms, double flops, double bytes) {
       if (ms > 0) std::printf("%-22s %10.3f %10.2f %8.1f%% %10.0f\n", name, ms, flops / (ms * 1e-3) / 1e12,
-                              100.0 * flops / (ms * 1e-3) / 1e12 / peak_tflops, bytes / (ms * 1e-3) / 1e9);
+                              100.0 * flops / (ms * 1e-3) / 1e12 / all_peak, bytes / (ms * 1e-3) / 1e9);
     };
     row("fused forward", f_ms, fwd_flops, fwd_bytes);
     row("fused backward", b_ms, bwd_flops, bwd_bytes);
@@ -392,6 +500,7 @@ int main(int argc, char** argv) {
     row("unfused backward", base_b, bwd_flops, bwd_bytes);
     row("pytorch forward", torch_f, fwd_flops, fwd_bytes);
     row("pytorch backward", torch_fb > torch_f ? torch_fb - torch_f : 0.0, bwd_flops, bwd_bytes);
+    if (!baseline_note.empty()) std::printf("# %s\n", baseline_note.c_str());
     if (base_f > 0) std::printf("# unfused GEMMs: %s\n", gemm_path.c_str());
     if (base_f > 0) std::printf("# fused / unfused speed: forward %.2fx, backward %.2fx; outputs agree within 2^-6 relative on %.1f%% of elements\n",
                                 base_f / f_ms, b_ms > 0 ? base_b / b_ms : 0.0, agree);

@@ -167,6 +167,9 @@ const uint16_t* NcclLayer::y_slots() const {
 const uint16_t* NcclLayer::dx_slots() const {
   return reinterpret_cast<const uint16_t*>(static_cast<char*>(impl_->window_buf) + impl_->lay.dx_slots);
 }
+int NcclLayer::blocks_per_rank() const { return impl_->core.blocks_per_rank(); }
+int NcclLayer::comm_blocks_per_rank() const { return impl_->core.options().comm_blocks_per_rank; }
+bool NcclLayer::uses_tma() const { return impl_->core.uses_tma(); }
 
 namespace {
 
@@ -183,84 +186,173 @@ ref::TensorMap empty_results(const spec::LayerConfig& cfg, bool backward) {
   return result;
 }
 
-// Runs rank r of a communicator on the current device and writes its slices of every result
-// (rank r's rows of the first axis: tokens, experts or ranks) into `result`.
-void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, const KernelOptions& options,
-              ncclComm_t comm, int r, ref::TensorMap& result) {
-  const int R = static_cast<int>(cfg.num_ranks);
-  std::vector<void*> owned;
-  struct Free {
-    std::vector<void*>& v;
-    ~Free() {
-      for (void* p : v) cudaFree(p);
-    }
-  } free_all{owned};
-  auto slice_bytes = [&](const ref::Tensor& t) { return t.size_bytes() / R; };
-  auto upload = [&](const char* path, bool sliced) -> const void* {
-    auto it = inputs.find(path);
-    if (it == inputs.end()) return nullptr;
-    const size_t bytes = sliced ? slice_bytes(it->second) : it->second.size_bytes();
-    void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
-    MOK_CUDA(cudaMemcpy(d, static_cast<const char*>(it->second.raw()) + (sliced ? r * bytes : 0), bytes,
-                        cudaMemcpyHostToDevice));
-    return d;
-  };
-  DeviceInputs in;
-  in.x = static_cast<const uint16_t*>(upload("inputs/x", true));
-  in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts", true));
-  in.router_weights = static_cast<const float*>(upload("inputs/router_weights", true));
-  in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate", true));
-  in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up", true));
-  in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down", true));
-  in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate", false));
-  in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
-  in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
-  if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
-  std::map<std::string, void*> dev;
-  for (const char* p : detail::result_paths(cfg, backward)) {
-    const size_t bytes = slice_bytes(result.at(p));
-    void* d = detail::device_alloc<uint8_t>(owned, static_cast<int64_t>(bytes));
-    MOK_CUDA(cudaMemset(d, 0, bytes));
-    dev[p] = d;
+// Device allocations freed together (also when a constructor that fills them throws).
+struct OwnedDevice {
+  std::vector<void*> ptrs;
+  OwnedDevice() = default;
+  OwnedDevice(const OwnedDevice&) = delete;
+  OwnedDevice& operator=(const OwnedDevice&) = delete;
+  ~OwnedDevice() {
+    for (void* p : ptrs) cudaFree(p);
   }
-  const DeviceOutputs out = detail::outputs_from(dev);
+};
+
+// Rank r's device buffers on the current device: its slices of the global inputs (tokens and
+// experts; the shared weights whole) and zeroed slices of every result. Freed with it.
+struct RankBuffers {
+  OwnedDevice owned;
+  DeviceInputs in;
+  std::map<std::string, void*> dev;  // result path -> this rank's slice
+  DeviceOutputs out;
+
+  RankBuffers(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, int r) {
+    const int R = static_cast<int>(cfg.num_ranks);
+    auto upload = [&](const char* path, bool sliced) -> const void* {
+      auto it = inputs.find(path);
+      if (it == inputs.end()) return nullptr;
+      const size_t bytes = sliced ? it->second.size_bytes() / R : it->second.size_bytes();
+      void* d = detail::device_alloc<uint8_t>(owned.ptrs, static_cast<int64_t>(bytes));
+      MOK_CUDA(cudaMemcpy(d, static_cast<const char*>(it->second.raw()) + (sliced ? r * bytes : 0), bytes,
+                          cudaMemcpyHostToDevice));
+      return d;
+    };
+    in.x = static_cast<const uint16_t*>(upload("inputs/x", true));
+    in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts", true));
+    in.router_weights = static_cast<const float*>(upload("inputs/router_weights", true));
+    in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate", true));
+    in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up", true));
+    in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down", true));
+    in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate", false));
+    in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
+    in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
+    if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
+    for (const char* p : detail::result_paths(cfg, backward)) {
+      const size_t bytes = slice_bytes(cfg, p);
+      void* d = detail::device_alloc<uint8_t>(owned.ptrs, static_cast<int64_t>(bytes));
+      MOK_CUDA(cudaMemset(d, 0, bytes));
+      dev[p] = d;
+    }
+    out = detail::outputs_from(dev);
+  }
+
+  // Bytes of one rank's slice of a result (its rows of the first axis: tokens, experts or ranks).
+  static size_t slice_bytes(const spec::LayerConfig& cfg, const std::string& path) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    size_t n = ref::dtype_size(s->dtype);
+    for (int64_t d : ref::spec_shape(*s, cfg)) n *= static_cast<size_t>(d);
+    return n / static_cast<size_t>(cfg.num_ranks);
+  }
+};
+
+// The options a rank's NcclLayer gets: the workspace this routing needs unless the caller chose.
+KernelOptions sized_options(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, const KernelOptions& options) {
   KernelOptions sized = options;
   if (sized.row_capacity == 0)  // what this routing needs (every rank sees the whole routing here)
     sized.row_capacity = std::max<int64_t>(
         1, rows_per_rank(cfg, reinterpret_cast<const int32_t*>(inputs.at("inputs/topk_experts").raw())));
-  NcclLayer layer(cfg, comm, sized);
-  layer.forward(in, out);
+  return sized;
+}
+
+// Runs rank r of a communicator on the current device and writes its slices of every result
+// (rank r's rows of the first axis: tokens, experts or ranks) into `result`.
+void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, const KernelOptions& options,
+              ncclComm_t comm, int r, ref::TensorMap& result) {
+  RankBuffers buf(cfg, inputs, backward, r);
+  NcclLayer layer(cfg, comm, sized_options(cfg, inputs, options));
+  layer.forward(buf.in, buf.out);
   layer.check_errors();
   if (backward) {
-    layer.backward(in, out);
+    layer.backward(buf.in, buf.out);
     layer.check_errors();
   }
   auto fetch = [&](const std::string& path, const void* src) {
     ref::Tensor& t = result.at(path);
-    const size_t bytes = slice_bytes(t);
+    const size_t bytes = t.size_bytes() / cfg.num_ranks;
     MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
   };
-  for (auto& [path, d] : dev) fetch(path, d);
+  for (auto& [path, d] : buf.dev) fetch(path, d);
   fetch("intermediates/y", layer.y_slots());
   if (backward) fetch("intermediates/dx_slot", layer.dx_slots());
 }
 
-}  // namespace
+// Times rank r of a communicator on the current device (see time_layer_nccl): fills its row of
+// times.forward_ms / backward_ms, its slice of times.output, and with `set_shape` the launch
+// shape (one thread per GPU: rank 0's thread only; one process per GPU: every process its own).
+void time_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, int warmup, int reps,
+               const KernelOptions& options, ncclComm_t comm, int r, bool set_shape, NcclTimes& times) {
+  RankBuffers buf(cfg, inputs, backward, r);
+  NcclLayer layer(cfg, comm, sized_options(cfg, inputs, options));
+  int* start_word = detail::device_alloc<int>(buf.owned.ptrs, 1);
+  MOK_CUDA(cudaMemset(start_word, 0, sizeof(int)));
+  cudaEvent_t a, b;
+  MOK_CUDA(cudaEventCreate(&a));
+  MOK_CUDA(cudaEventCreate(&b));
+  struct Events {
+    cudaEvent_t a, b;
+    ~Events() {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+  } events{a, b};
+  // One timed pass: an untimed barrier puts every rank at a common start, then the pass.
+  auto timed = [&](auto&& pass) {
+    MOK_NCCL(ncclAllReduce(start_word, start_word, 1, ncclInt32, ncclSum, comm, nullptr));
+    MOK_CUDA(cudaEventRecord(a, nullptr));
+    pass();
+    MOK_CUDA(cudaEventRecord(b, nullptr));
+    layer.check_errors();  // synchronises the stream
+    float ms = 0;
+    MOK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  };
+  for (int i = 0; i < warmup + reps; ++i) {
+    const float f = timed([&] { layer.forward(buf.in, buf.out); });
+    if (i >= warmup) times.forward_ms[static_cast<size_t>(r) * reps + (i - warmup)] = f;
+    if (!backward) continue;
+    const float g = timed([&] { layer.backward(buf.in, buf.out); });
+    if (i >= warmup) times.backward_ms[static_cast<size_t>(r) * reps + (i - warmup)] = g;
+  }
+  // The last forward's output (a backward pass does not write it).
+  const size_t bytes = times.output.size_bytes() / cfg.num_ranks;
+  MOK_CUDA(cudaMemcpy(static_cast<char*>(times.output.raw()) + r * bytes, buf.out.output, bytes,
+                      cudaMemcpyDeviceToHost));
+  if (set_shape) {
+    times.blocks_per_rank = layer.blocks_per_rank();
+    times.comm_blocks_per_rank = layer.comm_blocks_per_rank();
+    times.uses_tma = layer.uses_tma();
+  }
+}
 
-ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
-                              const KernelOptions& options) {
-  ref::validate_inputs(cfg, inputs, backward);
+// Empty times for R ranks and `reps` repetitions (zeros), with the global output tensor.
+NcclTimes empty_times(const spec::LayerConfig& cfg, bool backward, int warmup, int reps) {
+  if (reps < 1 || warmup < 0)
+    throw Error("transport nccl timing: reps must be at least 1 and warmup at least 0 (got " + std::to_string(reps) +
+                ", " + std::to_string(warmup) + ")");
+  NcclTimes t;
+  t.num_ranks = static_cast<int>(cfg.num_ranks);
+  t.reps = reps;
+  t.forward_ms.assign(static_cast<size_t>(t.num_ranks) * reps, 0.0f);
+  if (backward) t.backward_ms.assign(static_cast<size_t>(t.num_ranks) * reps, 0.0f);
+  const ref::TensorSpec* s = ref::find_spec("outputs/output");
+  t.output = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
+  return t;
+}
+
+// Runs fn(comm, r) on the first R GPUs of this process, one thread per GPU, with one
+// communicator (ncclCommInitAll); rethrows the first rank's error.
+template <class Fn>
+void on_every_gpu(const spec::LayerConfig& cfg, Fn&& fn) {
   const int R = static_cast<int>(cfg.num_ranks);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < R)
     throw Error("transport nccl: R=" + std::to_string(R) + " needs " + std::to_string(R) + " GPUs, this machine has " +
                     std::to_string(devices),
                 ErrorKind::kUnsupported);
+  setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast (as mok-launch does for its processes)
   std::vector<ncclComm_t> comms(R);
   std::vector<int> devs(R);
   for (int r = 0; r < R; ++r) devs[r] = r;
   MOK_NCCL(ncclCommInitAll(comms.data(), R, devs.data()));
-  ref::TensorMap result = empty_results(cfg, backward);
   std::exception_ptr error;
   std::mutex error_mutex;
   std::vector<std::thread> threads;
@@ -268,7 +360,7 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap
     threads.emplace_back([&, r] {
       try {
         MOK_CUDA(cudaSetDevice(r));
-        run_rank(cfg, inputs, backward, options, comms[r], r, result);
+        fn(comms[r], r);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -277,16 +369,11 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap
   for (auto& t : threads) t.join();
   for (ncclComm_t c : comms) ncclCommDestroy(c);
   if (error) std::rethrow_exception(error);
-  return result;
 }
 
-bool launched_by_mok_launch() {
-  return std::getenv("MOK_RANK") && std::getenv("MOK_WORLD_SIZE") && std::getenv("MOK_NCCL_ID");
-}
-
-ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
-                                      const KernelOptions& options) {
-  ref::validate_inputs(cfg, inputs, backward);
+// This process's rank of a mok-launch job: joins the job's communicator on the process's
+// first visible GPU; the caller destroys the communicator.
+ncclComm_t join_launch_comm(const spec::LayerConfig& cfg, int* rank_out, int* world_out) {
   if (!launched_by_mok_launch())
     throw Error("transport nccl: this process was not started by mok-launch (MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID)",
                 ErrorKind::kUnsupported);
@@ -303,6 +390,56 @@ ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::T
   MOK_CUDA(cudaSetDevice(0));  // mok-launch gives each process one visible GPU
   ncclComm_t comm;
   MOK_NCCL(ncclCommInitRank(&comm, world, id, rank));
+  *rank_out = rank;
+  *world_out = world;
+  return comm;
+}
+
+// All-gathers `bytes` bytes (a multiple of world) in place: every process holds slice `rank`
+// (bytes / world at offset rank * bytes / world) and ends with every slice.
+void allgather_host(void* data, size_t bytes, ncclComm_t comm, int rank, int world) {
+  const size_t slice = bytes / world;
+  void* d = nullptr;
+  MOK_CUDA(cudaMalloc(&d, bytes));
+  struct Free {
+    void* p;
+    ~Free() { cudaFree(p); }
+  } free_d{d};
+  MOK_CUDA(cudaMemcpy(static_cast<char*>(d) + rank * slice, static_cast<const char*>(data) + rank * slice, slice,
+                      cudaMemcpyHostToDevice));
+  MOK_NCCL(ncclAllGather(static_cast<char*>(d) + rank * slice, d, slice, ncclUint8, comm, nullptr));
+  MOK_CUDA(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+}  // namespace
+
+ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                              const KernelOptions& options) {
+  ref::validate_inputs(cfg, inputs, backward);
+  ref::TensorMap result = empty_results(cfg, backward);
+  on_every_gpu(cfg, [&](ncclComm_t comm, int r) { run_rank(cfg, inputs, backward, options, comm, r, result); });
+  return result;
+}
+
+NcclTimes time_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, int warmup,
+                          int reps, const KernelOptions& options) {
+  ref::validate_inputs(cfg, inputs, backward);
+  NcclTimes times = empty_times(cfg, backward, warmup, reps);
+  on_every_gpu(cfg, [&](ncclComm_t comm, int r) {
+    time_rank(cfg, inputs, backward, warmup, reps, options, comm, r, r == 0, times);
+  });
+  return times;
+}
+
+bool launched_by_mok_launch() {
+  return std::getenv("MOK_RANK") && std::getenv("MOK_WORLD_SIZE") && std::getenv("MOK_NCCL_ID");
+}
+
+ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                                      const KernelOptions& options) {
+  ref::validate_inputs(cfg, inputs, backward);
+  int rank = 0, world = 0;
+  ncclComm_t comm = join_launch_comm(cfg, &rank, &world);
   struct Destroy {
     ncclComm_t c;
     ~Destroy() { ncclCommDestroy(c); }
@@ -310,17 +447,26 @@ ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::T
   ref::TensorMap result = empty_results(cfg, backward);
   run_rank(cfg, inputs, backward, options, comm, rank, result);
   // Every process ends with the global tensors: all-gather the rank-major slices in place.
-  for (auto& [path, t] : result) {
-    const size_t bytes = t.size_bytes(), slice = bytes / world;
-    void* d = nullptr;
-    MOK_CUDA(cudaMalloc(&d, bytes));
-    MOK_CUDA(cudaMemcpy(static_cast<char*>(d) + rank * slice, static_cast<const char*>(t.raw()) + rank * slice, slice,
-                        cudaMemcpyHostToDevice));
-    MOK_NCCL(ncclAllGather(static_cast<char*>(d) + rank * slice, d, slice, ncclUint8, comm, nullptr));
-    MOK_CUDA(cudaMemcpy(t.raw(), d, bytes, cudaMemcpyDeviceToHost));
-    MOK_CUDA(cudaFree(d));
-  }
+  for (auto& [path, t] : result) allgather_host(t.raw(), t.size_bytes(), comm, rank, world);
   return result;
+}
+
+NcclTimes time_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                                  int warmup, int reps, const KernelOptions& options) {
+  ref::validate_inputs(cfg, inputs, backward);
+  NcclTimes times = empty_times(cfg, backward, warmup, reps);
+  int rank = 0, world = 0;
+  ncclComm_t comm = join_launch_comm(cfg, &rank, &world);
+  struct Destroy {
+    ncclComm_t c;
+    ~Destroy() { ncclCommDestroy(c); }
+  } destroy{comm};
+  time_rank(cfg, inputs, backward, warmup, reps, options, comm, rank, true, times);
+  // Every process ends with every rank's times and the global output.
+  allgather_host(times.forward_ms.data(), times.forward_ms.size() * sizeof(float), comm, rank, world);
+  if (backward) allgather_host(times.backward_ms.data(), times.backward_ms.size() * sizeof(float), comm, rank, world);
+  allgather_host(times.output.raw(), times.output.size_bytes(), comm, rank, world);
+  return times;
 }
 
 }  // namespace mok::kernel

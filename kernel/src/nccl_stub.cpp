@@ -22,6 +22,9 @@ void NcclLayer::check_errors(void*) {}
 int NcclLayer::rank() const { return 0; }
 const uint16_t* NcclLayer::y_slots() const { return nullptr; }
 const uint16_t* NcclLayer::dx_slots() const { return nullptr; }
+int NcclLayer::blocks_per_rank() const { return 0; }
+int NcclLayer::comm_blocks_per_rank() const { return 0; }
+bool NcclLayer::uses_tma() const { return false; }
 
 ref::TensorMap run_layer_nccl(const spec::LayerConfig&, const ref::TensorMap&, bool, const KernelOptions&) {
   throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
@@ -30,6 +33,15 @@ ref::TensorMap run_layer_nccl(const spec::LayerConfig&, const ref::TensorMap&, b
 bool launched_by_mok_launch() { return false; }
 
 ref::TensorMap run_layer_nccl_process(const spec::LayerConfig&, const ref::TensorMap&, bool, const KernelOptions&) {
+  throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
+}
+
+NcclTimes time_layer_nccl(const spec::LayerConfig&, const ref::TensorMap&, bool, int, int, const KernelOptions&) {
+  throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
+}
+
+NcclTimes time_layer_nccl_process(const spec::LayerConfig&, const ref::TensorMap&, bool, int, int,
+                                  const KernelOptions&) {
   throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);
 }
 

@@ -214,6 +214,44 @@ TEST(Kernel, NcclTransportMatchesTheVirtualRack) {
   }
 }
 
+// The benchmark entry of the NCCL transport (mok-bench --transport nccl): every rank's time of
+// every timed pass, and the last forward's output equal to the virtual rack's, bit for bit.
+TEST(Kernel, NcclTimingGivesEveryRanksTimesAndTheOutput) {
+  REQUIRE_GPU();
+  std::string why;
+  if (!kernel::nccl_available(&why)) GTEST_SKIP() << why;
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  for (int R : {1, 2}) {
+    if (R > devices) continue;
+    const spec::LayerConfig cfg{64, 32, 32, 8, 2, R, 16};
+    const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("zipf:1.2"), 11);
+    const kernel::NcclTimes t = kernel::time_layer_nccl(cfg, in, true, 1, 3);
+    ASSERT_EQ(t.num_ranks, R);
+    ASSERT_EQ(t.reps, 3);
+    ASSERT_EQ(t.forward_ms.size(), size_t(R) * 3);
+    ASSERT_EQ(t.backward_ms.size(), size_t(R) * 3);
+    for (float ms : t.forward_ms) EXPECT_GT(ms, 0.0f) << "R=" << R;
+    for (float ms : t.backward_ms) EXPECT_GT(ms, 0.0f) << "R=" << R;
+    EXPECT_GT(t.blocks_per_rank, 1);
+    EXPECT_GE(t.comm_blocks_per_rank, 1);
+    const ref::TensorMap virt = kernel::run_layer(cfg, in, false);
+    const ref::Tensor& want = virt.at("outputs/output");
+    ASSERT_EQ(t.output.size_bytes(), want.size_bytes());
+    EXPECT_EQ(std::memcmp(t.output.raw(), want.raw(), want.size_bytes()), 0) << "R=" << R << ": output differs";
+  }
+}
+
+// The layer's time of a repetition is its slowest rank's; the median is over repetitions.
+TEST(NcclTimes, MedianOfTheSlowestRank) {
+  // rank 0: 1 5 3, rank 1: 2 4 9 -> slowest 2 5 9 -> median 5
+  EXPECT_EQ(kernel::median_of_slowest_rank({1, 5, 3, 2, 4, 9}, 2, 3), 5.0f);
+  // an even count takes the upper median: slowest 3 2 -> 3
+  EXPECT_EQ(kernel::median_of_slowest_rank({1, 2, 3, 1}, 2, 2), 3.0f);
+  EXPECT_EQ(kernel::median_of_slowest_rank({7, 1, 4}, 1, 3), 4.0f);
+  EXPECT_EQ(kernel::median_of_slowest_rank({}, 2, 3), 0.0f);
+}
+
 TEST(Kernel, SilentRankEndsInADiagnosticNotAHang) {
   REQUIRE_GPU();
   const spec::LayerConfig cfg{64, 32, 32, 8, 2, 4, 16};

@@ -6,8 +6,10 @@
 #include "mok/reference/tensor.hpp"
 #include "mok/spec/config.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mok::kernel {
 
@@ -36,6 +38,9 @@ class NcclLayer {
   int rank() const;
   const uint16_t* y_slots() const;   // this rank's [T, K, H] slot buffer
   const uint16_t* dx_slots() const;
+  int blocks_per_rank() const;
+  int comm_blocks_per_rank() const;
+  bool uses_tma() const;  // true when the fast engine runs (as Layer::uses_tma)
 
  private:
   struct Impl;
@@ -57,5 +62,44 @@ bool launched_by_mok_launch();
 // the global tensors, like run_layer. Inputs are the global tensors (each process slices its own).
 ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
                                       const KernelOptions& options = {});
+
+// Pass times of the NCCL transport, for benchmarks (mok-bench --transport nccl). Every rank runs
+// `warmup` untimed and then `reps` timed forward passes (each followed by a backward pass when
+// `backward`) on its own GPU, timing each pass on its stream with CUDA events: the ranks first
+// meet at an untimed stream-ordered barrier (a one-element all-reduce), so every rank's time
+// runs from a common start to the end of its own kernel and includes the pass's two barriers
+// and the copy of the rank's inputs into its window. The slowest rank of a repetition is the
+// layer's time for that repetition.
+struct NcclTimes {
+  int num_ranks = 0, reps = 0;
+  std::vector<float> forward_ms;   // rank-major: forward_ms[rank * reps + rep], milliseconds
+  std::vector<float> backward_ms;  // the same for the backward passes; empty without backward
+  int blocks_per_rank = 0, comm_blocks_per_rank = 0;  // rank 0's launch shape
+  bool uses_tma = false;
+  ref::Tensor output;  // outputs/output [G, H] of the last forward pass, global token order
+};
+
+// The layer's time per repetition (the slowest rank's), then the median over repetitions (the
+// upper median for an even count). `ms` is rank-major as in NcclTimes; 0 when empty.
+inline float median_of_slowest_rank(const std::vector<float>& ms, int num_ranks, int reps) {
+  if (num_ranks < 1 || reps < 1 || ms.size() < static_cast<size_t>(num_ranks) * reps) return 0.0f;
+  std::vector<float> slowest(reps, 0.0f);
+  for (int r = 0; r < num_ranks; ++r)
+    for (int i = 0; i < reps; ++i) slowest[i] = std::max(slowest[i], ms[static_cast<size_t>(r) * reps + i]);
+  std::sort(slowest.begin(), slowest.end());
+  return slowest[slowest.size() / 2];
+}
+
+// Times the layer on the first cfg.num_ranks GPUs of this process, one thread per GPU and one
+// NCCL communicator (ncclCommInitAll); inputs are the global tensors, as for run_layer_nccl.
+// Throws mok::Error of kind kUnsupported when NCCL is missing or there are too few GPUs, and
+// kBadInput when reps < 1 or warmup < 0.
+NcclTimes time_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, int warmup,
+                          int reps, const KernelOptions& options = {});
+
+// The same for one process of a mok-launch job (one process per GPU, as run_layer_nccl_process):
+// every process returns every rank's times and the global output (all-gathered).
+NcclTimes time_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
+                                  int warmup, int reps, const KernelOptions& options = {});
 
 }  // namespace mok::kernel

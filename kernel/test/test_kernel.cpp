@@ -94,7 +94,8 @@ TEST(Kernel, DeterminismAcrossRanksRolesAndRuns) {
 // than one 128-row tile, weight gradients over a partial last chunk, the shared expert, 1 and 2
 // ranks. Everything bit-exact with the emulator. The second shape (I = 256, Is = 192) fills both
 // 128-column halves of the backward phase-1 tiles (256 wide over I), whole and partial, which
-// the row epilogues store in separate passes.
+// the row epilogues store in separate passes. With 3 blocks, each block takes many weight-gradient
+// tiles in a row: gemm_fast preloads the next one's first chunks behind each tile's epilogue.
 TEST(Kernel, FastEngineBitExactWithTheEmulator) {
   REQUIRE_GPU();
   for (const spec::LayerConfig& base : {spec::LayerConfig{384, 128, 128, 8, 2, 1, 320}, spec::LayerConfig{384, 256, 192, 8, 2, 1, 320}})
@@ -107,16 +108,18 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
   const ref::TensorMap in = ref::generate_inputs(base, rs, 4242);
   ref::TensorMap want = ref::emulate(base, in);
   for (auto& [p, t] : in) want[p] = t;
-  for (int R : ranks) {
-    spec::LayerConfig cfg = base;
-    cfg.num_ranks = R;
-    cfg.tokens_per_rank = base.num_tokens() / R;
-    kernel::KernelOptions o;
-    ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
-    if (R > 1)
-      for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
-    expect_bitwise(want, got, cfg, "fast engine R=" + std::to_string(R));
-  }
+  for (int R : ranks)
+    for (int blocks : {0, 3}) {
+      spec::LayerConfig cfg = base;
+      cfg.num_ranks = R;
+      cfg.tokens_per_rank = base.num_tokens() / R;
+      kernel::KernelOptions o;
+      o.blocks_per_rank = blocks;
+      ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
+      if (R > 1)
+        for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
+      expect_bitwise(want, got, cfg, "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks));
+    }
 }
 
 TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {

@@ -21,6 +21,7 @@
 #include "mok/spec/orders.hpp"
 
 #include "mok/cli.hpp"
+#include "mok/cuda_check.hpp"
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -36,14 +37,7 @@ namespace {
 using namespace mok::kernel;
 using namespace mok::kernel::device;
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "mok-gemm-bench: %s: %s\n", #x, cudaGetErrorString(e_));             \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#define CK(x) MOK_CUDA_OR_EXIT("mok-gemm-bench", x)
 
 #define CKB(x)                                                                                  \
   do {                                                                                          \

@@ -5,6 +5,7 @@
 // machine nothing crosses NVLink, so these are the issuing side's figures, not the wire's.
 // Prints a table (or --json); exit 3 without a GPU.
 #include "mok/cli.hpp"
+#include "mok/cuda_check.hpp"
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,14 +15,7 @@
 
 namespace {
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "mok-gpu-probe: %s: %s\n", #x, cudaGetErrorString(e_));              \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#define CK(x) MOK_CUDA_OR_EXIT("mok-gpu-probe", x)
 
 // Each warp copies 16 bytes per lane per access, `kInflight` independent loads issued before
 // their stores; blocks stride over the buffer. Bytes in flight per SM = warps x 32 x 16 x kInflight.

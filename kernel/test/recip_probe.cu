@@ -3,6 +3,7 @@
 // device's exp/sigmoid/silu/silu' against the host's (the spec's definitions) on 2^24 inputs
 // spread over [-110, 100] and 2^22 random bit patterns. Exit 0: identical bits everywhere;
 // 1: a difference (the first ones printed); 3: no GPU.
+#include "mok/cuda_check.hpp"
 #include "mok/spec/math.hpp"
 
 #include <cuda_runtime.h>
@@ -47,14 +48,7 @@ bool same(float a, float b) {  // NaN payloads may differ between host and devic
   return x == y || (a != a && b != b);
 }
 
-#define CK(call)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "mok-recip-probe: %s: %s\n", #call, cudaGetErrorString(e_));        \
-      return 1;                                                                                \
-    }                                                                                          \
-  } while (0)
+#define CK(x) MOK_CUDA_OR_EXIT("mok-recip-probe", x)
 
 }  // namespace
 

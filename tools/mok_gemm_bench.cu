@@ -529,33 +529,23 @@ int main(int argc, char** argv) {
     // Both engines must produce the same bits (same chain order); checked with the stores on.
     const int64_t out_bytes = mode == kWgrad ? GM * GN * 4 : mode == kFwd1 ? GM * GN * 4 : GM * GN * 2;
     void* out_ptr = mode == kWgrad || mode == kFwd1 ? static_cast<void*>(args.out_f32[0]) : args.out_bf16;
-    std::vector<unsigned char> ref(out_bytes), got(out_bytes);
+    // The bytes a launch leaves at [p, p + bytes), from zeroed memory.
+    auto output_of = [&](auto run, void* p, int64_t bytes) {
+      std::vector<unsigned char> v(bytes);
+      CK(cudaMemset(p, 0, bytes));
+      run();
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost));
+      return v;
+    };
     const bool keep = args.store;
     args.store = true;
-    CK(cudaMemset(out_ptr, 0, out_bytes));
-    launch();
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(ref.data(), out_ptr, out_bytes, cudaMemcpyDeviceToHost));
-    CK(cudaMemset(out_ptr, 0, out_bytes));
-    launch_ws();
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(got.data(), out_ptr, out_bytes, cudaMemcpyDeviceToHost));
-    bool same = ref == got;
-    // The row epilogue must store the fragment path's bits, the layer's epilogue (bwd1) included.
-    std::vector<unsigned char> ref_all, got_all;
+    const bool same = output_of(launch, out_ptr, out_bytes) == output_of(launch_ws, out_ptr, out_bytes);
+    // The row epilogue must store the fragment path's bits, the layer's epilogue (bwd1: d_gate
+    // and d_up, both bf16 arrays) included.
     const int64_t all_bytes = args.layer ? 2 * out_bytes : out_bytes;
-    ref_all.resize(all_bytes);
-    got_all.resize(all_bytes);
     void* all_ptr = args.layer ? static_cast<void*>(args.out_bf16) : out_ptr;
-    CK(cudaMemset(all_ptr, 0, all_bytes));
-    launch();
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(ref_all.data(), all_ptr, all_bytes, cudaMemcpyDeviceToHost));
-    CK(cudaMemset(all_ptr, 0, all_bytes));
-    launch_rows();
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(got_all.data(), all_ptr, all_bytes, cudaMemcpyDeviceToHost));
-    const bool rows_same = ref_all == got_all;
+    const bool rows_same = output_of(launch, all_ptr, all_bytes) == output_of(launch_rows, all_ptr, all_bytes);
     args.store = keep;
     const double ms = time_ms(launch, warmup, reps);
     const double ws_ms = time_ms(launch_ws, warmup, reps);

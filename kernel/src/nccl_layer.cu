@@ -431,6 +431,17 @@ NcclTimes time_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& in
   return times;
 }
 
+// This process's rank of a mok-launch job: joins the job's communicator when constructed and
+// leaves it when destroyed.
+struct LaunchComm {
+  int rank = 0, world = 0;
+  ncclComm_t comm;
+  explicit LaunchComm(const spec::LayerConfig& cfg) : comm(join_launch_comm(cfg, &rank, &world)) {}
+  ~LaunchComm() { ncclCommDestroy(comm); }
+  LaunchComm(const LaunchComm&) = delete;
+  LaunchComm& operator=(const LaunchComm&) = delete;
+};
+
 bool launched_by_mok_launch() {
   return std::getenv("MOK_RANK") && std::getenv("MOK_WORLD_SIZE") && std::getenv("MOK_NCCL_ID");
 }
@@ -438,16 +449,11 @@ bool launched_by_mok_launch() {
 ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
                                       const KernelOptions& options) {
   ref::validate_inputs(cfg, inputs, backward);
-  int rank = 0, world = 0;
-  ncclComm_t comm = join_launch_comm(cfg, &rank, &world);
-  struct Destroy {
-    ncclComm_t c;
-    ~Destroy() { ncclCommDestroy(c); }
-  } destroy{comm};
+  const LaunchComm job(cfg);
   ref::TensorMap result = empty_results(cfg, backward);
-  run_rank(cfg, inputs, backward, options, comm, rank, result);
+  run_rank(cfg, inputs, backward, options, job.comm, job.rank, result);
   // Every process ends with the global tensors: all-gather the rank-major slices in place.
-  for (auto& [path, t] : result) allgather_host(t.raw(), t.size_bytes(), comm, rank, world);
+  for (auto& [path, t] : result) allgather_host(t.raw(), t.size_bytes(), job.comm, job.rank, job.world);
   return result;
 }
 
@@ -455,17 +461,13 @@ NcclTimes time_layer_nccl_process(const spec::LayerConfig& cfg, const ref::Tenso
                                   int warmup, int reps, const KernelOptions& options) {
   ref::validate_inputs(cfg, inputs, backward);
   NcclTimes times = empty_times(cfg, backward, warmup, reps);
-  int rank = 0, world = 0;
-  ncclComm_t comm = join_launch_comm(cfg, &rank, &world);
-  struct Destroy {
-    ncclComm_t c;
-    ~Destroy() { ncclCommDestroy(c); }
-  } destroy{comm};
-  time_rank(cfg, inputs, backward, warmup, reps, options, comm, rank, true, times);
+  const LaunchComm job(cfg);
+  time_rank(cfg, inputs, backward, warmup, reps, options, job.comm, job.rank, true, times);
   // Every process ends with every rank's times and the global output.
-  allgather_host(times.forward_ms.data(), times.forward_ms.size() * sizeof(float), comm, rank, world);
-  if (backward) allgather_host(times.backward_ms.data(), times.backward_ms.size() * sizeof(float), comm, rank, world);
-  allgather_host(times.output.raw(), times.output.size_bytes(), comm, rank, world);
+  auto gather = [&](void* p, size_t bytes) { allgather_host(p, bytes, job.comm, job.rank, job.world); };
+  gather(times.forward_ms.data(), times.forward_ms.size() * sizeof(float));
+  if (backward) gather(times.backward_ms.data(), times.backward_ms.size() * sizeof(float));
+  gather(times.output.raw(), times.output.size_bytes());
   return times;
 }
 

@@ -107,6 +107,17 @@ void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per
   row("sum: publish (fences, counters)", false, kTrPublish, false);
   row("count: GEMM items", false, kTrItems, false, 1.0);
   row("count: weight-gradient tiles", false, kTrWgradItems, false, 1.0);
+  // The backward's weight gradients run from a block's "reduction done" mark to its end.
+  bool wgrad = false;
+  for (size_t b = 0; b < nb; ++b) wgrad = wgrad || at(b, kTrWgradItems) > 0;
+  if (wgrad) {
+    double lo = 1e300, hi = -1e300, sum = 0;
+    for (size_t b = 0; b < nb; ++b) {
+      const double v = static_cast<double>(at(b, kTrEnd) - at(b, kTrReduceDone)) * 1e-6;
+      lo = std::min(lo, v), hi = std::max(hi, v), sum += v;
+    }
+    std::printf("%-34s %9.3f %9.3f %9.3f\n", "span: weight gradients", lo, sum / static_cast<double>(nb), hi);
+  }
 }
 
 void* zeros(size_t bytes) {

@@ -365,18 +365,23 @@ class LayerSim {
   // segment starts. Each segment is examined when it closes (a rate change), so no segment log
   // is kept; the milestones found are handed on in one batch when the flow completes, never as
   // one event each.
-  struct FlowState {
+  struct alignas(64) FlowState {  // one cache line: what a rate change reads and writes
     int64_t seg_t0;      // current segment's start
     double seg_d0;       // bytes delivered at seg_t0
     double seg_rate;     // bytes per ns in this segment; -1 before the first assignment
-    int32_t transfer, agent;
     int64_t next_cum;    // bytes through piece next_piece (the first without a milestone yet)
+    // The flow's piece table (flow_piece_ns_[f]'s storage, held here so that closing a segment
+    // touches no other line of the engine's): entry j is the milestone time of piece j for
+    // j < next_piece, the bytes through piece j for j >= next_piece.
+    int64_t* piece;
+    int32_t transfer, agent;
     int32_t next_piece, num_pieces;
   };
+  static_assert(sizeof(FlowState) == 64, "a FlowState fills one cache line");
   std::vector<FlowState> flow_state_;               // by flow index
-  std::vector<std::vector<int64_t>> flow_piece_ns_;  // by flow index: milestones found so far
+  std::vector<std::vector<int64_t>> flow_piece_ns_;  // by flow index: storage of FlowState::piece
   // Milestones inside the current segment of flow f, for a segment that ends at end_ns.
-  void close_segment(int f, FlowState& fs, int64_t end_ns);
+  static void close_segment(FlowState& fs, int64_t end_ns);
   std::vector<int64_t> combine_last_source_;  // per destination: producer of its latest combine data
   std::vector<int64_t> combine_last_data_ns_;
 
@@ -726,10 +731,17 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
     flow_state_.resize(f + 1);
     flow_piece_ns_.resize(f + 1);
   }
-  flow_state_[f] = FlowState{now, 0.0, -1.0, tid, agent,
-                             piece_wire_bytes(tr.phase, transfer_piece(tr, 0), tr.src != tr.dst), 0,
+  // The bytes through each piece, read once here in piece order (a transfer's pieces lie
+  // together in the piece table) rather than one at a time as segments close.
+  std::vector<int64_t>& table = flow_piece_ns_[f];
+  table.resize(static_cast<size_t>(tr.count));
+  int64_t cum = 0;
+  for (int64_t j = 0; j < tr.count; ++j) {
+    cum += piece_wire_bytes(tr.phase, transfer_piece(tr, j), tr.src != tr.dst);
+    table[j] = cum;
+  }
+  flow_state_[f] = FlowState{now, 0.0, -1.0, table.empty() ? 0 : table[0], table.data(), tid, agent, 0,
                              static_cast<int32_t>(tr.count)};
-  flow_piece_ns_[f].clear();
   checkpoints_.erase(f);
   new_flows_.push_back(f);
   dirty_ = true;
@@ -738,17 +750,14 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
 // Milestones of flow f inside its current segment, which ends at end_ns: piece j's last byte
 // passes the bottleneck at t0 + ceil((bytes through j - d0) / rate); when that is after end_ns,
 // the piece and every later one are left to later segments.
-void LayerSim::close_segment(int f, FlowState& fs, int64_t end_ns) {
+void LayerSim::close_segment(FlowState& fs, int64_t end_ns) {
   while (fs.next_piece < fs.num_pieces) {
     const int64_t dt =
         fs.seg_rate > 0 ? delivery_ns(static_cast<double>(fs.next_cum) - fs.seg_d0, fs.seg_rate) : kNeverNs;
     const int64_t t = dt >= kNeverNs ? kNeverNs : fs.seg_t0 + dt;
     if (t > end_ns) return;
-    flow_piece_ns_[f].push_back(t);
-    if (++fs.next_piece < fs.num_pieces) {
-      const Transfer& tr = transfers_[fs.transfer];
-      fs.next_cum += piece_wire_bytes(tr.phase, transfer_piece(tr, fs.next_piece), tr.src != tr.dst);
-    }
+    fs.piece[fs.next_piece] = t;
+    if (++fs.next_piece < fs.num_pieces) fs.next_cum = fs.piece[fs.next_piece];
   }
 }
 
@@ -767,7 +776,7 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
     // the division there is below 2^-50 relative), so it is skipped.
     if (now > fs.seg_t0 && fs.seg_rate > 0 && fs.next_piece < fs.num_pieces) {
       const double next = static_cast<double>(fs.next_cum);
-      if (!(next > d + 0x1p-40 * next)) close_segment(f, fs, now);
+      if (!(next > d + 0x1p-40 * next)) close_segment(fs, now);
     }
   }
   fs.seg_t0 = now;
@@ -786,9 +795,9 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
 // they happen is exact: their consumers only count and take maxima (see mark_known).
 void LayerSim::replay_milestones(int f, int64_t now) {
   FlowState& fs = flow_state_[f];
-  close_segment(f, fs, INT64_MAX);
+  close_segment(fs, INT64_MAX);
   const Transfer& tr = transfers_[fs.transfer];
-  const std::vector<int64_t>& times = flow_piece_ns_[f];
+  const int64_t* times = fs.piece;
   for (int64_t j = 0; j < tr.count; ++j) {
     ++num_milestones_;
     on_piece_data(tr, transfer_piece(tr, j), std::min(times[j], now));

@@ -1365,7 +1365,14 @@ LayerResult LayerSim::run() {
       if (opt_.rate_quantum_ns > 0 || opt_.full_rate_recompute) net_.recompute_rates();
       else net_.update_rates();
       // Only flows whose rate changed (and new ones) start a new segment; any order will do.
-      for (int f : net_.changed_flows()) set_rate_segment(f, net_.flow(f).rate_gbps(), now);
+      // The flows' segment lines are scattered: each is requested a few flows ahead.
+      const std::vector<int>& changed = net_.changed_flows();
+      const size_t num_changed = changed.size();
+      for (size_t i = 0; i < num_changed; ++i) {
+        if (i + 4 < num_changed) __builtin_prefetch(&flow_state_[changed[i + 4]], 1);
+        const int f = changed[i];
+        set_rate_segment(f, net_.flow(f).rate_gbps(), now);
+      }
       if (opt_.signal_queueing) update_port_queues(now);
       dirty_ = false;
     }

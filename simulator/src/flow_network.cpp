@@ -38,7 +38,6 @@ int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
   force_stamp_.push_back(0);
   res_mode_.push_back(0);
   res_rem_.push_back(0);
-  res_delta_.push_back(0);
   new_level_.push_back(kInf);
   res_unfrozen_.push_back(0);
   return static_cast<int>(capacity_.size()) - 1;
@@ -641,23 +640,26 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
     return forced ? Attempt::kRetry : Attempt::kTooBig;
   }
-  // Passive resources: final slack must be at least their number of flow entries.
-  for (int r : passive_) res_delta_[r] = 0;
-  for (int f : done_) {
-    const Flow& fl = flows_[f];
-    for (int i = 0; i < fl.path_len; ++i) {
-      const int r = fl.path[i];
-      if (res_mode_[r] == kPassive && res_stamp_[r] == stamp_) res_delta_[r] += new_rate_[f] - fl.rate_units;
+  // Passive resources: final slack must be at least their number of flow entries. The residuals
+  // move to the new rates here, once per frozen flow and path entry: the commit keeps them, a
+  // repeated attempt gets them back.
+  auto move_residuals = [&](int64_t sign) {
+    for (int f : done_) {
+      const Flow& fl = flows_[f];
+      const int64_t delta = sign * (new_rate_[f] - fl.rate_units);
+      for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= delta;
     }
-  }
+  };
+  move_residuals(1);
   bool ok = true;
   for (int r : passive_)
-    if (res_mode_[r] == kPassive &&
-        residual_[r] - res_delta_[r] < static_cast<int64_t>(res_flows_[r].size())) {
+    if (res_mode_[r] == kPassive && residual_[r] < static_cast<int64_t>(res_flows_[r].size())) {
       force_stamp_[r] = update_id_;
       ok = false;
     }
-  return ok ? Attempt::kDone : Attempt::kRetry;
+  if (ok) return Attempt::kDone;
+  move_residuals(-1);
+  return Attempt::kRetry;
 }
 
 void FlowNetwork::update_rates() {
@@ -681,8 +683,7 @@ void FlowNetwork::update_rates() {
     const int64_t rate = new_rate_[f];
     if (m.fresh || rate != fl.rate_units) changed_.push_back(f);
     m.fresh = 0;
-    for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= rate - fl.rate_units;
-    set_rate(f, rate);
+    set_rate(f, rate);  // residual_ already moved (attempt_update)
   }
   for (int r : tracked_) {
     advance(r, kInf, 1);

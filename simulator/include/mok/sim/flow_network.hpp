@@ -155,7 +155,7 @@ class FlowNetwork {
   std::vector<uint32_t> res_stamp_, force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
   std::vector<uint8_t> res_mode_;
-  std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
+  std::vector<int64_t> new_rate_, res_rem_, new_level_;
   std::vector<int> res_unfrozen_;
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, with their old

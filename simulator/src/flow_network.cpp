@@ -89,7 +89,6 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     links_.emplace_back();
     active_pos_.push_back(-1);
     fill_mark_.emplace_back();
-    new_rate_.push_back(0);
     key_.push_back(FlowKey{});
   }
   Flow& f = flows_[idx];
@@ -433,7 +432,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   for (int f : list) {
     const uint8_t st = status(f);
     if (st == kDone) {
-      rem -= new_rate_[f];
+      rem -= key_[f].point;  // kDone: the new rate
     } else if (st == kFree) {
       ++n;
       pool_.push_back(Pending{kInf, f});  // last: only the saturation scan below looks at it
@@ -504,7 +503,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   };
   auto freeze_new = [&](int f, int64_t rate) {
     set_status(f, kDone);
-    new_rate_[f] = rate;
+    key_[f].point = rate;  // the new rate while kDone (update_rates() restores the point otherwise)
     done_.push_back(f);
     freeze_tracked(f, rate);
   };
@@ -646,7 +645,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   auto move_residuals = [&](int64_t sign) {
     for (int f : done_) {
       const Flow& fl = flows_[f];
-      const int64_t delta = sign * (new_rate_[f] - fl.rate_units);
+      const int64_t delta = sign * (key_[f].point - fl.rate_units);
       for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= delta;
     }
   };
@@ -668,6 +667,7 @@ void FlowNetwork::update_rates() {
   for (;;) {
     const Attempt a = attempt_update();
     if (a == Attempt::kDone) break;
+    for (int f : done_) set_rate(f, flows_[f].rate_units);  // the old points back (kDone held new rates)
     if (a == Attempt::kTooBig) {
       ++num_fallbacks_;
       recompute_rates();
@@ -680,7 +680,7 @@ void FlowNetwork::update_rates() {
   for (int f : done_) {
     Flow& fl = flows_[f];
     FillMark& m = fill_mark_[f];
-    const int64_t rate = new_rate_[f];
+    const int64_t rate = key_[f].point;  // kDone: the new rate
     if (m.fresh || rate != fl.rate_units) changed_.push_back(f);
     m.fresh = 0;
     set_rate(f, rate);  // residual_ already moved (attempt_update)

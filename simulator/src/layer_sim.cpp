@@ -1365,11 +1365,17 @@ LayerResult LayerSim::run() {
       if (opt_.rate_quantum_ns > 0 || opt_.full_rate_recompute) net_.recompute_rates();
       else net_.update_rates();
       // Only flows whose rate changed (and new ones) start a new segment; any order will do.
-      // The flows' segment lines are scattered: each is requested a few flows ahead.
+      // The flows' segment lines are scattered: each is requested a few flows ahead, and the
+      // line of its piece table that closing the segment reads, two flows ahead (by then the
+      // segment line has arrived).
       const std::vector<int>& changed = net_.changed_flows();
       const size_t num_changed = changed.size();
       for (size_t i = 0; i < num_changed; ++i) {
         if (i + 4 < num_changed) __builtin_prefetch(&flow_state_[changed[i + 4]], 1);
+        if (i + 2 < num_changed) {
+          const FlowState& ahead = flow_state_[changed[i + 2]];
+          if (ahead.next_piece < ahead.num_pieces) __builtin_prefetch(ahead.piece + ahead.next_piece, 1);
+        }
         const int f = changed[i];
         set_rate_segment(f, net_.flow(f).rate_gbps(), now);
       }

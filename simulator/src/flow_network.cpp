@@ -38,7 +38,6 @@ int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
   force_stamp_.push_back(0);
   res_mode_.push_back(0);
   res_rem_.push_back(0);
-  res_delta_.push_back(0);
   new_level_.push_back(kInf);
   res_unfrozen_.push_back(0);
   return static_cast<int>(capacity_.size()) - 1;
@@ -90,7 +89,6 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
     links_.emplace_back();
     active_pos_.push_back(-1);
     fill_mark_.emplace_back();
-    new_rate_.push_back(0);
     key_.push_back(FlowKey{});
   }
   Flow& f = flows_[idx];
@@ -434,7 +432,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   for (int f : list) {
     const uint8_t st = status(f);
     if (st == kDone) {
-      rem -= new_rate_[f];
+      rem -= key_[f].point;  // kDone: the new rate
     } else if (st == kFree) {
       ++n;
       pool_.push_back(Pending{kInf, f});  // last: only the saturation scan below looks at it
@@ -505,7 +503,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   };
   auto freeze_new = [&](int f, int64_t rate) {
     set_status(f, kDone);
-    new_rate_[f] = rate;
+    key_[f].point = rate;  // the new rate while kDone (update_rates() restores the point otherwise)
     done_.push_back(f);
     freeze_tracked(f, rate);
   };
@@ -641,23 +639,26 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
     return forced ? Attempt::kRetry : Attempt::kTooBig;
   }
-  // Passive resources: final slack must be at least their number of flow entries.
-  for (int r : passive_) res_delta_[r] = 0;
-  for (int f : done_) {
-    const Flow& fl = flows_[f];
-    for (int i = 0; i < fl.path_len; ++i) {
-      const int r = fl.path[i];
-      if (res_mode_[r] == kPassive && res_stamp_[r] == stamp_) res_delta_[r] += new_rate_[f] - fl.rate_units;
+  // Passive resources: final slack must be at least their number of flow entries. The residuals
+  // move to the new rates here, once per frozen flow and path entry: the commit keeps them, a
+  // repeated attempt gets them back.
+  auto move_residuals = [&](int64_t sign) {
+    for (int f : done_) {
+      const Flow& fl = flows_[f];
+      const int64_t delta = sign * (key_[f].point - fl.rate_units);
+      for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= delta;
     }
-  }
+  };
+  move_residuals(1);
   bool ok = true;
   for (int r : passive_)
-    if (res_mode_[r] == kPassive &&
-        residual_[r] - res_delta_[r] < static_cast<int64_t>(res_flows_[r].size())) {
+    if (res_mode_[r] == kPassive && residual_[r] < static_cast<int64_t>(res_flows_[r].size())) {
       force_stamp_[r] = update_id_;
       ok = false;
     }
-  return ok ? Attempt::kDone : Attempt::kRetry;
+  if (ok) return Attempt::kDone;
+  move_residuals(-1);
+  return Attempt::kRetry;
 }
 
 void FlowNetwork::update_rates() {
@@ -666,6 +667,7 @@ void FlowNetwork::update_rates() {
   for (;;) {
     const Attempt a = attempt_update();
     if (a == Attempt::kDone) break;
+    for (int f : done_) set_rate(f, flows_[f].rate_units);  // the old points back (kDone held new rates)
     if (a == Attempt::kTooBig) {
       ++num_fallbacks_;
       recompute_rates();
@@ -678,11 +680,10 @@ void FlowNetwork::update_rates() {
   for (int f : done_) {
     Flow& fl = flows_[f];
     FillMark& m = fill_mark_[f];
-    const int64_t rate = new_rate_[f];
+    const int64_t rate = key_[f].point;  // kDone: the new rate
     if (m.fresh || rate != fl.rate_units) changed_.push_back(f);
     m.fresh = 0;
-    for (int i = 0; i < fl.path_len; ++i) residual_[fl.path[i]] -= rate - fl.rate_units;
-    set_rate(f, rate);
+    set_rate(f, rate);  // residual_ already moved (attempt_update)
   }
   for (int r : tracked_) {
     advance(r, kInf, 1);

@@ -155,7 +155,7 @@ class FlowNetwork {
   std::vector<uint32_t> res_stamp_, force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
   std::vector<uint8_t> res_mode_;
-  std::vector<int64_t> new_rate_, res_rem_, res_delta_, new_level_;
+  std::vector<int64_t> res_rem_, new_level_;
   std::vector<int> res_unfrozen_;
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, with their old
@@ -170,7 +170,8 @@ class FlowNetwork {
   // demand, 1: by a saturating resource), ordered as the filling passes them; kept in step with
   // Flow::rate_units so that an update reads 8 bytes per flow instead of the flow's cache line.
   // Beside it, the flow's status in the current attempt (attempt stamp << 2 | status), so that a
-  // scan of a resource's flows touches one line per flow.
+  // scan of a resource's flows touches one line per flow. A flow frozen at a new rate in the
+  // attempt (status kDone) holds that rate in `point` instead, until the commit sets both.
   struct FlowKey {
     int64_t point = 0;
     uint32_t mark = 0;

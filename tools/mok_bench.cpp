@@ -522,6 +522,8 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok-bench: %s\n", e.what());
-    return 2;
+    // What this machine lacks (too few GPUs, no NVLink team or symmetric memory for NCCL) is an
+    // environment problem, 3 as in mok-verify; the rest is bad input, 2.
+    return e.kind() == mok::ErrorKind::kUnsupported ? 3 : 2;
   }
 }

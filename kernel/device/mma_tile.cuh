@@ -567,7 +567,10 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
         }
       }
     }
-    // The next tile's first barrier keeps its loads off the staged tile until every warp is done.
+    // The staged tile and keys were ordinary (generic-proxy) shared-memory accesses; the next
+    // tile's TMA loads (async proxy) reuse the ring after its first barrier. Order the two
+    // proxies as for zero_k_rows.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   } else {
 #pragma unroll
     for (int j = 0; j < NJ; ++j)

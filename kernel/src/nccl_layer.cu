@@ -284,16 +284,16 @@ void time_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool 
   NcclLayer layer(cfg, comm, sized_options(cfg, inputs, options));
   int* start_word = detail::device_alloc<int>(buf.owned.ptrs, 1);
   MOK_CUDA(cudaMemset(start_word, 0, sizeof(int)));
-  cudaEvent_t a, b;
-  MOK_CUDA(cudaEventCreate(&a));
-  MOK_CUDA(cudaEventCreate(&b));
-  struct Events {
-    cudaEvent_t a, b;
+  struct Events {  // destroyed however the function ends, also when the second create fails
+    cudaEvent_t a = nullptr, b = nullptr;
     ~Events() {
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
+      if (a) cudaEventDestroy(a);
+      if (b) cudaEventDestroy(b);
     }
-  } events{a, b};
+  } events;
+  MOK_CUDA(cudaEventCreate(&events.a));
+  MOK_CUDA(cudaEventCreate(&events.b));
+  const cudaEvent_t a = events.a, b = events.b;
   // One timed pass: an untimed barrier puts every rank at a common start, then the pass.
   auto timed = [&](auto&& pass) {
     MOK_NCCL(ncclAllReduce(start_word, start_word, 1, ncclInt32, ncclSum, comm, nullptr));

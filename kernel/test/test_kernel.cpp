@@ -94,8 +94,8 @@ TEST(Kernel, DeterminismAcrossRanksRolesAndRuns) {
 // than one 128-row tile, weight gradients over a partial last chunk, the shared expert, 1 and 2
 // ranks. Everything bit-exact with the emulator. The second shape (I = 256, Is = 192) fills both
 // 128-column halves of the backward phase-1 tiles (256 wide over I), whole and partial, which
-// the row epilogues store in separate passes. With 3 blocks, each block takes many weight-gradient
-// tiles in a row: gemm_fast preloads the next one's first chunks behind each tile's epilogue.
+// the row epilogues store in separate passes. With 3 blocks, each block takes many GEMM and
+// weight-gradient tiles in a row, each reusing the ring right after the last one's staged epilogue.
 TEST(Kernel, FastEngineBitExactWithTheEmulator) {
   REQUIRE_GPU();
   for (const spec::LayerConfig& base : {spec::LayerConfig{384, 128, 128, 8, 2, 1, 320}, spec::LayerConfig{384, 256, 192, 8, 2, 1, 320}})

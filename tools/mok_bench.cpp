@@ -353,12 +353,10 @@ int main(int argc, char** argv) {
       fused = t.output;
       // Each rank's own median, to show imbalance between ranks.
       for (int r = 0; r < t.num_ranks; ++r) {
-        auto median = [&](const std::vector<float>& ms) {
+        auto median = [&](const std::vector<float>& ms) {  // rank r's slice, as a one-rank layer
           if (ms.empty()) return 0.0f;
-          std::vector<float> v(ms.begin() + static_cast<ptrdiff_t>(r) * t.reps,
-                               ms.begin() + static_cast<ptrdiff_t>(r + 1) * t.reps);
-          std::sort(v.begin(), v.end());
-          return v[v.size() / 2];
+          const auto first = ms.begin() + static_cast<ptrdiff_t>(r) * t.reps;
+          return mok::kernel::median_of_slowest_rank(std::vector<float>(first, first + t.reps), 1, t.reps);
         };
         char buf[96];
         std::snprintf(buf, sizeof buf, "%s%d: %.3f / %.3f", r ? ", " : "", r, median(t.forward_ms), median(t.backward_ms));

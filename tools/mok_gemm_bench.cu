@@ -114,8 +114,7 @@ template <int kMode>
     store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, sg.x), swiglu_grad_up_pre(v.y, sg.y),
                 swiglu_grad_up_pre(v.z, sg.z), swiglu_grad_up_pre(v.w, sg.w), valid);
   } else {
-    store4_bf16(a.out_bf16 + idx, bf16_from_f32_rne(v.x), bf16_from_f32_rne(v.y), bf16_from_f32_rne(v.z),
-                bf16_from_f32_rne(v.w), valid);
+    store4_rne(a.out_bf16 + idx, v, valid);
   }
 }
 [[maybe_unused]] __device__ __forceinline__ void store_gate_up4(const Args& a, int64_t idx, const float4& g,

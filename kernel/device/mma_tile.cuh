@@ -13,6 +13,7 @@
 #pragma once
 
 #include "mok/kernel/params.hpp"
+#include "mok/spec/bf16.hpp"
 #include "mok/spec/config.hpp"
 
 #include <cstdint>
@@ -453,6 +454,11 @@ __device__ __forceinline__ void store4_bf16(uint16_t* p, uint16_t b0, uint16_t b
   }
   const uint16_t e[4] = {b0, b1, b2, b3};
   for (int q = 0; q < valid; ++q) p[q] = e[q];
+}
+// Four fp32 values rounded to bf16 (spec RNE) and stored as store4_bf16 does.
+__device__ __forceinline__ void store4_rne(uint16_t* p, const float4& v, int valid) {
+  store4_bf16(p, spec::bf16_from_f32_rne(v.x), spec::bf16_from_f32_rne(v.y), spec::bf16_from_f32_rne(v.z),
+              spec::bf16_from_f32_rne(v.w), valid);
 }
 // Loads four fp32 values (valid of them; the rest read as 0) from p through the read-only path.
 __device__ __forceinline__ float4 load4_f32(const float* p, int valid) {

@@ -284,12 +284,6 @@ __device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, 
   slot_row(P, S, slots, p)[col] = spec::bf16_from_f32_rne(v);
 }
 
-// Four columns of a row epilogue rounded to bf16 (valid of them stored).
-__device__ __forceinline__ void store4_rne(uint16_t* p, const float4& v, int valid) {
-  store4_bf16(p, spec::bf16_from_f32_rne(v.x), spec::bf16_from_f32_rne(v.y), spec::bf16_from_f32_rne(v.z),
-              spec::bf16_from_f32_rne(v.w), valid);
-}
-
 // The fast engine's phase-2 epilogue (forward down, backward d_x), through shared memory: a
 // routed row goes to its slot row at the token's owner (the row's key is that address), a
 // shared-expert row to this rank's fp32 `shared` rows.

@@ -371,29 +371,33 @@ void on_every_gpu(const spec::LayerConfig& cfg, Fn&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-// This process's rank of a mok-launch job: joins the job's communicator on the process's
-// first visible GPU; the caller destroys the communicator.
-ncclComm_t join_launch_comm(const spec::LayerConfig& cfg, int* rank_out, int* world_out) {
-  if (!launched_by_mok_launch())
-    throw Error("transport nccl: this process was not started by mok-launch (MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID)",
-                ErrorKind::kUnsupported);
-  const int rank = std::atoi(std::getenv("MOK_RANK"));
-  const int world = std::atoi(std::getenv("MOK_WORLD_SIZE"));
-  if (world != cfg.num_ranks)
-    throw Error("transport nccl: mok-launch started " + std::to_string(world) + " processes but config.R is " +
-                std::to_string(cfg.num_ranks));
-  const std::string hex = std::getenv("MOK_NCCL_ID");
-  ncclUniqueId id{};
-  if (hex.size() != 2 * sizeof id.internal) throw Error("MOK_NCCL_ID: expected " + std::to_string(2 * sizeof id.internal) + " hex digits");
-  for (size_t i = 0; i < sizeof id.internal; ++i)
-    id.internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
-  MOK_CUDA(cudaSetDevice(0));  // mok-launch gives each process one visible GPU
-  ncclComm_t comm;
-  MOK_NCCL(ncclCommInitRank(&comm, world, id, rank));
-  *rank_out = rank;
-  *world_out = world;
-  return comm;
-}
+// This process's rank of a mok-launch job: joins the job's communicator on the process's first
+// visible GPU when constructed, and leaves it when destroyed.
+struct LaunchComm {
+  int rank = 0, world = 0;
+  ncclComm_t comm = nullptr;
+  explicit LaunchComm(const spec::LayerConfig& cfg) {
+    if (!launched_by_mok_launch())
+      throw Error("transport nccl: this process was not started by mok-launch (MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID)",
+                  ErrorKind::kUnsupported);
+    rank = std::atoi(std::getenv("MOK_RANK"));
+    world = std::atoi(std::getenv("MOK_WORLD_SIZE"));
+    if (world != cfg.num_ranks)
+      throw Error("transport nccl: mok-launch started " + std::to_string(world) + " processes but config.R is " +
+                  std::to_string(cfg.num_ranks));
+    const std::string hex = std::getenv("MOK_NCCL_ID");
+    ncclUniqueId id{};
+    if (hex.size() != 2 * sizeof id.internal)
+      throw Error("MOK_NCCL_ID: expected " + std::to_string(2 * sizeof id.internal) + " hex digits");
+    for (size_t i = 0; i < sizeof id.internal; ++i)
+      id.internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    MOK_CUDA(cudaSetDevice(0));  // mok-launch gives each process one visible GPU
+    MOK_NCCL(ncclCommInitRank(&comm, world, id, rank));
+  }
+  ~LaunchComm() { ncclCommDestroy(comm); }
+  LaunchComm(const LaunchComm&) = delete;
+  LaunchComm& operator=(const LaunchComm&) = delete;
+};
 
 // All-gathers `bytes` bytes (a multiple of world) in place: every process holds slice `rank`
 // (bytes / world at offset rank * bytes / world) and ends with every slice.
@@ -430,17 +434,6 @@ NcclTimes time_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& in
   });
   return times;
 }
-
-// This process's rank of a mok-launch job: joins the job's communicator when constructed and
-// leaves it when destroyed.
-struct LaunchComm {
-  int rank = 0, world = 0;
-  ncclComm_t comm;
-  explicit LaunchComm(const spec::LayerConfig& cfg) : comm(join_launch_comm(cfg, &rank, &world)) {}
-  ~LaunchComm() { ncclCommDestroy(comm); }
-  LaunchComm(const LaunchComm&) = delete;
-  LaunchComm& operator=(const LaunchComm&) = delete;
-};
 
 bool launched_by_mok_launch() {
   return std::getenv("MOK_RANK") && std::getenv("MOK_WORLD_SIZE") && std::getenv("MOK_NCCL_ID");

@@ -111,6 +111,7 @@ void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per
   bool wgrad = false;
   for (size_t b = 0; b < nb; ++b) wgrad = wgrad || at(b, kTrWgradItems) > 0;
   if (wgrad) {
+    row("mark: d_x done (router grads next)", true, kTrDxDone, false);
     double lo = 1e300, hi = -1e300, sum = 0;
     for (size_t b = 0; b < nb; ++b) {
       const double v = static_cast<double>(at(b, kTrEnd) - at(b, kTrReduceDone)) * 1e-6;

@@ -883,6 +883,80 @@ __device__ __forceinline__ auto wgrad_epilogue(float* out, int64_t N, int64_t m0
   }
 }
 
+// 16 bytes from global to shared memory without a register round trip (cp.async, sm_80 and
+// later; a plain copy before that), and the wait for all of a thread's copies.
+__device__ __forceinline__ void copy16_async(void* dst_smem, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst_smem)), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst_smem) = __ldcg(reinterpret_cast<const uint4*>(src));
+#endif
+}
+__device__ __forceinline__ void copy16_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// d_router_weights[s] = sum over h of d_output[t, h] * y[s, h] for every slot s = (t, k) of the
+// rank's tokens (0 for an empty slot). ORDER: router-grad-lanes: one warp per slot; lane j sums
+// h = j mod 32 in increasing h by fma, then an xor butterfly over 16, 8, 4, 2, 1.
+// That order gives each lane every 32nd element, so reading the rows straight from global memory
+// takes a 2-byte load per element and lane (64 bytes per warp instruction, few in flight). With
+// C > 0 (H a multiple of 8) the warp first copies C-element pieces of both rows into its own
+// part of the idle ring with 16-byte cp.async (2C / 256 copies per lane in flight), then each
+// lane runs its chain from shared memory: the same elements, in the same order. C = 0 is the
+// plain loop. Needs 4C bytes of shared memory per warp: 64 KiB of the fast engine's 192 KiB ring
+// at C = 2048, 8 KiB of the slow engine's 9 KiB of buffers at C = 256.
+inline constexpr int kRouterChunkFast = 2048, kRouterChunkSlow = 256;
+static_assert(kWarps * 4 * kRouterChunkFast <= kRingBytes, "the fast engine's staging fits in its ring");
+static_assert(kWarps * 4 * kRouterChunkSlow <= (sizeof(SlowSmemMma) > sizeof(SlowSmemWgmma) ? sizeof(SlowSmemMma)
+                                                                                            : sizeof(SlowSmemWgmma)),
+              "the slow engine's staging fits in the dynamic shared memory a slow launch gets (smem_bytes_for)");
+template <int C>
+__device__ inline void router_grads(const LaunchParams& P, const Role& role, uint8_t* smem, const uint16_t* dout,
+                                    const uint16_t* y, const int32_t* topk, float* d_router_weights) {
+  const int64_t H = P.cfg.hidden, K = P.cfg.top_k, T = P.cfg.tokens_per_rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  [[maybe_unused]] uint16_t* sd = reinterpret_cast<uint16_t*>(smem) + warp * 2 * C;
+  [[maybe_unused]] uint16_t* sy = sd + C;
+  for (int64_t s = role.block * kWarps + warp; s < T * K; s += P.blocks_per_rank * kWarps) {
+    if (topk[s] < 0) {
+      if (lane == 0) d_router_weights[s] = 0.0f;
+      continue;
+    }
+    const int64_t t = s / K;
+    float acc = 0.0f;
+    if constexpr (C == 0) {
+      for (int64_t h = lane; h < H; h += 32)
+        acc = spec::ffma(spec::f32_from_bf16(dout[t * H + h]), spec::f32_from_bf16(y[s * H + h]), acc);
+    } else {
+      static_assert(C % 256 == 0, "whole 16-byte copies for every lane, and chunks of 32 columns");
+      for (int64_t c0 = 0; c0 < H; c0 += C) {  // ORDER: chunks in increasing h
+        const int n = static_cast<int>(H - c0 < C ? H - c0 : C);
+        for (int e = lane * 8; e < n; e += 256) {
+          copy16_async(sd + e, dout + t * H + c0 + e);
+          copy16_async(sy + e, y + s * H + c0 + e);
+        }
+        copy16_wait_all();
+        __syncwarp();
+#pragma unroll 8
+        for (int e = lane; e < n; e += 32)  // ORDER: this lane's columns in increasing h
+          acc = spec::ffma(spec::f32_from_bf16(sd[e]), spec::f32_from_bf16(sy[e]), acc);
+        __syncwarp();  // every lane has read the chunk before the next one lands
+      }
+    }
+    for (int offset = 16; offset >= 1; offset /= 2) acc = spec::fadd(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
+    if (lane == 0) d_router_weights[s] = acc;
+  }
+  if constexpr (C > 0) {
+    // The ring's next users are the weight gradients' TMA loads (async proxy); order this
+    // generic-proxy use of it before them, as after a row epilogue.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+  }
+}
+
 // Weight-gradient tile items: routed (per local expert: gate, up [I x H]; down [H x I]) then
 // shared (gate, up [Is x H]; down [H x Is]). ORDER: weight-grad chain over the canonical row
 // list (routed) or the rank's tokens in order (shared), 16 rows per MMA step.
@@ -983,7 +1057,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
 #endif
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, K = c.top_k, T = c.tokens_per_rank;
+  const int64_t H = c.hidden;
   trace_mark(P, kTrStart);
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
   // gate/up/act) stay in the workspace from the forward pass of the same inputs.
@@ -1019,20 +1093,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
     combine_columns<8>(P, role, dx, topk, init, step, R.d_x);
   else
     combine_columns<1>(P, role, dx, topk, init, step, R.d_x);
-  // ORDER: router-grad-lanes: one warp per slot, lane j sums h = j mod 32, xor butterfly.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t s = role.block * kWarps + warp; s < T * K; s += P.blocks_per_rank * kWarps) {
-    if (topk[s] < 0) {
-      if (lane == 0) R.d_router_weights[s] = 0.0f;
-      continue;
-    }
-    const int64_t t = s / K;
-    float acc = 0.0f;
-    for (int64_t h = lane; h < H; h += 32)
-      acc = spec::ffma(spec::f32_from_bf16(dout[t * H + h]), spec::f32_from_bf16(y[s * H + h]), acc);
-    for (int offset = 16; offset >= 1; offset /= 2) acc = spec::fadd(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
-    if (lane == 0) R.d_router_weights[s] = acc;
-  }
+  trace_mark(P, kTrDxDone);
+  if (H % 8 == 0 && P.fast)
+    router_grads<kRouterChunkFast>(P, role, smem, dout, y, topk, R.d_router_weights);
+  else if (H % 8 == 0)
+    router_grads<kRouterChunkSlow>(P, role, smem, dout, y, topk, R.d_router_weights);
+  else
+    router_grads<0>(P, role, smem, dout, y, topk, R.d_router_weights);
   trace_mark(P, kTrReduceDone);
   weight_grad_tiles(P, role, smem);
   trace_mark(P, kTrEnd);

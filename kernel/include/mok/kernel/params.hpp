@@ -147,6 +147,7 @@ enum TraceSlot : int {
   kTrPublish,         // sum: publishing tiles and rows (fences, counters)
   kTrItems,           // count: GEMM items (phases 1 and 2)
   kTrWgradItems,      // count: weight-gradient tiles
+  kTrDxDone,          // mark (backward only): the block's share of d_x is done; router grads follow
   kTraceSlots = 16
 };
 

@@ -950,9 +950,11 @@ __device__ inline void router_grads(const LaunchParams& P, const Role& role, uin
     if (lane == 0) d_router_weights[s] = acc;
   }
   if constexpr (C > 0) {
-    // The ring's next users are the weight gradients' TMA loads (async proxy); order this
-    // generic-proxy use of it before them, as after a row epilogue.
+    // The ring's next users are the weight gradients' TMA loads (async proxy, sm_90 and later);
+    // order this generic-proxy use of it before them, as after a row epilogue.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
     __syncthreads();
   }
 }

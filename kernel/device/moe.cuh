@@ -910,9 +910,8 @@ __device__ __forceinline__ void copy16_wait_all() {
 // at C = 2048, 8 KiB of the slow engine's 9 KiB of buffers at C = 256.
 inline constexpr int kRouterChunkFast = 2048, kRouterChunkSlow = 256;
 static_assert(kWarps * 4 * kRouterChunkFast <= kRingBytes, "the fast engine's staging fits in its ring");
-static_assert(kWarps * 4 * kRouterChunkSlow <= (sizeof(SlowSmemMma) > sizeof(SlowSmemWgmma) ? sizeof(SlowSmemMma)
-                                                                                            : sizeof(SlowSmemWgmma)),
-              "the slow engine's staging fits in the dynamic shared memory a slow launch gets (smem_bytes_for)");
+static_assert(kWarps * 4 * kRouterChunkSlow <= smem_bytes_for(0, false) - 1024,
+              "the slow engine's staging fits in the dynamic shared memory a slow launch gets past alignment");
 template <int C>
 __device__ inline void router_grads(const LaunchParams& P, const Role& role, uint8_t* smem, const uint16_t* dout,
                                     const uint16_t* y, const int32_t* topk, float* d_router_weights) {

@@ -13,7 +13,9 @@
 // accumulators alive (the pure main loop). Three variants of the engine run each case: stores
 // from the accumulator fragments (pairs of columns, eight rows per warp instruction), the
 // warp-specialised experiment below, and row stores through shared memory (the layer's epilogue
-// since 2026-12-03); both others' bits are checked against the first. Prints a table: ms
+// since 2026-12-03); both others' bits are checked against the first. For wgrad a fourth line
+// times the layer's weight-gradient epilogue since the eighth session: the staged rows leave by
+// asynchronous bulk copies (BulkRowsF32), bits checked the same way. Prints a table: ms
 // (median), TFLOP/s, % of the bf16 peak measured in the same run (an 8192^3 cublasGemmEx), and
 // cuBLAS on the same M, N, K.
 // Exit 3 without a GPU with sm_90a, 2 on bad arguments.
@@ -133,7 +135,7 @@ template <int kMode>
               swiglu_act_pre(s2.silu, u.z), swiglu_act_pre(s3.silu, u.w), valid);
 }
 
-template <int kMode, bool kRows>
+template <int kMode, bool kRows, bool kBulk = false>
 __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
 #if defined(MOK_WGMMA)
   extern __shared__ __align__(1024) unsigned char dyn[];
@@ -158,6 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
                                         [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
                                           store_gate_up(a, (m0 + i) * a.N + n0 + j, g0, g1, u0, u1);
                                         });
+    } else if constexpr (kBulk) {  // wgrad: fp32 rows by bulk copies, as the layer's weight gradients
+      static_assert(kMode == kWgrad, "bulk rows: the weight-gradient mode");
+      gemm_fast<1, 1, false, kTileNWide>(smem, a.K, rows, cols, mnmajor(mp, 0, m0), mnmajor(mp + 1, 0, n0),
+                                         mnmajor(mp + 1, 0, n0),
+                                         bulk_rows_f32([&](int64_t i) { return a.out_f32[0] + (m0 + i) * a.N + n0; }));
     } else if constexpr (kRows) {
       constexpr int TA = kMode == kWgrad ? 1 : 0, TB = kMode == kFwd2 ? 0 : 1;
       const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
@@ -186,6 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
       });
     }
   }
+  bulk_wait_all();
 #else
   (void)a;
   __trap();
@@ -314,9 +322,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
 }
 
 // One persistent block per SM of the layer's engine or of the warp-specialised variant.
-// variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores.
+// variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores,
+// 3 (wgrad only): the engine with bulk row copies.
 template <int kMode>
 void launch_mode(const Args& a, int sms, size_t smem, int variant) {
+  if constexpr (kMode == kWgrad)
+    if (variant == 3) {
+      engine_kernel<kMode, true, true><<<sms, kThreads, smem>>>(a);
+      return;
+    }
   if (variant == 1)
     ws_kernel<kMode><<<sms, kWsThreads, smem>>>(a);
   else if (variant == 2)
@@ -524,7 +538,7 @@ int main(int argc, char** argv) {
     for (auto* f : {engine_kernel<kFwd1, false>, engine_kernel<kFwd2, false>, engine_kernel<kBwd1, false>,
                     engine_kernel<kWgrad, false>, engine_kernel<kFwd1, true>, engine_kernel<kFwd2, true>,
                     engine_kernel<kBwd1, true>, engine_kernel<kWgrad, true>, ws_kernel<kFwd1>, ws_kernel<kFwd2>,
-                    ws_kernel<kBwd1>, ws_kernel<kWgrad>})
+                    ws_kernel<kBwd1>, ws_kernel<kWgrad>, engine_kernel<kWgrad, true, true>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     // Every variant must store the same bits (same chain order, same epilogue math); checked with
     // the stores on, over everything the mode writes: fwd1 silu(g), silu'(g), u (fp32) and act
@@ -557,10 +571,13 @@ int main(int argc, char** argv) {
     const std::vector<unsigned char> ref = output_of(launch);
     const bool same = !args.layer && output_of(launch_ws) == ref;
     const bool rows_same = output_of(launch_rows) == ref;
+    const bool bulk_same = mode == kWgrad && output_of([&] { launch_variant(3); }) == ref;
     args.store = keep;
     const double ms = time_ms(launch, warmup, reps);
     const double ws_ms = time_ms(launch_ws, warmup, reps);
     const double rows_ms = time_ms(launch_rows, warmup, reps);
+    // The bulk variant always stores (its epilogue has no `none`).
+    const double bulk_ms = mode == kWgrad ? time_ms([&] { launch_variant(3); }, warmup, reps) : 0.0;
     const double flops = 2.0 * GM * GN * GK * (mode == kFwd1 ? 2 : 1);
     // cuBLAS on the same product (column-major view: C^T [GN, GM] = B^T A^T); for fwd1 one GEMM
     // with 2N columns (gate and up stacked).
@@ -582,6 +599,10 @@ int main(int argc, char** argv) {
                 100.0 * tf(ms) / peak, ws_ms, tf(ws_ms), 100.0 * tf(ws_ms) / peak, rows_ms, tf(rows_ms),
                 100.0 * tf(rows_ms) / peak, cms, tf(cms), args.layer ? "n/a" : same ? "same" : "DIFFER",
                 rows_same ? "same" : "DIFFER");
+    if (mode == kWgrad)
+      std::printf("%-6s bulk row copies (the layer's weight-gradient epilogue, always storing): %.3f ms, %.1f TFLOP/s, "
+                  "%.1f%% peak, bits %s\n",
+                  name, bulk_ms, tf(bulk_ms), 100.0 * tf(bulk_ms) / peak, bulk_same ? "same" : "DIFFER");
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
                     static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]), static_cast<void*>(args.out_f32[2]),

@@ -428,6 +428,37 @@ struct NoKey {
   __device__ __forceinline__ int64_t operator()(int64_t) const { return 0; }
 };
 
+// Bulk row epilogues (sm_90): the tile is staged in the ring as for a row epilogue, then each
+// tile row leaves shared memory as one asynchronous bulk copy (cp.async.bulk, done by the TMA
+// unit) to dst(i), a float* to row i's first column in global memory. The block does not wait
+// for the global writes: the next gemm_fast waits only until the copies have read the ring
+// (bulk_wait_read on entry), and the caller waits for the writes (bulk_wait_all) before anything
+// reads them. The bits are the staged fp32 accumulators, as with every other epilogue.
+template <class Dst>
+struct BulkRowsF32 {
+  static constexpr bool kBulk = true;
+  Dst dst;
+};
+template <class Dst>
+__device__ __forceinline__ BulkRowsF32<Dst> bulk_rows_f32(Dst dst) {
+  return BulkRowsF32<Dst>{dst};
+}
+template <class E>
+inline constexpr bool kIsBulkEpilogue = requires { E::kBulk; };
+
+// This thread's bulk copies have read their shared-memory sources / have completed (their writes
+// are visible to this thread). No-ops for a thread with none outstanding.
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // Row-epilogue staging in the ring: fp32 rows of 256 values (kDual: c at 0..127, c2 at 128..255)
 // padded by 8 floats, so that a half-warp's float2 fragment stores hit 32 different banks; then
 // the 128 row keys.
@@ -477,6 +508,7 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
                           const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {
 #if defined(MOK_WGMMA)
   FastSmem& smem = *reinterpret_cast<FastSmem*>(smem_raw);
+  bulk_wait_read();  // a previous tile's bulk stores (BulkRowsF32) have read the ring
   static_assert(kBN == 128 || (kBN == 256 && !kDual), "tile widths: 128 (one or two B operands) or 256 (one)");
   constexpr int kStages = 12 / kUnitsPerStage<kDual, kBN>;
   constexpr int kStageBytes = kUnitsPerStage<kDual, kBN> * kOperandBytes;
@@ -541,10 +573,10 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     for (int st = 0; st < kStages; ++st)
       asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
-  if constexpr (kIsRowEpilogue<Epilogue>) {
+  if constexpr (kIsRowEpilogue<Epilogue> || kIsBulkEpilogue<Epilogue>) {
     // The ring is idle: every loaded chunk was consumed and both warpgroups' wgmma are done.
     float* staged = reinterpret_cast<float*>(smem.ring);
-    int64_t* keys = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset);
+    [[maybe_unused]] int64_t* keys = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset);
 #pragma unroll
     for (int j = 0; j < NJ; ++j)
 #pragma unroll
@@ -554,29 +586,52 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
         if constexpr (kDual)
           *reinterpret_cast<float2*>(staged + i * kStageRowFloats + 128 + jj) = make_float2(acc2[j][e], acc2[j][e + 1]);
       }
-    if (threadIdx.x < rows) keys[threadIdx.x] = epilogue.key(threadIdx.x);
-    __syncthreads();
-    constexpr int kCols = kDual ? 128 : kBN;  // columns of c per row: 128 per pass of a warp
-    for (int64_t i = warp; i < rows; i += kWarps) {
-      const int64_t key = keys[i];
-      const float* row = staged + i * kStageRowFloats;
+    if constexpr (kIsBulkEpilogue<Epilogue>) {
+      static_assert(!kDual, "bulk rows: one B operand");
+      // The staged rows are written by ordinary stores and read by the bulk copies (async proxy).
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+      if (cols % 4 == 0) {  // 16-byte multiples (always, for the layer's fast-engine shapes)
+        if (threadIdx.x < rows) {
+          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
+                           reinterpret_cast<uint64_t>(epilogue.dst(threadIdx.x))),
+                       "r"(smem_u32(staged + threadIdx.x * kStageRowFloats)), "r"(static_cast<uint32_t>(cols * 4))
+                       : "memory");
+          asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+      } else {
+        for (int64_t i = warp; i < rows; i += kWarps)
+          for (int64_t j = lane; j < cols; j += 32) epilogue.dst(i)[j] = staged[i * kStageRowFloats + j];
+        // generic reads of the ring before the next tile's TMA writes
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      }
+      return;
+    }
+    if constexpr (kIsRowEpilogue<Epilogue>) {
+      if (threadIdx.x < rows) keys[threadIdx.x] = epilogue.key(threadIdx.x);
+      __syncthreads();
+      constexpr int kCols = kDual ? 128 : kBN;  // columns of c per row: 128 per pass of a warp
+      for (int64_t i = warp; i < rows; i += kWarps) {
+        const int64_t key = keys[i];
+        const float* row = staged + i * kStageRowFloats;
 #pragma unroll
-      for (int h = 0; h < kCols / 128; ++h) {
-        const int j = h * 128 + 4 * lane;
-        if (j < cols) {
-          const int valid = cols - j < 4 ? static_cast<int>(cols - j) : 4;
-          const float4 v = *reinterpret_cast<const float4*>(row + j);
-          if constexpr (kDual)
-            epilogue.store(i, key, j, v, *reinterpret_cast<const float4*>(row + 128 + j), valid);
-          else
-            epilogue.store(i, key, j, v, valid);
+        for (int h = 0; h < kCols / 128; ++h) {
+          const int j = h * 128 + 4 * lane;
+          if (j < cols) {
+            const int valid = cols - j < 4 ? static_cast<int>(cols - j) : 4;
+            const float4 v = *reinterpret_cast<const float4*>(row + j);
+            if constexpr (kDual)
+              epilogue.store(i, key, j, v, *reinterpret_cast<const float4*>(row + 128 + j), valid);
+            else
+              epilogue.store(i, key, j, v, valid);
+          }
         }
       }
+      // The staged tile and keys were ordinary (generic-proxy) shared-memory accesses; the next
+      // tile's TMA loads (async proxy) reuse the ring after its first barrier. Order the two
+      // proxies as for zero_k_rows.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
-    // The staged tile and keys were ordinary (generic-proxy) shared-memory accesses; the next
-    // tile's TMA loads (async proxy) reuse the ring after its first barrier. Order the two
-    // proxies as for zero_k_rows.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   } else {
 #pragma unroll
     for (int j = 0; j < NJ; ++j)

@@ -863,8 +863,9 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   return true;
 }
 
-// A weight-gradient tile's stores: fp32 rows through shared memory (deterministic kernel), or
-// fp32 atomic adds of column pairs (the atomics variant).
+// A weight-gradient tile's stores: fp32 rows staged in shared memory, each written by one bulk
+// copy that the block does not wait for (deterministic kernel; weight_grad_tiles waits for its
+// copies' writes at its end), or fp32 atomic adds of column pairs (the atomics variant).
 __device__ __forceinline__ auto wgrad_epilogue(float* out, int64_t N, int64_t m0, int64_t n0) {
   if constexpr (kAtomics) {
     return [=](int64_t i, int64_t j, float v0, float v1) {
@@ -877,9 +878,7 @@ __device__ __forceinline__ auto wgrad_epilogue(float* out, int64_t N, int64_t m0
 #endif
     };
   } else {
-    return by_rows(NoKey{}, [=](int64_t i, int64_t, int j, const float4& v, int valid) {
-      store4_f32(out + (m0 + i) * N + n0 + j, v, valid);
-    });
+    return bulk_rows_f32([=](int64_t i) { return out + (m0 + i) * N + n0; });
   }
 }
 
@@ -1045,6 +1044,7 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
       tile(M, N, m0, n0, r0, nr, a_src, b_src, am, bm, out);
     }
   }
+  bulk_wait_all();  // this thread's bulk row copies have written before the pass ends
 }
 
 __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchParams* params) {

@@ -421,22 +421,86 @@ class ItemClaims {
   uint32_t pending_ = 0;
 };
 
-// Row tiles of the rank's routed experts (the shared expert's follow them).
-__device__ inline int64_t routed_row_tiles(const LaunchParams& P, const RankState& S) {
+// Row tile number rt: routed experts in order, each in 128-row tiles, then the shared expert's.
+// Every work item maps its row tile number to (expert, rows) here. Walking expert_offsets in
+// global memory from expert 0 costs one dependent L2 round trip per expert passed, about 0.1 us
+// each: ~6 us per item at 128 local experts (qwen3), ~1.6 us at 32 (dsv3). So the forward's
+// blocks copy the offsets and every expert's first row tile into shared memory once per pass
+// (RowTileTable, before the first item) and find an item's expert by binary search: 15% off the
+// qwen3 forward, 3.5% off dsv3's (kernel/notes/bench_v8_run_o.txt). The backward still walks:
+// the table's 8 KiB of static shared memory took its kernel past 196 KiB, where the SM's
+// carve-out leaves 28 KiB of L1 instead of 60 and the backward's spilled registers no longer fit
+// (1-5% slower; the forward was past that point already). With more local experts than the
+// table holds the forward walks too. Either way the same RowTile, so no result changes.
+inline constexpr int64_t kTableExperts = 512;
+struct RowTileTable {
+  int64_t experts;                        // E_local, or -1: not cached (too many experts)
+  int64_t offset[kTableExperts + 1];      // expert_offsets
+  int64_t first_tile[kTableExperts + 1];  // row tiles of experts 0 .. e - 1; [E_local]: all routed ones
+};
+__device__ __forceinline__ RowTileTable& row_tile_table() {
+  __shared__ RowTileTable table;
+  return table;
+}
+// After the plan's rank barrier (expert_offsets are final), on every thread of the block.
+__device__ inline void load_row_tile_table(const LaunchParams& P, const RankState& S) {
+  RowTileTable& t = row_tile_table();
+  const int64_t E = P.cfg.experts_per_rank();
+  __syncthreads();  // an earlier pass's readers of the table are done
+  if (E <= kTableExperts) {
+    for (int64_t e = threadIdx.x; e <= E; e += kThreads) t.offset[e] = S.expert_offsets[e];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int64_t n = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        t.first_tile[e] = n;
+        n += (t.offset[e + 1] - t.offset[e] + kTileM - 1) / kTileM;
+      }
+      t.first_tile[E] = n;
+      t.experts = E;
+    }
+  } else if (threadIdx.x == 0) {
+    t.experts = -1;
+  }
+  __syncthreads();
+}
+
+// Row tiles of the rank's routed experts (the shared expert's follow them). `t`: the block's
+// table, or null (walk the offsets).
+__device__ inline int64_t routed_row_tiles(const LaunchParams& P, const RankState& S, const RowTileTable* t) {
+  if (t && t->experts >= 0) return t->first_tile[t->experts];
   int64_t n = 0;
   for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e)
     n += (S.expert_offsets[e + 1] - S.expert_offsets[e] + kTileM - 1) / kTileM;
   return n;
 }
 
-// Row tile number rt: routed experts in order, each in 128-row tiles, then the shared expert's.
-__device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S, int64_t rt) {
+__device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S, const RowTileTable* t, int64_t rt) {
   const int64_t index = rt;
-  for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e) {
-    const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
-    const int64_t tiles = (hi - lo + kTileM - 1) / kTileM;
-    if (rt < tiles) return RowTile{e, lo + rt * kTileM, min(static_cast<int64_t>(kTileM), hi - lo - rt * kTileM), index};
-    rt -= tiles;
+  if (t && t->experts >= 0) {
+    const int64_t E = t->experts;
+    if (rt < t->first_tile[E]) {
+      // The last expert whose first tile is at or before rt: it holds rt (experts with no rows
+      // share their first tile with the next expert, so they are never the last such).
+      int64_t lo = 0, hi = E - 1;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (t->first_tile[mid] <= rt)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      const int64_t in = rt - t->first_tile[lo], rows = t->offset[lo + 1] - t->offset[lo];
+      return RowTile{lo, t->offset[lo] + in * kTileM, min(static_cast<int64_t>(kTileM), rows - in * kTileM), index};
+    }
+    rt -= t->first_tile[E];
+  } else {
+    for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e) {
+      const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
+      const int64_t tiles = (hi - lo + kTileM - 1) / kTileM;
+      if (rt < tiles) return RowTile{e, lo + rt * kTileM, min(static_cast<int64_t>(kTileM), hi - lo - rt * kTileM), index};
+      rt -= tiles;
+    }
   }
   return RowTile{-1, rt * kTileM, min(static_cast<int64_t>(kTileM), P.cfg.tokens_per_rank - rt * kTileM), index};
 }
@@ -457,14 +521,20 @@ __device__ __forceinline__ void grouped_tile(int64_t i, int64_t rows, int64_t co
 // Runs this block's phase 1 then phase 2 items. Item numbers: phase 1 is every routed row tile's
 // column tiles (in grouped_tile order), then the shared expert's; phase 2 likewise over H. Blocks
 // claim them in order (ItemClaims, counters[5]). phase1(tile, n0) / phase2(tile, n0) compute
-// one column tile starting at column n0 and return false when the pass is aborting.
-template <class Phase1, class Phase2>
+// one column tile starting at column n0 and return false when the pass is aborting. kTable: map
+// row tiles through the block's RowTileTable (the forward) or by walking the offsets.
+template <bool kTable, class Phase1, class Phase2>
 __device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_routed, int64_t n1_shared, int64_t NT1,
                            Phase1 phase1, Phase2 phase2) {
   const RankState& S = P.state[role.rank];
+  const RowTileTable* table = nullptr;
+  if constexpr (kTable) {
+    load_row_tile_table(P, S);
+    table = &row_tile_table();
+  }
   const int64_t NT2 = width_single(P);
   const int64_t c1r = ceil_div(n1_routed, NT1), c1s = ceil_div(n1_shared, NT1), c2 = ceil_div(P.cfg.hidden, NT2);
-  const int64_t rr = routed_row_tiles(P, S), rs = shared_tiles(P.cfg);
+  const int64_t rr = routed_row_tiles(P, S, table), rs = shared_tiles(P.cfg);
   const int64_t p1_routed = rr * c1r, p1 = p1_routed + rs * c1s, total = p1 + (rr + rs) * c2;
   for (ItemClaims claims(&S.counters[5]); claims.item() < total; claims.take_next()) {
     const int64_t item = claims.item();
@@ -478,12 +548,12 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_r
         grouped_tile(item - p1_routed, rs, c1s, rt, col);
         rt += rr;
       }
-      if (!phase1(row_tile_at(P, S, rt), col * NT1)) return false;
+      if (!phase1(row_tile_at(P, S, table, rt), col * NT1)) return false;
     } else {
       int64_t rt, col;
       grouped_tile(item - p1, rr + rs, c2, rt, col);
       const int64_t n0 = col * NT2;
-      const RowTile t = row_tile_at(P, S, rt);
+      const RowTile t = row_tile_at(P, S, table, rt);
       const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
       const uint64_t t0 = trace_now(P);
       if (!wait_tile(P, role, &S.tiles_done[t.index], need, t.index)) return false;
@@ -698,7 +768,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
 
   if (role.comm) gather_rows<false>(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
   trace_mark(P, kTrGathered);
-  if (!run_phases(
+  if (!run_phases<true>(
           P, role, c.intermediate, c.shared_intermediate, width_dual(P),
           [&](const RowTile& t, int64_t n0) { return forward_phase1(P, role, smem, t, n0); },
           [&](const RowTile& t, int64_t n0) { return forward_phase2(P, role, smem, t, n0); }))
@@ -1066,7 +1136,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   trace_mark(P, kTrGathered);
-  if (!run_phases(
+  if (!run_phases<false>(
           P, role, c.intermediate, c.shared_intermediate, width_single(P),
           [&](const RowTile& t, int64_t n0) { return backward_phase1(P, role, smem, t, n0); },
           [&](const RowTile& t, int64_t n0) { return backward_phase2(P, role, smem, t, n0); }))

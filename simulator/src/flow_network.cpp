@@ -373,6 +373,35 @@ bool event_later(const auto& a, const auto& b) {
   const unsigned __int128 kb = static_cast<unsigned __int128>(static_cast<uint64_t>(b.level)) << 64 | b.key;
   return ka > kb;
 }
+// Removes the smallest event, as std::pop_heap + pop_back would (equal events are identical, so
+// any min-heap pops the same sequence): the hole goes down to a leaf along the smaller children,
+// chosen arithmetically (a branch there is a coin flip per level), and the last event rises
+// from it.
+template <typename Event>
+void event_pop(std::vector<Event>& h) {
+  const Event e = h.back();
+  h.pop_back();
+  const size_t n = h.size();
+  if (n == 0) return;
+  size_t i = 0, c = 1;
+  while (c + 1 < n) {
+    c += event_later(h[c], h[c + 1]);
+    h[i] = h[c];
+    i = c;
+    c = 2 * i + 1;
+  }
+  if (c + 1 == n) {
+    h[i] = h[c];
+    i = c;
+  }
+  while (i > 0) {
+    const size_t parent = (i - 1) / 2;
+    if (!event_later(h[parent], e)) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = e;
+}
 }  // namespace
 
 void FlowNetwork::push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx) {
@@ -513,7 +542,6 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   }
   // Past this many tracked flow entries a full recompute is cheaper (same result).
   const int64_t work_limit = static_cast<int64_t>(active_.size()) / 2 + 64;
-  auto later = [](const Event& a, const Event& b) { return event_later(a, b); };
   auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
   auto set_status = [&](int f, uint8_t st) { key_[f].mark = stamp_ << 2 | st; };
   // Free flows not yet frozen. A flow whose demand is unreachable gets no demand event: in the
@@ -565,8 +593,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     if (events_.front().sub() == 0) {  // demand step: only new or freed flows have events here
       while (!events_.empty() && events_.front().level == level && events_.front().sub() == 0) {
         const int f = events_.front().idx();
-        std::pop_heap(events_.begin(), events_.end(), later);
-        events_.pop_back();
+        event_pop(events_);
         if (status(f) == kFree) {
           --free_left;
           freeze_new(f, level);
@@ -579,8 +606,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     candidates_.clear();
     while (!events_.empty() && events_.front().level == level) {
       const Event e = events_.front();
-      std::pop_heap(events_.begin(), events_.end(), later);
-      events_.pop_back();
+      event_pop(events_);
       if (e.kind() == 2) {
         candidates_.push_back(e.idx());
         continue;

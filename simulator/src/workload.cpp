@@ -414,7 +414,8 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
     if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
     const AliasTable table(p_global);
 #if MOK_SIM_X4
-    if (x4_supported() && (K & (K - 1)) == 0) {  // K a power of two (fill_block)
+    // fill_block needs K a power of two and per-rank slot indices below 2^32 (its stamps).
+    if (x4_supported() && (K & (K - 1)) == 0 && T * K < (int64_t{1} << 32)) {
       for (; first_scalar + 4 <= R; first_scalar += 4) {
         RankFill st[4];
         for (int lane = 0; lane < 4; ++lane)

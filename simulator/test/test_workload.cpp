@@ -61,6 +61,13 @@ TEST(Workload, RanksDrawnFourAtATimeMatchRanksDrawnAlone) {
     ASSERT_EQ(a.topk_experts.size() * 4, b.topk_experts.size() * 3);
     for (size_t i = 0; i < a.topk_experts.size(); ++i)
       ASSERT_EQ(a.topk_experts[i], b.topk_experts[i]) << "variant " << variant << " slot " << i;
+    // Nine ranks: two groups of four and rank 8 alone; twelve: rank 8 in the third group.
+    spec::LayerConfig nine = small_cfg(9, 700), twelve = small_cfg(12, 700);
+    nine.num_experts = twelve.num_experts = 36;
+    const Workload c = generate_workload(nine, s);
+    const Workload d = generate_workload(twelve, s);
+    for (size_t i = 0; i < c.topk_experts.size(); ++i)
+      ASSERT_EQ(c.topk_experts[i], d.topk_experts[i]) << "variant " << variant << " slot " << i << " (9 / 12 ranks)";
   }
 }
 

@@ -263,10 +263,12 @@ void FlowNetwork::recompute_rates() {
   auto freeze = [&](int idx, int64_t rate) {
     Flow& f = flows_[idx];
     FillMark& m = fill_mark_[idx];
-    if (m.fresh || f.rate_units != rate) changed_.push_back(idx);
+    if (m.fresh || f.rate_units != rate) {
+      changed_.push_back(idx);
+      set_rate(idx, rate);  // an unchanged rate keeps its key (set_rate keeps it in step)
+    }
     m.fresh = 0;
     m.frozen_epoch = epoch_;
-    set_rate(idx, rate);
     --num_unfrozen;
     for (int i = 0; i < f.path_len; ++i) {
       const int r = f.path[i];

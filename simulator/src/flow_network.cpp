@@ -24,6 +24,40 @@ namespace {
 bool point_le(int64_t la, int sa, int64_t lb, int sb) { return la != lb ? la < lb : sa <= sb; }
 // (level, sub) as FlowNetwork::FlowKey::point encodes it; level may be -1 (before the filling) or kInf.
 int64_t point_key(int64_t level, int sub) { return level == INT64_MAX ? INT64_MAX : level * 2 + sub; }
+// The full filling's min-heap of (share, resource), ordered as one unsigned 128-bit number
+// (shares >= 0; a resource is in it at most once, so no two entries tie). Written out rather
+// than std::push_heap / pop_heap: the smaller child is chosen arithmetically instead of by a
+// branch that is a coin flip at every level, and a re-checked top is replaced in one sift.
+using ShareEntry = std::pair<int64_t, int>;
+bool share_less(const ShareEntry& a, const ShareEntry& b) {
+  return (static_cast<unsigned __int128>(static_cast<uint64_t>(a.first)) << 64 | static_cast<uint32_t>(a.second)) <
+         (static_cast<unsigned __int128>(static_cast<uint64_t>(b.first)) << 64 | static_cast<uint32_t>(b.second));
+}
+// Puts e into the hole at i, moving smaller children up.
+void share_sift_down(std::vector<ShareEntry>& h, size_t i, ShareEntry e) {
+  const size_t n = h.size();
+  size_t c = 2 * i + 1;
+  while (c + 1 < n) {
+    c += share_less(h[c + 1], h[c]);
+    if (!share_less(h[c], e)) break;
+    h[i] = h[c];
+    i = c;
+    c = 2 * i + 1;
+  }
+  if (c + 1 == n && share_less(h[c], e)) {
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = e;
+}
+void share_pop(std::vector<ShareEntry>& h) {
+  const ShareEntry e = h.back();
+  h.pop_back();
+  if (!h.empty()) share_sift_down(h, 0, e);
+}
+void share_heapify(std::vector<ShareEntry>& h) {
+  for (size_t i = h.size() / 2; i-- > 0;) share_sift_down(h, i, h[i]);
+}
 }  // namespace
 
 int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
@@ -218,25 +252,23 @@ void FlowNetwork::recompute_rates() {
   // <= a resource's share never lowers that share (floor((rem - s) / (n - 1)) >= floor(rem / n)
   // when s <= rem / n), so heap keys are lower bounds: a popped key is re-checked and re-pushed
   // when it has grown.
-  auto cmp = [](const std::pair<int64_t, int>& a, const std::pair<int64_t, int>& b) {  // shares >= 0
-    return (static_cast<unsigned __int128>(static_cast<uint64_t>(a.first)) << 64 | static_cast<uint32_t>(a.second)) >
-           (static_cast<unsigned __int128>(static_cast<uint64_t>(b.first)) << 64 | static_cast<uint32_t>(b.second));
-  };
   heap_.clear();
   for (int r = 0; r < num_res; ++r) {
     unfrozen_count_[r] = static_cast<int>(res_flows_[r].size());
     if (unfrozen_count_[r] > 0) heap_.emplace_back(rem_cap_[r] / unfrozen_count_[r], r);
   }
-  std::make_heap(heap_.begin(), heap_.end(), cmp);
+  share_heapify(heap_);
   int num_unfrozen = static_cast<int>(active_.size());
 
   auto freeze = [&](int idx, int64_t rate) {
     Flow& f = flows_[idx];
     FillMark& m = fill_mark_[idx];
-    if (m.fresh || f.rate_units != rate) changed_.push_back(idx);
+    if (m.fresh || f.rate_units != rate) {
+      changed_.push_back(idx);
+      set_rate(idx, rate);  // an unchanged rate keeps its key (set_rate keeps it in step)
+    }
     m.fresh = 0;
     m.frozen_epoch = epoch_;
-    set_rate(idx, rate);
     --num_unfrozen;
     for (int i = 0; i < f.path_len; ++i) {
       const int r = f.path[i];
@@ -261,15 +293,12 @@ void FlowNetwork::recompute_rates() {
     while (!heap_.empty()) {
       const auto [s, r] = heap_.front();
       if (unfrozen_count_[r] == 0) {
-        std::pop_heap(heap_.begin(), heap_.end(), cmp);
-        heap_.pop_back();
+        share_pop(heap_);
         continue;
       }
       const int64_t current = rem_cap_[r] / unfrozen_count_[r];
       if (current > s) {
-        std::pop_heap(heap_.begin(), heap_.end(), cmp);
-        heap_.back() = {current, r};
-        std::push_heap(heap_.begin(), heap_.end(), cmp);
+        share_sift_down(heap_, 0, ShareEntry{current, r});  // the top, re-keyed
         continue;
       }
       share = current;
@@ -288,18 +317,19 @@ void FlowNetwork::recompute_rates() {
     saturating_.clear();
     while (!heap_.empty() && heap_.front().first == share) {
       const int r = heap_.front().second;
-      std::pop_heap(heap_.begin(), heap_.end(), cmp);
-      heap_.pop_back();
-      if (unfrozen_count_[r] == 0) continue;
+      if (unfrozen_count_[r] == 0) {
+        share_pop(heap_);
+        continue;
+      }
       const int64_t current = rem_cap_[r] / unfrozen_count_[r];
       if (current == share) {
+        share_pop(heap_);
         if (level_[r] != share) {
           level_[r] = share;
           saturating_.push_back(r);
         }
       } else {
-        heap_.emplace_back(current, r);
-        std::push_heap(heap_.begin(), heap_.end(), cmp);
+        share_sift_down(heap_, 0, ShareEntry{current, r});  // the top, re-keyed
       }
     }
     for (int r : saturating_)
@@ -344,6 +374,35 @@ bool event_later(const auto& a, const auto& b) {
   const unsigned __int128 ka = static_cast<unsigned __int128>(static_cast<uint64_t>(a.level)) << 64 | a.key;
   const unsigned __int128 kb = static_cast<unsigned __int128>(static_cast<uint64_t>(b.level)) << 64 | b.key;
   return ka > kb;
+}
+// Removes the smallest event, as std::pop_heap + pop_back would (equal events are identical, so
+// any min-heap pops the same sequence): the hole goes down to a leaf along the smaller children,
+// chosen arithmetically (a branch there is a coin flip per level), and the last event rises
+// from it.
+template <typename Event>
+void event_pop(std::vector<Event>& h) {
+  const Event e = h.back();
+  h.pop_back();
+  const size_t n = h.size();
+  if (n == 0) return;
+  size_t i = 0, c = 1;
+  while (c + 1 < n) {
+    c += event_later(h[c], h[c + 1]);
+    h[i] = h[c];
+    i = c;
+    c = 2 * i + 1;
+  }
+  if (c + 1 == n) {
+    h[i] = h[c];
+    i = c;
+  }
+  while (i > 0) {
+    const size_t parent = (i - 1) / 2;
+    if (!event_later(h[parent], e)) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = e;
 }
 }  // namespace
 
@@ -485,7 +544,6 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   }
   // Past this many tracked flow entries a full recompute is cheaper (same result).
   const int64_t work_limit = static_cast<int64_t>(active_.size()) / 2 + 64;
-  auto later = [](const Event& a, const Event& b) { return event_later(a, b); };
   auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
   auto set_status = [&](int f, uint8_t st) { key_[f].mark = stamp_ << 2 | st; };
   // Free flows not yet frozen. A flow whose demand is unreachable gets no demand event: in the
@@ -537,8 +595,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     if (events_.front().sub() == 0) {  // demand step: only new or freed flows have events here
       while (!events_.empty() && events_.front().level == level && events_.front().sub() == 0) {
         const int f = events_.front().idx();
-        std::pop_heap(events_.begin(), events_.end(), later);
-        events_.pop_back();
+        event_pop(events_);
         if (status(f) == kFree) {
           --free_left;
           freeze_new(f, level);
@@ -551,8 +608,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     candidates_.clear();
     while (!events_.empty() && events_.front().level == level) {
       const Event e = events_.front();
-      std::pop_heap(events_.begin(), events_.end(), later);
-      events_.pop_back();
+      event_pop(events_);
       if (e.kind() == 2) {
         candidates_.push_back(e.idx());
         continue;

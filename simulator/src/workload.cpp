@@ -10,6 +10,10 @@
 #include "mok/sim/error.hpp"
 #include "mok/sim/rng.hpp"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 namespace mok::sim {
 
 namespace {
@@ -150,6 +154,223 @@ std::vector<int32_t> read_topk_file(const spec::LayerConfig& cfg, const std::str
   return topk;
 }
 
+// One rank's rejection sampling (generate_workload's ORDER), as a state that can be advanced
+// in pieces.
+struct RankFill {
+  int32_t* slots;     // the rank's T x K slots
+  int64_t count;      // T x K
+  int64_t next_slot;  // slots [0, next_slot) are accepted
+  int64_t filled;     // accepted slots of the current token
+  int rejected;       // consecutive rejections for slot next_slot
+  char* taken;        // per expert: in the current token (all zero between tokens)
+};
+
+// The exact draw after the 64th rejection in a row: one uniform from rng over the free mass.
+void exact_draw(RankFill& st, Rng& rng, const std::vector<double>& p) {
+  const int64_t E = static_cast<int64_t>(p.size());
+  int32_t e = -1;
+  double free_mass = 0;
+  for (int64_t x = 0; x < E; ++x) free_mass += st.taken[x] ? 0.0 : p[x];
+  double u = rng.uniform() * free_mass;
+  for (int64_t x = 0; x < E; ++x) {
+    if (st.taken[x] || p[x] <= 0) continue;
+    e = static_cast<int32_t>(x);
+    u -= p[x];
+    if (u < 0) break;
+  }
+  st.taken[e] = 1;
+  st.slots[st.next_slot++] = e;
+  ++st.filled;
+  st.rejected = 0;
+}
+
+// A token is complete: its experts are no longer taken, then its empty-slot draws.
+void end_token(RankFill& st, Rng& rng, int64_t K, double empty_fraction) {
+  int32_t* row = st.slots + st.next_slot - K;
+  for (int64_t k = 0; k < K; ++k) st.taken[row[k]] = 0;
+  st.filled = 0;
+  if (empty_fraction > 0)
+    for (int64_t k = 0; k < K; ++k)
+      if (rng.uniform() < empty_fraction) row[k] = -1;
+}
+
+// Continues st until the rank is complete, drawing from rng. One flat loop over the rank's
+// slots that does not branch on whether a draw repeats an expert (unpredictable under skewed
+// popularity): a rejected candidate is written into the open slot and overwritten by the next
+// draw, and marking an already taken expert taken changes nothing. (Measured: the nested
+// per-token, per-slot loops cost about as much as generating the draws, in mispredicted loop
+// exits.) The state is in locals: a store to the char table would make the compiler reload
+// members of st.
+void fill_rank(RankFill& st, Rng& rng, const AliasTable& table, const std::vector<double>& p, int64_t K,
+               double empty_fraction) {
+  int32_t* const rank_slots = st.slots;
+  char* const taken = st.taken;
+  const int64_t rank_slot_count = st.count;
+  int64_t next_slot = st.next_slot, filled = st.filled;
+  int rejected = st.rejected;
+  while (next_slot < rank_slot_count) {
+    const int32_t c = table.draw(rng);
+    const int repeat = taken[c];  // 0 or 1
+    rank_slots[next_slot] = c;
+    taken[c] = 1;
+    next_slot += 1 - repeat;
+    filled += 1 - repeat;
+    // Arithmetic rather than `repeat ? rejected + 1 : 0`, which the compiler turns back into
+    // a branch on the repeat.
+    rejected = (rejected + 1) * repeat;
+    if (rejected == 64) [[unlikely]] {
+      st.next_slot = next_slot;
+      st.filled = filled;
+      st.rejected = rejected;
+      exact_draw(st, rng, p);
+      next_slot = st.next_slot;
+      filled = st.filled;
+      rejected = st.rejected;
+    }
+    if (filled == K) {  // the token is complete
+      st.next_slot = next_slot;
+      end_token(st, rng, K, empty_fraction);
+      filled = 0;
+    }
+  }
+  st.next_slot = next_slot;
+  st.filled = filled;
+  st.rejected = rejected;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MOK_SIM_X4 1
+bool x4_supported() {
+  static const bool ok = __builtin_cpu_supports("avx2");
+  return ok;
+}
+
+// Rng::next_u64 on four lanes.
+__attribute__((target("avx2"), always_inline)) inline __m256i next_x4(__m256i& s0, __m256i& s1, __m256i& s2,
+                                                                      __m256i& s3) {
+  const __m256i x5 = _mm256_add_epi64(_mm256_slli_epi64(s1, 2), s1);
+  const __m256i r7 = _mm256_or_si256(_mm256_slli_epi64(x5, 7), _mm256_srli_epi64(x5, 57));
+  const __m256i result = _mm256_add_epi64(_mm256_slli_epi64(r7, 3), r7);
+  const __m256i t = _mm256_slli_epi64(s1, 17);
+  s2 = _mm256_xor_si256(s2, s0);
+  s3 = _mm256_xor_si256(s3, s1);
+  s1 = _mm256_xor_si256(s1, s2);
+  s0 = _mm256_xor_si256(s0, s3);
+  s2 = _mm256_xor_si256(s2, t);
+  s3 = _mm256_or_si256(_mm256_slli_epi64(s3, 45), _mm256_srli_epi64(s3, 19));
+  return result;
+}
+
+// Four streams' candidates side by side: xoshiro256** on four 64-bit lanes (the same
+// arithmetic as Rng::next_u64, lane by lane), and per candidate what AliasTable::draw takes
+// from its two numbers: the index below(n) = high 64 bits of u * n (n < 2^32: (hi(u) * n +
+// (lo(u) * n >> 32)) >> 32, exact), and m = u' >> 11. Output lane-minor: idx[j * 4 + lane].
+__attribute__((target("avx2"))) void draw_x4(uint64_t state[4][4], uint64_t n, int count, uint64_t* idx,
+                                             uint64_t* m) {
+  __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state[0]));
+  __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state[1]));
+  __m256i s2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state[2]));
+  __m256i s3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state[3]));
+  const __m256i nv = _mm256_set1_epi64x(static_cast<int64_t>(n));
+  for (int j = 0; j < count; ++j) {
+    const __m256i u = next_x4(s0, s1, s2, s3);
+    const __m256i lo = _mm256_mul_epu32(u, nv);
+    const __m256i hi = _mm256_mul_epu32(_mm256_srli_epi64(u, 32), nv);
+    const __m256i i = _mm256_srli_epi64(_mm256_add_epi64(hi, _mm256_srli_epi64(lo, 32)), 32);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + 4 * j), i);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(m + 4 * j), _mm256_srli_epi64(next_x4(s0, s1, s2, s3), 11));
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(state[0]), s0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(state[1]), s1);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(state[2]), s2);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(state[3]), s3);
+}
+
+// fill_rank()'s loop over one lane's block of candidates, for K = 2^k_shift; stops when the rank
+// is complete, the block is used up, or at the 64th rejection in a row (st.rejected == 64 on
+// return, before the exact draw). Returns the candidates used. Here an expert is taken when its
+// stamp is the current token's, next_slot / K + 1 (`stamp` all zero at the rank's start), so
+// nothing is cleared when a token is complete and no branch depends on where tokens end:
+// the loop carries only next_slot and the rejection count. st.taken stays all zero.
+__attribute__((noinline)) int fill_block(RankFill& st, uint32_t* stamp, const AliasTable& table, const uint64_t* idx,
+                                         const uint64_t* m, int lane, int count, int k_shift) {
+  int32_t* const rank_slots = st.slots;
+  const uint64_t* const cut = table.cut.data();
+  const int32_t* const alias = table.alias.data();
+  const int64_t rank_slot_count = st.count;
+  int64_t next_slot = st.next_slot;
+  int rejected = st.rejected;
+  int j = 0;
+  while (j < count && next_slot < rank_slot_count) {
+    const uint64_t i = idx[4 * j + lane];
+    const int32_t keep = -static_cast<int32_t>(m[4 * j + lane] < cut[i]);  // as AliasTable::draw
+    const int32_t c = (static_cast<int32_t>(i) & keep) | (alias[i] & ~keep);
+    ++j;
+    const uint32_t token = static_cast<uint32_t>(next_slot >> k_shift) + 1;
+    const int repeat = stamp[c] == token;
+    rank_slots[next_slot] = c;
+    stamp[c] = token;
+    next_slot += 1 - repeat;
+    rejected = (rejected + 1) & -repeat;
+    if (rejected == 64) [[unlikely]]
+      break;
+  }
+  st.next_slot = next_slot;
+  st.filled = next_slot & ((int64_t{1} << k_shift) - 1);
+  st.rejected = rejected;
+  return j;
+}
+
+// Ranks first_rank .. first_rank + 3 (no skew, no empty slots): the candidates of their four
+// streams are drawn in blocks by draw_x4, and each rank takes from its lane what fill_rank
+// would have drawn. A rank that needs the exact draw gets its stream back as an Rng at that
+// point (the block's starting state, advanced by the numbers its lane used) and finishes in
+// fill_rank.
+void fill_ranks_x4(RankFill st[4], uint64_t seed, uint64_t first_rank, const AliasTable& table,
+                   const std::vector<double>& p, int64_t K) {
+  constexpr int kBlock = 256;
+  alignas(32) uint64_t idx[4 * kBlock], m[4 * kBlock];
+  uint64_t state[4][4], block_start[4][4];  // [word][lane]
+  const int64_t E = static_cast<int64_t>(p.size());
+  std::vector<uint32_t> stamps(4 * E, 0);
+  const int k_shift = __builtin_ctzll(static_cast<uint64_t>(K));
+  bool live[4];
+  int num_live = 0;
+  for (int lane = 0; lane < 4; ++lane) {
+    uint64_t words[4];
+    Rng::derive(seed, 1 + first_rank + static_cast<uint64_t>(lane)).state(words);
+    for (int k = 0; k < 4; ++k) state[k][lane] = words[k];
+    live[lane] = st[lane].count > 0;
+    num_live += live[lane];
+  }
+  const uint64_t n = table.cut.size();
+  while (num_live > 0) {
+    std::copy(&state[0][0], &state[0][0] + 16, &block_start[0][0]);
+    draw_x4(state, n, kBlock, idx, m);
+    for (int lane = 0; lane < 4; ++lane) {
+      if (!live[lane]) continue;
+      RankFill& f = st[lane];
+      const int used = fill_block(f, &stamps[lane * E], table, idx, m, lane, kBlock, k_shift);
+      if (f.rejected == 64) {
+        // The byte table as fill_rank keeps it: the current token's accepted experts.
+        for (int64_t k = f.next_slot - f.filled; k < f.next_slot; ++k) f.taken[f.slots[k]] = 1;
+        const uint64_t words[4] = {block_start[0][lane], block_start[1][lane], block_start[2][lane],
+                                   block_start[3][lane]};
+        Rng rng = Rng::from_state(words);
+        for (int k = 0; k < 2 * used; ++k) rng.next_u64();
+        exact_draw(f, rng, p);
+        if (f.filled == K) end_token(f, rng, K, 0.0);
+        fill_rank(f, rng, table, p, K, 0.0);
+      }
+      if (f.next_slot == f.count) {
+        live[lane] = false;
+        --num_live;
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
@@ -178,71 +399,54 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
   // Every slot is written below, so reused storage needs no clearing.
   std::vector<int32_t>& topk = w.topk_experts;
   topk.resize(cfg.num_slots());
-  std::vector<char> taken(E, 0);
-  for (int64_t r = 0; r < R; ++r) {
-    Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
-    std::vector<double> p = p_global;
-    if (s.per_rank_skew > 0) {
-      std::vector<double> local(E);
-      double total = 0;
-      for (int64_t e = 0; e < E; ++e) total += (local[e] = rank_rng.gamma(0.2));
-      for (int64_t e = 0; e < E; ++e)
-        p[e] = (1.0 - s.per_rank_skew) * p_global[e] + s.per_rank_skew * (local[e] / total);
-    }
-    // Experts with zero weight can never be drawn; successive sampling needs K positive ones.
+  // Each token's K distinct experts: draw with replacement and reject repeats (the same law as
+  // successive sampling without replacement); after 64 rejections in a row for one slot, an
+  // exact scan of the free mass. ORDER: per rank, from its own stream Rng::derive(seed, 1 +
+  // rank): the rank's skew draws (per_rank_skew > 0), then its tokens in order, each token's
+  // slots in order 0..K-1, one alias draw per iteration; per finished token, its empty-slot
+  // draws. fill_rank() is that loop; without skew and empty slots, ranks go four at a time
+  // (fill_ranks_x4), which draws the same numbers from the same streams.
+  int64_t first_scalar = 0;
+  std::vector<char> taken(4 * E, 0);
+  if (s.per_rank_skew == 0 && s.empty_slot_fraction == 0) {
     int64_t positive = 0;
-    for (double x : p) positive += x > 0;
+    for (double x : p_global) positive += x > 0;
     if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
-    const AliasTable table(p);
-    // Each token's K distinct experts: draw with replacement and reject repeats (the same law
-    // as successive sampling without replacement); after 64 rejections in a row for one slot,
-    // an exact scan of the free mass. ORDER: the rank's tokens in order, each token's slots in
-    // order 0..K-1, one alias draw per iteration from rank_rng; then, per finished token, its
-    // empty-slot draws. These are the draws and decisions of "per slot, draw until an expert is
-    // not taken", written as one flat loop over the rank's slots that does not branch on
-    // whether a draw repeats an expert (unpredictable under skewed popularity): a rejected
-    // candidate is written into the open slot and overwritten by the next draw, and marking an
-    // already taken expert taken changes nothing. (Measured: the nested per-token, per-slot
-    // loops cost about as much as generating the draws, in mispredicted loop exits.)
-    int32_t* const rank_slots = &topk[r * T * K];
-    const int64_t rank_slot_count = T * K;
-    int64_t next_slot = 0;  // slots [0, next_slot) of the rank are accepted
-    int64_t filled = 0;     // accepted slots of the current token
-    int rejected = 0;       // consecutive rejections for slot next_slot
-    while (next_slot < rank_slot_count) {
-      const int32_t c = table.draw(rank_rng);
-      const int repeat = taken[c];  // 0 or 1
-      rank_slots[next_slot] = c;
-      taken[c] = 1;
-      next_slot += 1 - repeat;
-      filled += 1 - repeat;
-      // Arithmetic rather than `repeat ? rejected + 1 : 0`, which the compiler turns back into
-      // a branch on the repeat.
-      rejected = (rejected + 1) * repeat;
-      if (rejected == 64) [[unlikely]] {
-        int32_t e = -1;
-        double free_mass = 0;
-        for (int64_t x = 0; x < E; ++x) free_mass += taken[x] ? 0.0 : p[x];
-        double u = rank_rng.uniform() * free_mass;
-        for (int64_t x = 0; x < E; ++x) {
-          if (taken[x] || p[x] <= 0) continue;
-          e = static_cast<int32_t>(x);
-          u -= p[x];
-          if (u < 0) break;
-        }
-        taken[e] = 1;
-        rank_slots[next_slot++] = e;
-        ++filled;
-        rejected = 0;
+    const AliasTable table(p_global);
+#if MOK_SIM_X4
+    // fill_block needs K a power of two and per-rank slot indices below 2^32 (its stamps).
+    if (x4_supported() && (K & (K - 1)) == 0 && T * K < (int64_t{1} << 32)) {
+      for (; first_scalar + 4 <= R; first_scalar += 4) {
+        RankFill st[4];
+        for (int lane = 0; lane < 4; ++lane)
+          st[lane] = RankFill{&topk[(first_scalar + lane) * T * K], T * K, 0, 0, 0, &taken[lane * E]};
+        fill_ranks_x4(st, s.seed, static_cast<uint64_t>(first_scalar), table, p_global, K);
       }
-      if (filled == K) {  // the token is complete
-        int32_t* row = rank_slots + next_slot - K;
-        for (int64_t k = 0; k < K; ++k) taken[row[k]] = 0;
-        filled = 0;
-        if (s.empty_slot_fraction > 0)
-          for (int64_t k = 0; k < K; ++k)
-            if (rank_rng.uniform() < s.empty_slot_fraction) row[k] = -1;
+    }
+#endif
+    for (int64_t r = first_scalar; r < R; ++r) {
+      Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
+      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
+      fill_rank(st, rank_rng, table, p_global, K, 0.0);
+    }
+  } else {
+    for (int64_t r = 0; r < R; ++r) {
+      Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
+      std::vector<double> p = p_global;
+      if (s.per_rank_skew > 0) {
+        std::vector<double> local(E);
+        double total = 0;
+        for (int64_t e = 0; e < E; ++e) total += (local[e] = rank_rng.gamma(0.2));
+        for (int64_t e = 0; e < E; ++e)
+          p[e] = (1.0 - s.per_rank_skew) * p_global[e] + s.per_rank_skew * (local[e] / total);
       }
+      // Experts with zero weight can never be drawn; successive sampling needs K positive ones.
+      int64_t positive = 0;
+      for (double x : p) positive += x > 0;
+      if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
+      const AliasTable table(p);
+      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
+      fill_rank(st, rank_rng, table, p, K, s.empty_slot_fraction);
     }
   }
   // Valid by construction (K distinct experts in range per row, or -1), so the per-row check of

@@ -44,6 +44,33 @@ TEST(Workload, GeneratedRoutingIsValidAndThePlanHoldsEverySlot) {
   }
 }
 
+// Without skew and empty slots, ranks are drawn four at a time where the CPU allows (four RNG
+// streams side by side); a layer of three ranks draws each alone. Both must give every rank
+// the same routing, the exact draws after 64 rejections (exponent 9, hot 1e8) included.
+TEST(Workload, RanksDrawnFourAtATimeMatchRanksDrawnAlone) {
+  for (int variant = 0; variant < 4; ++variant) {
+    RoutingSpec s;
+    s.kind = variant == 0 ? RoutingKind::kUniform : variant == 3 ? RoutingKind::kHot : RoutingKind::kPowerLaw;
+    s.exponent = variant == 1 ? 1.2 : 9.0;
+    s.hot_factor = 1e8;
+    s.seed = 5 + variant;
+    spec::LayerConfig alone = small_cfg(3, 1500), together = small_cfg(4, 1500);
+    alone.num_experts = together.num_experts = 24;
+    const Workload a = generate_workload(alone, s);
+    const Workload b = generate_workload(together, s);
+    ASSERT_EQ(a.topk_experts.size() * 4, b.topk_experts.size() * 3);
+    for (size_t i = 0; i < a.topk_experts.size(); ++i)
+      ASSERT_EQ(a.topk_experts[i], b.topk_experts[i]) << "variant " << variant << " slot " << i;
+    // Nine ranks: two groups of four and rank 8 alone; twelve: rank 8 in the third group.
+    spec::LayerConfig nine = small_cfg(9, 700), twelve = small_cfg(12, 700);
+    nine.num_experts = twelve.num_experts = 36;
+    const Workload c = generate_workload(nine, s);
+    const Workload d = generate_workload(twelve, s);
+    for (size_t i = 0; i < c.topk_experts.size(); ++i)
+      ASSERT_EQ(c.topk_experts[i], d.topk_experts[i]) << "variant " << variant << " slot " << i << " (9 / 12 ranks)";
+  }
+}
+
 TEST(Workload, PowerLawSkewGrowsWithTheExponent) {
   double last_gini = -1;
   for (double exponent : {0.0, 0.6, 1.01, 1.2, 1.5}) {

@@ -18,6 +18,16 @@ class Rng {
     uint64_t x = seed ^ (0x9E3779B97F4A7C15ull * (stream_idx + 1));
     return Rng(splitmix64(x));
   }
+  // The generator's state, for code that advances several streams side by side (it must give
+  // the same numbers as next_u64() on each): state() reads it, from_state() resumes from it.
+  void state(uint64_t out[4]) const {
+    for (int i = 0; i < 4; ++i) out[i] = state_[i];
+  }
+  static Rng from_state(const uint64_t in[4]) {
+    Rng r(0);
+    for (int i = 0; i < 4; ++i) r.state_[i] = in[i];
+    return r;
+  }
   uint64_t next_u64() {
     const uint64_t result = rotl(state_[1] * 5, 7) * 9;
     const uint64_t t = state_[1] << 17;

@@ -5,6 +5,7 @@
 #include "sync.cuh"
 
 #include "mok/kernel/params.hpp"
+#include "mok/kernel/row_tiles.hpp"
 #include "mok/spec/orders.hpp"
 
 namespace mok::kernel::device {
@@ -433,6 +434,7 @@ class ItemClaims {
 // (1-5% slower; the forward was past that point already). With more local experts than the
 // table holds the forward walks too. Either way the same RowTile, so no result changes.
 inline constexpr int64_t kTableExperts = 512;
+static_assert(kRowTileRows == kTileM, "row tiles are the engine's tile rows");
 struct RowTileTable {
   int64_t experts;                        // E_local, or -1: not cached (too many experts)
   int64_t offset[kTableExperts + 1];      // expert_offsets
@@ -454,7 +456,7 @@ __device__ inline void load_row_tile_table(const LaunchParams& P, const RankStat
       int64_t n = 0;
       for (int64_t e = 0; e < E; ++e) {
         t.first_tile[e] = n;
-        n += (t.offset[e + 1] - t.offset[e] + kTileM - 1) / kTileM;
+        n += row_tiles_of(t.offset[e + 1] - t.offset[e]);
       }
       t.first_tile[E] = n;
       t.experts = E;
@@ -480,16 +482,7 @@ __device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S,
   if (t && t->experts >= 0) {
     const int64_t E = t->experts;
     if (rt < t->first_tile[E]) {
-      // The last expert whose first tile is at or before rt: it holds rt (experts with no rows
-      // share their first tile with the next expert, so they are never the last such).
-      int64_t lo = 0, hi = E - 1;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (t->first_tile[mid] <= rt)
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
+      const int64_t lo = expert_of_row_tile(t->first_tile, E, rt);
       const int64_t in = rt - t->first_tile[lo], rows = t->offset[lo + 1] - t->offset[lo];
       return RowTile{lo, t->offset[lo] + in * kTileM, min(static_cast<int64_t>(kTileM), rows - in * kTileM), index};
     }

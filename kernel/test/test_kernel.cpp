@@ -28,6 +28,20 @@ using namespace mok;
     if (!kernel::gpu_available(&why)) GTEST_SKIP() << why; \
   } while (0)
 
+// The NCCL tests: a usable GPU and the NCCL transport (skipped with the reason otherwise).
+#define REQUIRE_GPU_AND_NCCL()                              \
+  do {                                                      \
+    REQUIRE_GPU();                                          \
+    std::string why;                                        \
+    if (!kernel::nccl_available(&why)) GTEST_SKIP() << why; \
+  } while (0)
+
+int visible_devices() {
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  return devices;
+}
+
 ref::TensorMap inputs_of(const ref::TensorMap& all) {
   ref::TensorMap in;
   for (const auto& [p, t] : all)
@@ -205,11 +219,8 @@ void check_determinism(const spec::LayerConfig& base) {
 // The NCCL transport (symmetric windows, LSA pointers) against the virtual rack: bit for bit.
 // One rank runs on any GPU; more ranks need that many GPUs (skipped otherwise).
 TEST(Kernel, NcclTransportMatchesTheVirtualRack) {
-  REQUIRE_GPU();
-  std::string why;
-  if (!kernel::nccl_available(&why)) GTEST_SKIP() << why;
-  int devices = 0;
-  cudaGetDeviceCount(&devices);
+  REQUIRE_GPU_AND_NCCL();
+  const int devices = visible_devices();
   const ref::Golden g = ref::read_golden(fixtures().front());
   for (int R : {1, 2, 4, 8}) {
     if (R > devices || g.cfg.num_experts % R || g.cfg.num_tokens() % R) continue;
@@ -227,11 +238,8 @@ TEST(Kernel, NcclTransportMatchesTheVirtualRack) {
 // The benchmark entry of the NCCL transport (mok-bench --transport nccl): every rank's time of
 // every timed pass, and the last forward's output equal to the virtual rack's, bit for bit.
 TEST(Kernel, NcclTimingGivesEveryRanksTimesAndTheOutput) {
-  REQUIRE_GPU();
-  std::string why;
-  if (!kernel::nccl_available(&why)) GTEST_SKIP() << why;
-  int devices = 0;
-  cudaGetDeviceCount(&devices);
+  REQUIRE_GPU_AND_NCCL();
+  const int devices = visible_devices();
   for (int R : {1, 2}) {
     if (R > devices) continue;
     const spec::LayerConfig cfg{64, 32, 32, 8, 2, R, 16};

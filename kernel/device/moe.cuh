@@ -429,9 +429,10 @@ class ItemClaims {
 // blocks copy the offsets and every expert's first row tile into shared memory once per pass
 // (RowTileTable, before the first item) and find an item's expert by binary search: 15% off the
 // qwen3 forward, 3.5% off dsv3's (kernel/notes/bench_v8_run_o.txt). The backward still walks:
-// the table's 8 KiB of static shared memory took its kernel past 196 KiB, where the SM's
-// carve-out leaves 28 KiB of L1 instead of 60 and the backward's spilled registers no longer fit
-// (1-5% slower; the forward was past that point already). With more local experts than the
+// with the table too it was 1-5% slower: the table's 8 KiB of static shared memory took that
+// kernel past 196 KiB, where the SM's carve-out leaves 28 KiB of L1 instead of 60, and our
+// explanation (not measured directly) is that its spilled registers no longer fit in L1. The
+// forward was past 196 KiB already. With more local experts than the
 // table holds the forward walks too. Either way the same RowTile, so no result changes.
 inline constexpr int64_t kTableExperts = 512;
 static_assert(kRowTileRows == kTileM, "row tiles are the engine's tile rows");
@@ -473,7 +474,7 @@ __device__ inline int64_t routed_row_tiles(const LaunchParams& P, const RankStat
   if (t && t->experts >= 0) return t->first_tile[t->experts];
   int64_t n = 0;
   for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e)
-    n += (S.expert_offsets[e + 1] - S.expert_offsets[e] + kTileM - 1) / kTileM;
+    n += row_tiles_of(S.expert_offsets[e + 1] - S.expert_offsets[e]);
   return n;
 }
 
@@ -490,7 +491,7 @@ __device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S,
   } else {
     for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e) {
       const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
-      const int64_t tiles = (hi - lo + kTileM - 1) / kTileM;
+      const int64_t tiles = row_tiles_of(hi - lo);
       if (rt < tiles) return RowTile{e, lo + rt * kTileM, min(static_cast<int64_t>(kTileM), hi - lo - rt * kTileM), index};
       rt -= tiles;
     }

@@ -47,10 +47,18 @@ template <bool kDual, int kBN>
 constexpr int kUnitsPerStage = 1 + kBN / 128 + (kDual ? 1 : 0);
 constexpr int kMaxStages = 6;
 
+// The ring's 1024-byte alignment leaves 976 bytes after the barriers that the engine never
+// touches: `layer_scratch`, where the backward keeps its row-tile table (moe.cuh, above
+// row_tile_at). Growing FastSmem, or a block's static shared memory, past 196 KiB in all moves
+// the SM to the 228 KiB carve-out and shrinks L1 from 60 to 28 KiB, which made the backward
+// 1-5% slower on the H200 (kernel/notes/bench_v8_run_o.txt).
+inline constexpr int kLayerScratchInts = 242;
 struct FastSmem {
   alignas(1024) uint8_t ring[kRingBytes];
   alignas(8) uint64_t full[kMaxStages];
+  int32_t layer_scratch[kLayerScratchInts];
 };
+static_assert(sizeof(FastSmem) == kRingBytes + 1024, "the scratch table fits in the alignment padding");
 
 // Slow engine buffers. wgmma reads the no-swizzle canonical layout (8x8 core matrices of 128
 // contiguous bytes: core (row/8, k/8) at element (row/8)*128 + (k/8)*64; LBO 128, SBO 256);

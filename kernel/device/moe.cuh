@@ -425,69 +425,121 @@ class ItemClaims {
 // Row tile number rt: routed experts in order, each in 128-row tiles, then the shared expert's.
 // Every work item maps its row tile number to (expert, rows) here. Walking expert_offsets in
 // global memory from expert 0 costs one dependent L2 round trip per expert passed, about 0.1 us
-// each: ~6 us per item at 128 local experts (qwen3), ~1.6 us at 32 (dsv3). So the forward's
-// blocks copy the offsets and every expert's first row tile into shared memory once per pass
-// (RowTileTable, before the first item) and find an item's expert by binary search: 15% off the
-// qwen3 forward, 3.5% off dsv3's (kernel/notes/bench_v8_run_o.txt). The backward still walks:
-// with the table too it was 1-5% slower: the table's 8 KiB of static shared memory took that
-// kernel past 196 KiB, where the SM's carve-out leaves 28 KiB of L1 instead of 60, and our
-// explanation (not measured directly) is that its spilled registers no longer fit in L1. The
-// forward was past 196 KiB already. With more local experts than the
-// table holds the forward walks too. Either way the same RowTile, so no result changes.
-inline constexpr int64_t kTableExperts = 512;
+// each: ~6 us per item at 128 local experts (qwen3), ~1.6 us at 32 (dsv3). So each block keeps
+// every expert's first row tile in shared memory, filled once per pass before its first item,
+// and finds an item's expert by binary search (expert_of_row_tile). Where the table lives
+// differs by pass, because static shared memory costs the backward its L1:
+// - forward (RowTileTable, static __shared__, 8 KiB): the offsets too, as int64. The forward
+//   kernel is past 196 KiB of shared memory anyway. 15% off the qwen3 forward, 3.5% off dsv3's
+//   (kernel/notes/bench_v8_run_o.txt).
+// - backward (FastSmem::layer_scratch, the ring's alignment padding): int32 first tiles only;
+//   the two offsets an item needs are read from global memory. The same static table there
+//   took that kernel past 196 KiB, where the carve-out leaves 28 KiB of L1 instead of 60, and
+//   made it 1-5% slower (run O); in the padding it adds no shared memory, and the qwen3
+//   backward is 6-8% faster than with the walk, dsv3's 0-2% (kernel/notes/bench_v9_run_q.txt,
+//   bench_v9_run_s.txt). The slow engine has no padding and walks.
+// With more local experts than a table holds, the pass walks. Every way gives the same RowTile,
+// so no result changes.
 static_assert(kRowTileRows == kTileM, "row tiles are the engine's tile rows");
+enum class TableAt { kStatic, kScratch };
+inline constexpr int64_t kStaticTableExperts = 512;
+inline constexpr int64_t kScratchTableExperts = kLayerScratchInts - 2;  // [0, E] and the count
 struct RowTileTable {
-  int64_t experts;                        // E_local, or -1: not cached (too many experts)
-  int64_t offset[kTableExperts + 1];      // expert_offsets
-  int64_t first_tile[kTableExperts + 1];  // row tiles of experts 0 .. e - 1; [E_local]: all routed ones
+  int64_t experts;                              // E_local, or -1: not cached (too many experts)
+  int64_t offset[kStaticTableExperts + 1];      // expert_offsets
+  int64_t first_tile[kStaticTableExperts + 1];  // row tiles of experts 0 .. e - 1; [E_local]: all routed ones
 };
-__device__ __forceinline__ RowTileTable& row_tile_table() {
+__device__ __forceinline__ RowTileTable& static_row_tile_table() {
   __shared__ RowTileTable table;
   return table;
 }
+
+// How a block maps row tiles to experts: Map::experts() < 0: walk expert_offsets; else
+// offset(e) and first_tile(e) from the block's table.
+struct StaticTileMap {  // the forward: everything in the static table (read from shared memory at each use)
+  const RowTileTable* t;
+  __device__ __forceinline__ int64_t experts() const { return t->experts; }
+  __device__ __forceinline__ int64_t offset(int64_t e) const { return t->offset[e]; }
+  __device__ __forceinline__ const int64_t* first_tiles() const { return t->first_tile; }
+};
+struct ScratchTileMap {  // the backward: first tiles in the padding, offsets in global memory
+  const int64_t* offsets;
+  const int32_t* table;  // null: walk
+  __device__ __forceinline__ int64_t experts() const { return table ? table[kLayerScratchInts - 1] : -1; }
+  __device__ __forceinline__ int64_t offset(int64_t e) const { return offsets[e]; }
+  __device__ __forceinline__ const int32_t* first_tiles() const { return table; }
+};
+
 // After the plan's rank barrier (expert_offsets are final), on every thread of the block.
-__device__ inline void load_row_tile_table(const LaunchParams& P, const RankState& S) {
-  RowTileTable& t = row_tile_table();
+template <TableAt kAt>
+__device__ inline auto load_row_tile_map(const LaunchParams& P, const RankState& S, uint8_t* smem) {
   const int64_t E = P.cfg.experts_per_rank();
   __syncthreads();  // an earlier pass's readers of the table are done
-  if (E <= kTableExperts) {
-    for (int64_t e = threadIdx.x; e <= E; e += kThreads) t.offset[e] = S.expert_offsets[e];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t n = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        t.first_tile[e] = n;
-        n += row_tiles_of(t.offset[e + 1] - t.offset[e]);
+  if constexpr (kAt == TableAt::kStatic) {
+    RowTileTable& t = static_row_tile_table();
+    if (E <= kStaticTableExperts) {
+      for (int64_t e = threadIdx.x; e <= E; e += kThreads) t.offset[e] = S.expert_offsets[e];
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int64_t n = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          t.first_tile[e] = n;
+          n += row_tiles_of(t.offset[e + 1] - t.offset[e]);
+        }
+        t.first_tile[E] = n;
+        t.experts = E;
       }
-      t.first_tile[E] = n;
-      t.experts = E;
+    } else if (threadIdx.x == 0) {
+      t.experts = -1;
     }
-  } else if (threadIdx.x == 0) {
-    t.experts = -1;
+    __syncthreads();
+    return StaticTileMap{&t};
+  } else {
+    if (!P.fast) return ScratchTileMap{S.expert_offsets, nullptr};
+    int32_t* table = reinterpret_cast<FastSmem*>(smem)->layer_scratch;
+    const bool fits = E <= kScratchTableExperts;
+    if (fits)  // expert e's row tiles at e + 1
+      for (int64_t e = threadIdx.x; e < E; e += kThreads) {
+        const int64_t tiles = row_tiles_of(S.expert_offsets[e + 1] - S.expert_offsets[e]);
+        table[e + 1] = static_cast<int32_t>(tiles < INT32_MAX ? tiles : INT32_MAX);
+      }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // prefix sums: expert e's first row tile; the last entry: E or -1
+      int64_t n = 0;
+      if (fits) {
+        table[0] = 0;
+        for (int64_t e = 1; e <= E; ++e) {
+          n += table[e];
+          table[e] = static_cast<int32_t>(n < INT32_MAX ? n : INT32_MAX);
+        }
+      }
+      table[kLayerScratchInts - 1] = fits && n < INT32_MAX ? static_cast<int32_t>(E) : -1;
+    }
+    __syncthreads();
+    return ScratchTileMap{S.expert_offsets, table};
   }
-  __syncthreads();
 }
 
-// Row tiles of the rank's routed experts (the shared expert's follow them). `t`: the block's
-// table, or null (walk the offsets).
-__device__ inline int64_t routed_row_tiles(const LaunchParams& P, const RankState& S, const RowTileTable* t) {
-  if (t && t->experts >= 0) return t->first_tile[t->experts];
+// Row tiles of the rank's routed experts (the shared expert's follow them).
+template <class Map>
+__device__ inline int64_t routed_row_tiles(const LaunchParams& P, const RankState& S, const Map& m) {
+  if (const int64_t E = m.experts(); E >= 0) return m.first_tiles()[E];
   int64_t n = 0;
-  for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e)
-    n += row_tiles_of(S.expert_offsets[e + 1] - S.expert_offsets[e]);
+  for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e) n += row_tiles_of(S.expert_offsets[e + 1] - S.expert_offsets[e]);
   return n;
 }
 
-__device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S, const RowTileTable* t, int64_t rt) {
+template <class Map>
+__device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S, const Map& m, int64_t rt) {
   const int64_t index = rt;
-  if (t && t->experts >= 0) {
-    const int64_t E = t->experts;
-    if (rt < t->first_tile[E]) {
-      const int64_t lo = expert_of_row_tile(t->first_tile, E, rt);
-      const int64_t in = rt - t->first_tile[lo], rows = t->offset[lo + 1] - t->offset[lo];
-      return RowTile{lo, t->offset[lo] + in * kTileM, min(static_cast<int64_t>(kTileM), rows - in * kTileM), index};
+  if (const int64_t E = m.experts(); E >= 0) {
+    const auto* first_tile = m.first_tiles();
+    if (rt < first_tile[E]) {
+      const int64_t e = expert_of_row_tile(first_tile, E, rt);
+      const int64_t first = m.offset(e), rows = m.offset(e + 1) - first, in = rt - first_tile[e];
+      return RowTile{e, first + in * kTileM, min(static_cast<int64_t>(kTileM), rows - in * kTileM), index};
     }
-    rt -= t->first_tile[E];
+    rt -= first_tile[E];
   } else {
     for (int64_t e = 0; e < P.cfg.experts_per_rank(); ++e) {
       const int64_t lo = S.expert_offsets[e], hi = S.expert_offsets[e + 1];
@@ -515,17 +567,13 @@ __device__ __forceinline__ void grouped_tile(int64_t i, int64_t rows, int64_t co
 // Runs this block's phase 1 then phase 2 items. Item numbers: phase 1 is every routed row tile's
 // column tiles (in grouped_tile order), then the shared expert's; phase 2 likewise over H. Blocks
 // claim them in order (ItemClaims, counters[5]). phase1(tile, n0) / phase2(tile, n0) compute
-// one column tile starting at column n0 and return false when the pass is aborting. kTable: map
-// row tiles through the block's RowTileTable (the forward) or by walking the offsets.
-template <bool kTable, class Phase1, class Phase2>
-__device__ bool run_phases(const LaunchParams& P, const Role& role, int64_t n1_routed, int64_t n1_shared, int64_t NT1,
-                           Phase1 phase1, Phase2 phase2) {
+// one column tile starting at column n0 and return false when the pass is aborting. kAt: where
+// the block's row-tile table lives (the note above row_tile_at).
+template <TableAt kAt, class Phase1, class Phase2>
+__device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* smem, int64_t n1_routed,
+                           int64_t n1_shared, int64_t NT1, Phase1 phase1, Phase2 phase2) {
   const RankState& S = P.state[role.rank];
-  const RowTileTable* table = nullptr;
-  if constexpr (kTable) {
-    load_row_tile_table(P, S);
-    table = &row_tile_table();
-  }
+  const auto table = load_row_tile_map<kAt>(P, S, smem);
   const int64_t NT2 = width_single(P);
   const int64_t c1r = ceil_div(n1_routed, NT1), c1s = ceil_div(n1_shared, NT1), c2 = ceil_div(P.cfg.hidden, NT2);
   const int64_t rr = routed_row_tiles(P, S, table), rs = shared_tiles(P.cfg);
@@ -762,8 +810,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
 
   if (role.comm) gather_rows<false>(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
   trace_mark(P, kTrGathered);
-  if (!run_phases<true>(
-          P, role, c.intermediate, c.shared_intermediate, width_dual(P),
+  if (!run_phases<TableAt::kStatic>(
+          P, role, smem, c.intermediate, c.shared_intermediate, width_dual(P),
           [&](const RowTile& t, int64_t n0) { return forward_phase1(P, role, smem, t, n0); },
           [&](const RowTile& t, int64_t n0) { return forward_phase2(P, role, smem, t, n0); }))
     return;
@@ -1130,8 +1178,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   trace_mark(P, kTrGathered);
-  if (!run_phases<false>(
-          P, role, c.intermediate, c.shared_intermediate, width_single(P),
+  if (!run_phases<TableAt::kScratch>(
+          P, role, smem, c.intermediate, c.shared_intermediate, width_single(P),
           [&](const RowTile& t, int64_t n0) { return backward_phase1(P, role, smem, t, n0); },
           [&](const RowTile& t, int64_t n0) { return backward_phase2(P, role, smem, t, n0); }))
     return;

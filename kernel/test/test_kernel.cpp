@@ -116,6 +116,17 @@ TEST(Kernel, FastEngineBitExactWithTheEmulator) {
     check_fast_engine(base, base.intermediate == 128 ? std::vector<int>{1, 2} : std::vector<int>{1});
 }
 
+// Each pass maps work items to experts through a per-block row-tile table, or walks the offsets
+// when a rank has more experts than its table holds (moe.cuh, above row_tile_at: the forward's
+// static table holds 512, the backward's, in the ring's padding, 240). 520 experts: at R = 1 both
+// passes walk, at R = 2 (260 local) the forward searches and the backward walks, at R = 4 (130)
+// both search. Zipf routing: a few hot experts take several row tiles, most one, some none.
+// Top-10 also takes the combines past their first batch of 8 slots.
+TEST(Kernel, FastEngineRowTileTablesAndWalksAgree) {
+  REQUIRE_GPU();
+  check_fast_engine(spec::LayerConfig{128, 128, 64, 520, 10, 1, 512}, {1, 2, 4});
+}
+
 void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ranks) {
   ref::RoutingSpec rs = ref::parse_routing("zipf:1.2");
   rs.empty_prob = 0.03;

@@ -53,9 +53,11 @@ RC_GTEST_PROP(RowTiles, SearchFindsTheExpertTheWalkFinds, ()) {
     r = *rc::gen::weightedOneOf<int64_t>({{1, rc::gen::just<int64_t>(0)}, {2, rc::gen::inRange<int64_t>(1, 701)}});
   const std::vector<int64_t> first = first_tiles(rows);
   RC_PRE(first[E] > 0);
+  const std::vector<int32_t> first32(first.begin(), first.end());  // the kernel's int32 table
   for (int64_t rt = 0; rt < first[E]; ++rt) {
     const int64_t e = expert_of_row_tile(first.data(), E, rt);
     RC_ASSERT(e == walk(rows, rt));
+    RC_ASSERT(expert_of_row_tile(first32.data(), E, rt) == e);
     RC_ASSERT(rows[e] > 0);
     RC_ASSERT(first[e] <= rt && rt < first[e + 1]);
   }

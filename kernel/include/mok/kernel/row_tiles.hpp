@@ -20,7 +20,8 @@ MOK_HD int64_t row_tiles_of(int64_t rows) { return (rows + kRowTileRows - 1) / k
 // The expert that holds routed row tile rt, for 0 <= rt < first_tile[E] and E >= 1: the last e
 // with first_tile[e] <= rt (an expert with no rows shares its first tile with the next expert,
 // so it is never the last such). Binary search: log2(E) steps.
-MOK_HD int64_t expert_of_row_tile(const int64_t* first_tile, int64_t E, int64_t rt) {
+template <class Int>  // int64_t, or int32_t where the table must be small
+MOK_HD int64_t expert_of_row_tile(const Int* first_tile, int64_t E, int64_t rt) {
   int64_t lo = 0, hi = E - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;

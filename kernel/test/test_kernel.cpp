@@ -147,12 +147,11 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
     }
 }
 
-TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
-  REQUIRE_GPU();
-  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 8};
+// Runs the forward on routing that host validation would reject (uploaded directly) and expects
+// the device's check to stop the pass with a message naming `want`.
+void expect_device_rejects(const spec::LayerConfig& cfg, int64_t token, int64_t slot, int32_t id, const std::string& want) {
   ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 8);
-  int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
-  tk[3 * 2 + 1] = tk[3 * 2 + 0];  // token 3 names one expert twice (host validation is bypassed)
+  in.at("inputs/topk_experts").data<int32_t>()[token * cfg.top_k + slot] = id;
   std::vector<void*> owned;
   auto up = [&](const char* p) -> void* {
     const ref::Tensor& t = in.at(p);
@@ -183,12 +182,29 @@ TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
   layer.forward(di, dout);
   try {
     layer.check_errors();
-    ADD_FAILURE() << "a duplicated expert id was not detected on the device";
+    ADD_FAILURE() << "invalid routing (" << want << ") was not detected on the device";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("distinct"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << e.what();
   }
   for (void* p : owned) cudaFree(p);
+}
+
+// The plan's check of each routing row: rows of up to 16 ids are checked in registers, longer
+// ones id by id (moe.cuh, check_row); both must catch a repeated id and one out of range.
+TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
+  REQUIRE_GPU();
+  const spec::LayerConfig k2{64, 32, 32, 8, 2, 2, 8}, k20{64, 32, 32, 32, 20, 2, 8};
+  const ref::TensorMap in2 = ref::generate_inputs(k2, ref::parse_routing("uniform"), 8);
+  const ref::TensorMap in20 = ref::generate_inputs(k20, ref::parse_routing("uniform"), 8);
+  // The same seed regenerates these inputs inside expect_device_rejects; repeat an earlier slot's id.
+  const int32_t dup2 = in2.at("inputs/topk_experts").data<int32_t>()[3 * 2 + 0];
+  const int32_t dup20 = in20.at("inputs/topk_experts").data<int32_t>()[3 * 20 + 2];
+  expect_device_rejects(k2, 3, 1, dup2, "token 3 slot 1 (expert id " + std::to_string(dup2) + ",");
+  expect_device_rejects(k2, 3, 1, 8, "token 3 slot 1 (expert id 8, E=8)");
+  expect_device_rejects(k2, 5, 0, -2, "token 5 slot 0 (expert id -2, E=8)");
+  expect_device_rejects(k20, 3, 17, dup20, "token 3 slot 17 (expert id " + std::to_string(dup20) + ",");
+  expect_device_rejects(k20, 6, 19, 32, "token 6 slot 19 (expert id 32, E=32)");
 }
 
 void check_determinism(const spec::LayerConfig& base) {

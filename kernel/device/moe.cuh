@@ -162,8 +162,8 @@ __device__ __forceinline__ RowCheck check_row(const int32_t* row, int64_t K, int
 // ORDER: canonical rows of expert e: ascending global token id, then slot (spec routing plan);
 // the block scans tokens in order, kThreads at a time, and places matches by a block-wide prefix
 // count. The checks raise no error inside a row's scan: with a call that may store to global
-// memory between them, the row's loads could not be in flight together (a 256-token step took
-// ~3.6 us: the qwen3 plan, 64 steps per block, is 0.26 ms of a 4.2 ms forward).
+// memory between them, the row's loads could not be in flight together: a 256-token step took
+// ~3.6 us, and the qwen3 plan (64 steps per block) 0.26 ms, now 0.12 (bench_v9_run_t.txt).
 inline constexpr int kRowCheckRegs = 16;
 __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
   const spec::LayerConfig& c = P.cfg;

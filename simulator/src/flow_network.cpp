@@ -112,9 +112,21 @@ int FlowNetwork::class_of(int64_t demand_units) {
   return static_cast<int>(it - class_demand_.begin());
 }
 
-int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes) {
+void FlowNetwork::reserve_slots(int num_slots) {
+  if (!flows_.empty()) internal("reserve_slots() after the first flow");
+  num_slots_ = num_slots;
+  flows_.resize(num_slots);
+  links_.resize(num_slots);
+  active_pos_.resize(num_slots, -1);
+  fill_mark_.resize(num_slots);
+  key_.resize(num_slots);
+}
+
+int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot) {
   int idx;
-  if (!free_flows_.empty()) {
+  if (slot >= 0 && slot < num_slots_ && !links_[slot].active) {
+    idx = slot;
+  } else if (!free_flows_.empty()) {
     idx = free_flows_.back();
     free_flows_.pop_back();
   } else {
@@ -199,7 +211,7 @@ void FlowNetwork::finish_flow(int flow_idx) {
   active_pos_[last] = pos;
   active_.pop_back();
   active_pos_[flow_idx] = -1;
-  free_flows_.push_back(flow_idx);
+  if (flow_idx >= num_slots_) free_flows_.push_back(flow_idx);  // a slot waits for its own caller
 }
 
 void FlowNetwork::admit(int flow_idx) {

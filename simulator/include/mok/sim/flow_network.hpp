@@ -55,8 +55,14 @@ class FlowNetwork {
   // Optional, for speed: every demand value flows will use (any order, repeats allowed). A
   // demand not declared here is added when its first flow starts (a slower path).
   void declare_demands(const std::vector<double>& demands_gbps);
+  // Optional, for memory locality, before the first flow: flow indices [0, num_slots) are given
+  // only to start_flow() calls that name them as their slot (e.g. one per issuing SM, so that
+  // the flows of one GPU's SMs lie together in every per-flow array); other flows get indices
+  // from num_slots up.
+  void reserve_slots(int num_slots);
   // Starts a flow with rate 0; rates are stale until recompute_rates(), update_rates() or admit().
-  int start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes);
+  // Its index is `slot` when that is a reserved slot with no active flow, else a free index.
+  int start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot = -1);
   // Ends a flow (its bytes are credited to the resources on its path).
   void finish_flow(int flow_idx);
   // Max-min fair rates by a full progressive filling over every active flow.
@@ -111,7 +117,8 @@ class FlowNetwork {
     uint32_t admitted_epoch = 0;             // valid while this equals epoch_
   };
   std::vector<Links> links_;
-  std::vector<int> free_flows_;
+  std::vector<int> free_flows_;  // free indices from num_slots_ up
+  int num_slots_ = 0;
   std::vector<int> active_;        // active flow indices (order: a function of the call sequence)
   std::vector<int> active_pos_;    // flow -> position in active_
   int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0;

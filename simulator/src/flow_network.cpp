@@ -68,12 +68,9 @@ int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
   residual_.push_back(capacity_.back());
   level_.push_back(kInf);
   res_flows_.emplace_back();
-  res_stamp_.push_back(0);
+  acct_.push_back(ResAcct{});
   force_stamp_.push_back(0);
-  res_mode_.push_back(0);
-  res_rem_.push_back(0);
   new_level_.push_back(kInf);
-  res_unfrozen_.push_back(0);
   return static_cast<int>(capacity_.size()) - 1;
 }
 
@@ -430,10 +427,11 @@ void FlowNetwork::freeze_tracked(int f, int64_t rate) {
   const Flow& fl = flows_[f];
   for (int i = 0; i < fl.path_len; ++i) {
     const int r = fl.path[i];
-    if (res_stamp_[r] != stamp_ || res_mode_[r] != kTracked) continue;
-    res_rem_[r] -= rate;
-    --res_unfrozen_[r];
-    if (res_rem_[r] < 0 || res_unfrozen_[r] < 0) internal("a tracked resource went over its capacity");
+    ResAcct& a = acct_[r];
+    if (a.stamp_mode != (stamp_ << 2 | kTracked)) continue;
+    a.rem -= rate;
+    --a.unfrozen;
+    if (a.rem < 0 || a.unfrozen < 0) internal("a tracked resource went over its capacity");
   }
 }
 
@@ -455,8 +453,8 @@ void FlowNetwork::advance(int r, int64_t level, int sub) {
     }
     const uint8_t st = (key_[p.flow].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[p.flow].mark & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
-      res_rem_[r] -= p.point >> 1;
-      --res_unfrozen_[r];
+      acct_[r].rem -= p.point >> 1;
+      --acct_[r].unfrozen;
     }
     pool_[i] = pool_[c];
     pool_[c++] = p;
@@ -466,8 +464,8 @@ void FlowNetwork::advance(int r, int64_t level, int sub) {
 }
 
 void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
-  if (res_stamp_[r] == stamp_) return;  // already dirty in this attempt
-  res_stamp_[r] = stamp_;
+  if (dirty(r)) return;  // already dirty in this attempt
+  acct_[r].stamp_mode = stamp_ << 2 | kClean;
   const auto& list = res_flows_[r];
   auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
   if (force_stamp_[r] != update_id_ && level_[r] == kInf) {
@@ -485,12 +483,12 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
       need = std::min(kMaxRateUnits, need + most);
     }
     if (roomy || residual_[r] >= need) {
-      res_mode_[r] = kPassive;
+      acct_[r].stamp_mode = stamp_ << 2 | kPassive;
       passive_.push_back(r);
       return;
     }
   }
-  res_mode_[r] = kTracked;
+  acct_[r].stamp_mode = stamp_ << 2 | kTracked;
   tracked_.push_back(r);
   ++num_tracked_;
   work_ += static_cast<int64_t>(list.size());
@@ -527,8 +525,8 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   pool_cursor_[r] = begin;
   pool_end_[r] = static_cast<int>(pool_.size());
   if (rem < 0) internal("a dirty resource is over its capacity");
-  res_rem_[r] = rem;
-  res_unfrozen_[r] = n;
+  acct_[r].rem = rem;
+  acct_[r].unfrozen = n;
   if (n > 0) {
     if (new_level_[r] != kInf) internal("a saturated resource has unfrozen flows");
     if (rem / n <= level) internal("a resource made dirty mid-step would saturate at the same level");
@@ -539,7 +537,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
 FlowNetwork::Attempt FlowNetwork::attempt_update() {
   if (++stamp_ == (1u << 30)) {  // wrapped: clear the stamps once every 2^30 attempts
     for (FlowKey& k : key_) k.mark = 0;
-    std::fill(res_stamp_.begin(), res_stamp_.end(), 0);
+    for (ResAcct& a : acct_) a.stamp_mode = kClean;
     stamp_ = 1;
   }
   events_.clear();
@@ -590,12 +588,12 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     if (!links_[f].active || !fill_mark_[f].fresh || !links_[f].demand_unreachable) continue;
     const Flow& fl = flows_[f];
     bool any_tracked = false;
-    for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = res_mode_[fl.path[i]] == kTracked;
+    for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = mode(fl.path[i]) == kTracked;
     if (any_tracked) continue;
     for (int i = 0; i < fl.path_len; ++i) {
       const int r = fl.path[i];
-      if (res_mode_[r] != kPassive) continue;  // a path may hold a resource twice
-      res_stamp_[r] = 0;  // stale entry in passive_: the checks below skip non-passive resources
+      if (mode(r) != kPassive) continue;  // a path may hold a resource twice
+      acct_[r].stamp_mode = kPassive;  // not dirty; a stale entry in passive_ (skipped below once tracked)
       force_stamp_[r] = update_id_;
       make_dirty(r, -1, 1);
     }
@@ -627,8 +625,8 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       }
       const int r = e.idx();
       advance(r, level, 0);
-      if (res_unfrozen_[r] == 0) continue;
-      const int64_t share = res_rem_[r] / res_unfrozen_[r];
+      if (acct_[r].unfrozen == 0) continue;
+      const int64_t share = acct_[r].rem / acct_[r].unfrozen;
       if (share == level) {
         if (new_level_[r] != level) {
           new_level_[r] = level;
@@ -675,7 +673,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
         bool held = false;
         for (int i = 0; i < fl.path_len && !held; ++i) {
           const int r = fl.path[i];
-          held = res_stamp_[r] != stamp_ && level_[r] == level;
+          held = !dirty(r) && level_[r] == level;
         }
         if (held) {
           set_status(f, kFixedFrozen);
@@ -688,7 +686,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     for (int f : spread_) {
       const Flow& fl = flows_[f];
       for (int i = 0; i < fl.path_len; ++i)
-        if (res_stamp_[fl.path[i]] != stamp_) make_dirty(fl.path[i], level, 1);
+        if (!dirty(fl.path[i])) make_dirty(fl.path[i], level, 1);
     }
   }
 
@@ -699,7 +697,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       const Flow& fl = flows_[f];
       for (int i = 0; i < fl.path_len; ++i) {
         const int r = fl.path[i];
-        if (res_stamp_[r] == stamp_ && res_mode_[r] == kPassive && force_stamp_[r] != update_id_) {
+        if (acct_[r].stamp_mode == (stamp_ << 2 | kPassive) && force_stamp_[r] != update_id_) {
           force_stamp_[r] = update_id_;
           forced = true;
         }
@@ -720,7 +718,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   move_residuals(1);
   bool ok = true;
   for (int r : passive_)
-    if (res_mode_[r] == kPassive && residual_[r] < static_cast<int64_t>(res_flows_[r].size())) {
+    if (mode(r) == kPassive && residual_[r] < static_cast<int64_t>(res_flows_[r].size())) {
       force_stamp_[r] = update_id_;
       ok = false;
     }
@@ -755,7 +753,7 @@ void FlowNetwork::update_rates() {
   }
   for (int r : tracked_) {
     advance(r, kInf, 1);
-    if (res_unfrozen_[r] != 0 || residual_[r] != res_rem_[r])
+    if (acct_[r].unfrozen != 0 || residual_[r] != acct_[r].rem)
       internal("a tracked resource's account differs from the committed rates");
     level_[r] = new_level_[r];
   }

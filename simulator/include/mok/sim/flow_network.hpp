@@ -159,11 +159,22 @@ class FlowNetwork {
     int idx() const { return static_cast<int>(static_cast<uint32_t>(key)); }
   };
   std::vector<Event> events_;
-  std::vector<uint32_t> res_stamp_, force_stamp_;
+  std::vector<uint32_t> force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
-  std::vector<uint8_t> res_mode_;
-  std::vector<int64_t> res_rem_, new_level_;
-  std::vector<int> res_unfrozen_;
+  std::vector<int64_t> new_level_;
+  // A resource's account in the current attempt, in one 16-byte entry (a frozen flow's path
+  // reads and writes it per resource): dirty in this attempt iff stamp_mode >> 2 == stamp_,
+  // mode (clean, tracked, passive) in the low 2 bits; a tracked resource's remaining capacity and
+  // unfrozen flows.
+  struct ResAcct {
+    int64_t rem = 0;
+    uint32_t stamp_mode = 0;
+    int32_t unfrozen = 0;
+  };
+  static_assert(sizeof(ResAcct) == 16, "four resource accounts per cache line");
+  std::vector<ResAcct> acct_;
+  bool dirty(int r) const { return (acct_[r].stamp_mode >> 2) == stamp_; }
+  uint8_t mode(int r) const { return static_cast<uint8_t>(acct_[r].stamp_mode & 3); }
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, with their old
   // freezing points (advance() accounts for them lazily as the filling passes their points), and

@@ -413,6 +413,25 @@ void event_pop(std::vector<Event>& h) {
   }
   h[i] = e;
 }
+// Replaces the smallest event by e (not smaller than it), as a pop followed by a push of e
+// would: the hole goes down along the smaller children while they are smaller than e.
+template <typename Event>
+void event_replace_top(std::vector<Event>& h, const Event& e) {
+  const size_t n = h.size();
+  size_t i = 0, c = 1;
+  while (c + 1 < n) {
+    c += event_later(h[c], h[c + 1]);
+    if (!event_later(e, h[c])) break;
+    h[i] = h[c];
+    i = c;
+    c = 2 * i + 1;
+  }
+  if (c + 1 == n && event_later(e, h[c])) {
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = e;
+}
 }  // namespace
 
 void FlowNetwork::push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx) {
@@ -618,22 +637,28 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     candidates_.clear();
     while (!events_.empty() && events_.front().level == level) {
       const Event e = events_.front();
-      event_pop(events_);
       if (e.kind() == 2) {
+        event_pop(events_);
         candidates_.push_back(e.idx());
         continue;
       }
       const int r = e.idx();
       advance(r, level, 0);
-      if (acct_[r].unfrozen == 0) continue;
+      if (acct_[r].unfrozen == 0) {
+        event_pop(events_);
+        continue;
+      }
       const int64_t share = acct_[r].rem / acct_[r].unfrozen;
+      if (share > level) {  // grown: the same event, re-keyed in place (one sift, not a pop and a push)
+        event_replace_top(events_, Event{share, e.key});
+        continue;
+      }
+      event_pop(events_);
       if (share == level) {
         if (new_level_[r] != level) {
           new_level_[r] = level;
           saturating_.push_back(r);
         }
-      } else if (share > level) {
-        push_event(share, 1, 0, r);
       } else {
         internal("a tracked resource's share fell below the filling level");
       }

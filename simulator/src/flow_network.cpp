@@ -68,12 +68,9 @@ int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
   residual_.push_back(capacity_.back());
   level_.push_back(kInf);
   res_flows_.emplace_back();
-  res_stamp_.push_back(0);
+  acct_.push_back(ResAcct{});
   force_stamp_.push_back(0);
-  res_mode_.push_back(0);
-  res_rem_.push_back(0);
   new_level_.push_back(kInf);
-  res_unfrozen_.push_back(0);
   return static_cast<int>(capacity_.size()) - 1;
 }
 
@@ -112,9 +109,21 @@ int FlowNetwork::class_of(int64_t demand_units) {
   return static_cast<int>(it - class_demand_.begin());
 }
 
-int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes) {
+void FlowNetwork::reserve_slots(int num_slots) {
+  if (!flows_.empty()) internal("reserve_slots() after the first flow");
+  num_slots_ = num_slots;
+  flows_.resize(num_slots);
+  links_.resize(num_slots);
+  active_pos_.resize(num_slots, -1);
+  fill_mark_.resize(num_slots);
+  key_.resize(num_slots);
+}
+
+int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot) {
   int idx;
-  if (!free_flows_.empty()) {
+  if (slot >= 0 && slot < num_slots_ && !links_[slot].active) {
+    idx = slot;
+  } else if (!free_flows_.empty()) {
     idx = free_flows_.back();
     free_flows_.pop_back();
   } else {
@@ -199,7 +208,7 @@ void FlowNetwork::finish_flow(int flow_idx) {
   active_pos_[last] = pos;
   active_.pop_back();
   active_pos_[flow_idx] = -1;
-  free_flows_.push_back(flow_idx);
+  if (flow_idx >= num_slots_) free_flows_.push_back(flow_idx);  // a slot waits for its own caller
 }
 
 void FlowNetwork::admit(int flow_idx) {
@@ -404,6 +413,25 @@ void event_pop(std::vector<Event>& h) {
   }
   h[i] = e;
 }
+// Replaces the smallest event by e (not smaller than it), as a pop followed by a push of e
+// would: the hole goes down along the smaller children while they are smaller than e.
+template <typename Event>
+void event_replace_top(std::vector<Event>& h, const Event& e) {
+  const size_t n = h.size();
+  size_t i = 0, c = 1;
+  while (c + 1 < n) {
+    c += event_later(h[c], h[c + 1]);
+    if (!event_later(e, h[c])) break;
+    h[i] = h[c];
+    i = c;
+    c = 2 * i + 1;
+  }
+  if (c + 1 == n && event_later(e, h[c])) {
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = e;
+}
 }  // namespace
 
 void FlowNetwork::push_event(int64_t level, int32_t sub, int32_t kind, int32_t idx) {
@@ -418,10 +446,11 @@ void FlowNetwork::freeze_tracked(int f, int64_t rate) {
   const Flow& fl = flows_[f];
   for (int i = 0; i < fl.path_len; ++i) {
     const int r = fl.path[i];
-    if (res_stamp_[r] != stamp_ || res_mode_[r] != kTracked) continue;
-    res_rem_[r] -= rate;
-    --res_unfrozen_[r];
-    if (res_rem_[r] < 0 || res_unfrozen_[r] < 0) internal("a tracked resource went over its capacity");
+    ResAcct& a = acct_[r];
+    if (a.stamp_mode != (stamp_ << 2 | kTracked)) continue;
+    a.rem -= rate;
+    --a.unfrozen;
+    if (a.rem < 0 || a.unfrozen < 0) internal("a tracked resource went over its capacity");
   }
 }
 
@@ -443,8 +472,8 @@ void FlowNetwork::advance(int r, int64_t level, int sub) {
     }
     const uint8_t st = (key_[p.flow].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[p.flow].mark & 3) : kFixed;
     if (st == kFixed || st == kFixedFrozen) {
-      res_rem_[r] -= p.point >> 1;
-      --res_unfrozen_[r];
+      acct_[r].rem -= p.point >> 1;
+      --acct_[r].unfrozen;
     }
     pool_[i] = pool_[c];
     pool_[c++] = p;
@@ -454,8 +483,8 @@ void FlowNetwork::advance(int r, int64_t level, int sub) {
 }
 
 void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
-  if (res_stamp_[r] == stamp_) return;  // already dirty in this attempt
-  res_stamp_[r] = stamp_;
+  if (dirty(r)) return;  // already dirty in this attempt
+  acct_[r].stamp_mode = stamp_ << 2 | kClean;
   const auto& list = res_flows_[r];
   auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
   if (force_stamp_[r] != update_id_ && level_[r] == kInf) {
@@ -473,12 +502,12 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
       need = std::min(kMaxRateUnits, need + most);
     }
     if (roomy || residual_[r] >= need) {
-      res_mode_[r] = kPassive;
+      acct_[r].stamp_mode = stamp_ << 2 | kPassive;
       passive_.push_back(r);
       return;
     }
   }
-  res_mode_[r] = kTracked;
+  acct_[r].stamp_mode = stamp_ << 2 | kTracked;
   tracked_.push_back(r);
   ++num_tracked_;
   work_ += static_cast<int64_t>(list.size());
@@ -515,8 +544,8 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   pool_cursor_[r] = begin;
   pool_end_[r] = static_cast<int>(pool_.size());
   if (rem < 0) internal("a dirty resource is over its capacity");
-  res_rem_[r] = rem;
-  res_unfrozen_[r] = n;
+  acct_[r].rem = rem;
+  acct_[r].unfrozen = n;
   if (n > 0) {
     if (new_level_[r] != kInf) internal("a saturated resource has unfrozen flows");
     if (rem / n <= level) internal("a resource made dirty mid-step would saturate at the same level");
@@ -527,7 +556,7 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
 FlowNetwork::Attempt FlowNetwork::attempt_update() {
   if (++stamp_ == (1u << 30)) {  // wrapped: clear the stamps once every 2^30 attempts
     for (FlowKey& k : key_) k.mark = 0;
-    std::fill(res_stamp_.begin(), res_stamp_.end(), 0);
+    for (ResAcct& a : acct_) a.stamp_mode = kClean;
     stamp_ = 1;
   }
   events_.clear();
@@ -578,12 +607,12 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     if (!links_[f].active || !fill_mark_[f].fresh || !links_[f].demand_unreachable) continue;
     const Flow& fl = flows_[f];
     bool any_tracked = false;
-    for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = res_mode_[fl.path[i]] == kTracked;
+    for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = mode(fl.path[i]) == kTracked;
     if (any_tracked) continue;
     for (int i = 0; i < fl.path_len; ++i) {
       const int r = fl.path[i];
-      if (res_mode_[r] != kPassive) continue;  // a path may hold a resource twice
-      res_stamp_[r] = 0;  // stale entry in passive_: the checks below skip non-passive resources
+      if (mode(r) != kPassive) continue;  // a path may hold a resource twice
+      acct_[r].stamp_mode = kPassive;  // not dirty; a stale entry in passive_ (skipped below once tracked)
       force_stamp_[r] = update_id_;
       make_dirty(r, -1, 1);
     }
@@ -608,22 +637,28 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     candidates_.clear();
     while (!events_.empty() && events_.front().level == level) {
       const Event e = events_.front();
-      event_pop(events_);
       if (e.kind() == 2) {
+        event_pop(events_);
         candidates_.push_back(e.idx());
         continue;
       }
       const int r = e.idx();
       advance(r, level, 0);
-      if (res_unfrozen_[r] == 0) continue;
-      const int64_t share = res_rem_[r] / res_unfrozen_[r];
+      if (acct_[r].unfrozen == 0) {
+        event_pop(events_);
+        continue;
+      }
+      const int64_t share = acct_[r].rem / acct_[r].unfrozen;
+      if (share > level) {  // grown: the same event, re-keyed in place (one sift, not a pop and a push)
+        event_replace_top(events_, Event{share, e.key});
+        continue;
+      }
+      event_pop(events_);
       if (share == level) {
         if (new_level_[r] != level) {
           new_level_[r] = level;
           saturating_.push_back(r);
         }
-      } else if (share > level) {
-        push_event(share, 1, 0, r);
       } else {
         internal("a tracked resource's share fell below the filling level");
       }
@@ -663,7 +698,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
         bool held = false;
         for (int i = 0; i < fl.path_len && !held; ++i) {
           const int r = fl.path[i];
-          held = res_stamp_[r] != stamp_ && level_[r] == level;
+          held = !dirty(r) && level_[r] == level;
         }
         if (held) {
           set_status(f, kFixedFrozen);
@@ -676,7 +711,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     for (int f : spread_) {
       const Flow& fl = flows_[f];
       for (int i = 0; i < fl.path_len; ++i)
-        if (res_stamp_[fl.path[i]] != stamp_) make_dirty(fl.path[i], level, 1);
+        if (!dirty(fl.path[i])) make_dirty(fl.path[i], level, 1);
     }
   }
 
@@ -687,7 +722,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       const Flow& fl = flows_[f];
       for (int i = 0; i < fl.path_len; ++i) {
         const int r = fl.path[i];
-        if (res_stamp_[r] == stamp_ && res_mode_[r] == kPassive && force_stamp_[r] != update_id_) {
+        if (acct_[r].stamp_mode == (stamp_ << 2 | kPassive) && force_stamp_[r] != update_id_) {
           force_stamp_[r] = update_id_;
           forced = true;
         }
@@ -708,7 +743,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   move_residuals(1);
   bool ok = true;
   for (int r : passive_)
-    if (res_mode_[r] == kPassive && residual_[r] < static_cast<int64_t>(res_flows_[r].size())) {
+    if (mode(r) == kPassive && residual_[r] < static_cast<int64_t>(res_flows_[r].size())) {
       force_stamp_[r] = update_id_;
       ok = false;
     }
@@ -743,7 +778,7 @@ void FlowNetwork::update_rates() {
   }
   for (int r : tracked_) {
     advance(r, kInf, 1);
-    if (res_unfrozen_[r] != 0 || residual_[r] != res_rem_[r])
+    if (acct_[r].unfrozen != 0 || residual_[r] != acct_[r].rem)
       internal("a tracked resource's account differs from the committed rates");
     level_[r] = new_level_[r];
   }

@@ -737,6 +737,10 @@ void LayerSim::build_programs() {
   demands.reserve(transfers_.size());
   for (const Transfer& t : transfers_) demands.push_back(t.demand_gbps);
   net_.declare_demands(std::move(demands));
+  // An SM runs one transfer at a time (outside row-order groups), so its flow can take the SM's
+  // own slot: the flows of a GPU's SMs then lie together in the per-flow arrays, which is where
+  // a rate update's scans of a port's flows read.
+  net_.reserve_slots(static_cast<int>(programs_.size()));
 }
 
 void LayerSim::start_transfer(int agent, int tid, int64_t now) {
@@ -744,7 +748,7 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   tr.start_ns = now;
   int path[kMaxPathLen];
   const int n = path_for(tr.src, tr.dst, path);
-  const int f = net_.start_flow(path, n, tr.demand_gbps, tr.bytes);
+  const int f = net_.start_flow(path, n, tr.demand_gbps, tr.bytes, tr.in_group ? -1 : agent);
   ++num_flows_;
   if (static_cast<size_t>(f) >= flow_state_.size()) {
     flow_state_.resize(f + 1);

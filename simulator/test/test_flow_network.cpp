@@ -90,5 +90,24 @@ TEST(FlowNetwork, FinishedFlowsCreditExactBytesToTheirPath) {
   EXPECT_EQ(net.resource_bytes()[b], 1234 + 77);
 }
 
+TEST(FlowNetwork, ReservedSlotsGoOnlyToTheirCallers) {
+  FlowNetwork net;
+  const int a = net.add_resource(10.0, "a");
+  int path[1] = {a};
+  net.reserve_slots(4);
+  EXPECT_EQ(net.start_flow(path, 1, 1e9, 1, 2), 2);
+  const int plain = net.start_flow(path, 1, 1e9, 1);
+  EXPECT_GE(plain, 4) << "a flow without a slot must not take a reserved index";
+  const int busy = net.start_flow(path, 1, 1e9, 1, 2);  // slot 2 is taken: any free index
+  EXPECT_GE(busy, 4);
+  EXPECT_NE(busy, plain);
+  net.finish_flow(2);
+  EXPECT_EQ(net.start_flow(path, 1, 1e9, 1, 2), 2) << "a finished slot is free for its caller again";
+  net.finish_flow(plain);
+  EXPECT_EQ(net.start_flow(path, 1, 1e9, 1), plain) << "an unreserved index is reused";
+  net.update_rates();
+  for (int f : net.active_flows()) EXPECT_EQ(net.flow(f).rate_units, rate_units(10.0) / 3);
+}
+
 }  // namespace
 }  // namespace mok::sim

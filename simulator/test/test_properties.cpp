@@ -204,5 +204,57 @@ RC_GTEST_PROP(FlowNetworkProperty, IncrementalUpdateEqualsFullRecompute, ()) {
          inc.num_full_fallbacks() > 0 ? "a fallback" : "no fallback");
 }
 
+// Which index a flow gets (a reserved slot or a free index) changes nothing but the index: a
+// network whose flows take random slots gives, flow for flow, the rates and changed flows of one
+// without slots, through incremental updates.
+RC_GTEST_PROP(FlowNetworkProperty, SlotsDoNotChangeRates, ()) {
+  const int gpus = *rc::gen::inRange(2, 7);
+  const int num_slots = *rc::gen::inRange(0, 12);
+  FlowNetwork with, without;
+  with.reserve_slots(num_slots);
+  std::vector<int> out, in;
+  for (FlowNetwork* net : {&with, &without}) {
+    out.clear();
+    in.clear();
+    for (int g = 0; g < gpus; ++g) {
+      out.push_back(net->add_resource(g % 3 == 0 ? 40.0 : 100.0, "out"));
+      in.push_back(net->add_resource(g % 2 == 0 ? 100.0 : 60.0, "in"));
+    }
+  }
+  std::vector<std::pair<int, int>> live;  // (index with slots, index without)
+  const int batches = *rc::gen::inRange(2, 30);
+  for (int b = 0; b < batches; ++b) {
+    const int changes = *rc::gen::inRange(1, 8);
+    for (int k = 0; k < changes; ++k) {
+      if (!live.empty() && *rc::gen::inRange(0, 3) == 0) {
+        const size_t at = *rc::gen::inRange<size_t>(0, live.size());
+        with.finish_flow(live[at].first);
+        without.finish_flow(live[at].second);
+        live.erase(live.begin() + static_cast<long>(at));
+        continue;
+      }
+      int path[2] = {out[*rc::gen::inRange(0, gpus)], in[*rc::gen::inRange(0, gpus)]};
+      const double demand = *rc::gen::element(12.5, 25.0, 50.0, 1e6);
+      const int slot = *rc::gen::inRange(-1, num_slots + 2);
+      const int a = with.start_flow(path, 2, demand, 1000, slot);
+      const int c = without.start_flow(path, 2, demand, 1000);
+      for (const auto& [x, y] : live) RC_ASSERT(x != a);
+      live.emplace_back(a, c);
+    }
+    with.update_rates();
+    without.update_rates();
+    std::vector<int> map(static_cast<size_t>(num_slots) + 64 * 30 + 64, -1);
+    for (const auto& [x, y] : live) {
+      RC_ASSERT(with.flow(x).rate_units == without.flow(y).rate_units);
+      map[static_cast<size_t>(x)] = y;
+    }
+    std::vector<int> cw, cn = without.changed_flows();
+    for (int f : with.changed_flows()) cw.push_back(map[static_cast<size_t>(f)]);
+    std::sort(cw.begin(), cw.end());
+    std::sort(cn.begin(), cn.end());
+    RC_ASSERT(cw == cn);
+  }
+}
+
 }  // namespace
 }  // namespace mok::sim

@@ -55,8 +55,14 @@ class FlowNetwork {
   // Optional, for speed: every demand value flows will use (any order, repeats allowed). A
   // demand not declared here is added when its first flow starts (a slower path).
   void declare_demands(const std::vector<double>& demands_gbps);
+  // Optional, for memory locality, before the first flow: flow indices [0, num_slots) are given
+  // only to start_flow() calls that name them as their slot (e.g. one per issuing SM, so that
+  // the flows of one GPU's SMs lie together in every per-flow array); other flows get indices
+  // from num_slots up.
+  void reserve_slots(int num_slots);
   // Starts a flow with rate 0; rates are stale until recompute_rates(), update_rates() or admit().
-  int start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes);
+  // Its index is `slot` when that is a reserved slot with no active flow, else a free index.
+  int start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot = -1);
   // Ends a flow (its bytes are credited to the resources on its path).
   void finish_flow(int flow_idx);
   // Max-min fair rates by a full progressive filling over every active flow.
@@ -111,7 +117,8 @@ class FlowNetwork {
     uint32_t admitted_epoch = 0;             // valid while this equals epoch_
   };
   std::vector<Links> links_;
-  std::vector<int> free_flows_;
+  std::vector<int> free_flows_;  // free indices from num_slots_ up
+  int num_slots_ = 0;
   std::vector<int> active_;        // active flow indices (order: a function of the call sequence)
   std::vector<int> active_pos_;    // flow -> position in active_
   int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0;
@@ -152,11 +159,22 @@ class FlowNetwork {
     int idx() const { return static_cast<int>(static_cast<uint32_t>(key)); }
   };
   std::vector<Event> events_;
-  std::vector<uint32_t> res_stamp_, force_stamp_;
+  std::vector<uint32_t> force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
-  std::vector<uint8_t> res_mode_;
-  std::vector<int64_t> res_rem_, new_level_;
-  std::vector<int> res_unfrozen_;
+  std::vector<int64_t> new_level_;
+  // A resource's account in the current attempt, in one 16-byte entry (a frozen flow's path
+  // reads and writes it per resource): dirty in this attempt iff stamp_mode >> 2 == stamp_,
+  // mode (clean, tracked, passive) in the low 2 bits; a tracked resource's remaining capacity and
+  // unfrozen flows.
+  struct ResAcct {
+    int64_t rem = 0;
+    uint32_t stamp_mode = 0;
+    int32_t unfrozen = 0;
+  };
+  static_assert(sizeof(ResAcct) == 16, "four resource accounts per cache line");
+  std::vector<ResAcct> acct_;
+  bool dirty(int r) const { return (acct_[r].stamp_mode >> 2) == stamp_; }
+  uint8_t mode(int r) const { return static_cast<uint8_t>(acct_[r].stamp_mode & 3); }
   std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, with their old
   // freezing points (advance() accounts for them lazily as the filling passes their points), and

@@ -9,6 +9,7 @@ expect_exit "$bench" 2 "multiple of 256" --I 200
 expect_exit "$bench" 2 "--wgrad-rows" --wgrad-rows 100
 expect_exit "$bench" 2 "--epilogue" --epilogue bogus
 expect_exit "$bench" 2 "--fwd1-stores" --fwd1-stores half
+expect_exit "$bench" 2 "--stagger-us" --stagger-us -3
 expect_exit "$bench" 2 "--M" --M 5
 expect_exit "$bench" 0 "tile engine" --help
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then

@@ -90,9 +90,11 @@ template <int kMode>
 }
 // fwd1: silu(g), silu'(g) and u in fp32 and act in bf16, as the layer's phase 1 (a.fwd1_stores
 // leaves out some of the stores; the values are computed either way and kept alive).
+template <bool kNormal = false>
 [[maybe_unused]] __device__ __forceinline__ void store_gate_up(const Args& a, int64_t idx, float g0, float g1, float u0, float u1) {
   if (a.store) {
-    const mok::spec::SiluPair s0 = mok::spec::silu_and_grad_f32(g0), s1 = mok::spec::silu_and_grad_f32(g1);
+    const mok::spec::SiluPair s0 = kNormal ? mok::spec::silu_and_grad_f32_normal(g0) : mok::spec::silu_and_grad_f32(g0),
+                              s1 = kNormal ? mok::spec::silu_and_grad_f32_normal(g1) : mok::spec::silu_and_grad_f32(g1);
     const uint32_t act = pack2(mok::spec::swiglu_act_pre(s0.silu, u0), mok::spec::swiglu_act_pre(s1.silu, u1));
     if (a.fwd1_stores & 1) {
       *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(s0.silu, s1.silu);
@@ -190,10 +192,16 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
             store_gate_up4(a, (m0 + i) * a.N + n0 + j, g, u, valid);
           }));
     } else if constexpr (kMode == kFwd1) {
-      gemm_fast<0, 0, true, kTileNFast>(smem, a.K, rows, cols, kmajor(mp, m0), kmajor(mp + 1, n0), kmajor(mp + 2, n0),
-                                        [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
-                                          store_gate_up(a, (m0 + i) * a.N + n0 + j, g0, g1, u0, u1);
-                                        });
+      // As the layer's phase 1: the forms without range tests when every gate value allows them.
+      gemm_fast<0, 0, true, kTileNFast>(
+          smem, a.K, rows, cols, kmajor(mp, m0), kmajor(mp + 1, n0), kmajor(mp + 2, n0),
+          ranged_pairs([](float v) { return mok::spec::silu_normal_range(v); },
+                       [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
+                         store_gate_up<true>(a, (m0 + i) * a.N + n0 + j, g0, g1, u0, u1);
+                       },
+                       [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
+                         store_gate_up<false>(a, (m0 + i) * a.N + n0 + j, g0, g1, u0, u1);
+                       }));
     } else if constexpr (kBulk) {  // wgrad: fp32 rows by bulk copies, as the layer's weight gradients
       static_assert(kMode == kWgrad, "bulk rows: the weight-gradient mode");
       gemm_fast<1, 1, false, kTileNWide>(smem, a.K, rows, cols, mnmajor(mp, 0, m0), mnmajor(mp + 1, 0, n0),

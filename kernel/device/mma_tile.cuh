@@ -467,6 +467,27 @@ __device__ __forceinline__ void bulk_wait_all() {
 #endif
 }
 
+// A pair epilogue with a fast form that holds only on a range of the first tile's values (the
+// forward's SwiGLU: exp and the reciprocal without their range tests, spec::silu_normal_range).
+// gemm_fast tests every value of c once with in_range(v), then runs fast(...) on the whole tile
+// when all pass and general(...) otherwise (both with epilogue(i, j, ...)'s arguments). fast
+// must give general's bits wherever in_range holds. Run on the whole tile, the fast form is
+// straight-line code whose elements' chains the compiler can interleave; the general form's
+// branches (one or more per element) leave it one chain at a time.
+template <class Test, class Fast, class General>
+struct RangedPairs {
+  static constexpr bool kRanged = true;
+  Test in_range;
+  Fast fast;
+  General general;
+};
+template <class Test, class Fast, class General>
+__device__ __forceinline__ RangedPairs<Test, Fast, General> ranged_pairs(Test t, Fast f, General g) {
+  return RangedPairs<Test, Fast, General>{t, f, g};
+}
+template <class E>
+inline constexpr bool kIsRangedEpilogue = requires { E::kRanged; };
+
 // Row-epilogue staging in the ring: fp32 rows of 256 values (kDual: c at 0..127, c2 at 128..255)
 // padded by 8 floats, so that a half-warp's float2 fragment stores hit 32 different banks; then
 // the 128 row keys.
@@ -637,19 +658,37 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
   } else {
+    // kAll: the tile is full (every pair is inside it), so no pair needs a test.
+    auto pairs = [&](auto&& epi, auto all) {
 #pragma unroll
-    for (int j = 0; j < NJ; ++j)
+      for (int j = 0; j < NJ; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row
-        const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
-        if (i < rows && jj < cols) {
-          if constexpr (kDual)
-            epilogue(i, jj, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
-          else
-            epilogue(i, jj, acc[j][e], acc[j][e + 1]);
+        for (int e = 0; e < 4; ++e) {
+          if (e & 1) continue;  // elements e, e + 1 are columns jj, jj + 1 of one row
+          const int64_t i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
+          if (decltype(all)::value || (i < rows && jj < cols)) {
+            if constexpr (kDual)
+              epi(i, jj, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
+            else
+              epi(i, jj, acc[j][e], acc[j][e + 1]);
+          }
         }
-      }
+    };
+    if constexpr (kIsRangedEpilogue<Epilogue>) {
+      bool in = true;  // every value of c (inside the tile or not: a stricter test is still right)
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) in = in & epilogue.in_range(acc[j][e]);
+      if (in && rows == kTileM && cols == kBN)
+        pairs(epilogue.fast, std::true_type{});
+      else if (in)
+        pairs(epilogue.fast, std::false_type{});
+      else
+        pairs(epilogue.general, std::false_type{});
+    } else {
+      pairs(epilogue, std::false_type{});
+    }
   }
 #else
   // The host only selects the fast engine for sm_90a code; reaching this is a launch error.

@@ -738,16 +738,30 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
     const FastOperand A = kmajor(am, p0);
     const FastOperand B = kmajor(routed ? &maps.w_routed_gate : &maps.w_shared_gate, wrow);
     const FastOperand B2 = kmajor(routed ? &maps.w_routed_up : &maps.w_shared_up, wrow);
-    gemm_fast<0, 0, true, kTileNFast>(smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
-                          [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
-                            const int64_t idx = (p0 + i) * N + n0 + j;
-                            const spec::SiluPair s0 = spec::silu_and_grad_f32(g0), s1 = spec::silu_and_grad_f32(g1);
-                            *reinterpret_cast<float2*>(gsilu + idx) = make_float2(s0.silu, s1.silu);
-                            *reinterpret_cast<float2*>(gdsilu + idx) = make_float2(s0.grad, s1.grad);
-                            *reinterpret_cast<float2*>(up + idx) = make_float2(u0, u1);
-                            *reinterpret_cast<uint32_t*>(act + idx) =
-                                pack2(spec::swiglu_act_pre(s0.silu, u0), spec::swiglu_act_pre(s1.silu, u1));
-                          });
+    // normal: every gate value of the tile is in spec::silu_normal_range (the forms without
+    // range tests; same bits).
+    auto swiglu = [&](auto normal) {
+      return [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
+        const int64_t idx = (p0 + i) * N + n0 + j;
+        spec::SiluPair s0, s1;
+        if constexpr (decltype(normal)::value) {
+          s0 = spec::silu_and_grad_f32_normal(g0);
+          s1 = spec::silu_and_grad_f32_normal(g1);
+        } else {
+          s0 = spec::silu_and_grad_f32(g0);
+          s1 = spec::silu_and_grad_f32(g1);
+        }
+        *reinterpret_cast<float2*>(gsilu + idx) = make_float2(s0.silu, s1.silu);
+        *reinterpret_cast<float2*>(gdsilu + idx) = make_float2(s0.grad, s1.grad);
+        *reinterpret_cast<float2*>(up + idx) = make_float2(u0, u1);
+        *reinterpret_cast<uint32_t*>(act + idx) =
+            pack2(spec::swiglu_act_pre(s0.silu, u0), spec::swiglu_act_pre(s1.silu, u1));
+      };
+    };
+    gemm_fast<0, 0, true, kTileNFast>(
+        smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
+        ranged_pairs([](float v) { return spec::silu_normal_range(v); }, swiglu(std::true_type{}),
+                     swiglu(std::false_type{})));
   } else {
     auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
     gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wg[col * H + k]; },

@@ -1,7 +1,8 @@
 // mok-recip-probe: the device's division-free reciprocal (spec::frcp_ge1, the sigmoid's 1 / b)
 // against the IEEE reciprocal for every fp32 b in [1, +Inf] on the GPU present, then the
 // device's exp/sigmoid/silu/silu' against the host's (the spec's definitions) on 2^24 inputs
-// spread over [-110, 100] and 2^22 random bit patterns. Exit 0: identical bits everywhere;
+// spread over [-110, 100] and 2^22 random bit patterns; and the SwiGLU forms without range tests
+// (the forward epilogue's) against the general ones for every |x| <= 87. Exit 0: identical bits everywhere;
 // 1: a difference (the first ones printed); 3: no GPU.
 #include "mok/cuda_check.hpp"
 #include "mok/spec/math.hpp"
@@ -24,6 +25,24 @@ __global__ void recip_kernel(unsigned long long* mismatches, uint32_t* first) {
     const uint32_t bits = kOne + static_cast<uint32_t>(i);
     const float b = __uint_as_float(bits);
     if (__float_as_uint(mok::spec::frcp_ge1(b)) != __float_as_uint(__frcp_rn(b))) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first, bits);
+    }
+  }
+}
+
+// The forms without range tests (spec::silu_and_grad_f32_normal, exp_f32_normal) against the
+// general ones for every fp32 x with |x| <= 87 (spec::silu_normal_range), both signs.
+constexpr uint32_t kNormalLimit = 0x42AE0000u;  // 87.0f
+__global__ void normal_kernel(unsigned long long* mismatches, uint32_t* first) {
+  const uint64_t n = 2 * (uint64_t{kNormalLimit} + 1);
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint32_t bits = static_cast<uint32_t>(i >> 1) | (static_cast<uint32_t>(i & 1) << 31);
+    const float x = __uint_as_float(bits);
+    const mok::spec::SiluPair a = mok::spec::silu_and_grad_f32_normal(x), b = mok::spec::silu_and_grad_f32(x);
+    if (!mok::spec::silu_normal_range(x) || __float_as_uint(a.silu) != __float_as_uint(b.silu) ||
+        __float_as_uint(a.grad) != __float_as_uint(b.grad) ||
+        __float_as_uint(mok::spec::exp_f32_normal(-x)) != __float_as_uint(mok::spec::exp_f32(-x))) {
       atomicAdd(mismatches, 1ull);
       atomicMin(first, bits);
     }
@@ -78,6 +97,20 @@ int main() {
               uint64_t{kInf} - kOne + 1, prop.name, prop.major, prop.minor, m);
   if (m) {
     std::printf("  first differing b: bits 0x%08X\n", f);
+    fails = 1;
+  }
+
+  CK(cudaMemset(mism, 0, sizeof(*mism)));
+  CK(cudaMemset(first, 0xFF, sizeof(*first)));
+  normal_kernel<<<prop.multiProcessorCount * 8, 256>>>(mism, first);
+  CK(cudaGetLastError());
+  CK(cudaMemcpy(&m, mism, sizeof(m), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&f, first, sizeof(f), cudaMemcpyDeviceToHost));
+  std::printf("silu_and_grad_f32_normal and exp_f32_normal vs the general forms, every |x| <= 87 (%" PRIu64
+              " values): %llu differ\n",
+              2 * (uint64_t{kNormalLimit} + 1), m);
+  if (m) {
+    std::printf("  first differing x: bits 0x%08X\n", f);
     fails = 1;
   }
 

@@ -64,6 +64,30 @@ RC_GTEST_PROP(SpecMath, SiluPairAndPreFormsGiveTheDefinitionsBits, ()) {
   RC_ASSERT(swiglu_grad_up_pre(d, p.silu) == swiglu_grad_up(d, g));
 }
 
+// The device's forward epilogue uses the forms without range tests on tiles whose gate values
+// all pass silu_normal_range: there they must give the general forms' bits (mok-recip-probe
+// checks every such fp32 value on the GPU; here, arbitrary values in the range and a sweep).
+RC_GTEST_PROP(SpecMath, SiluNormalRangeFormGivesTheGeneralBits, ()) {
+  const uint32_t mag = *rc::gen::inRange<uint32_t>(0u, 0x42AE0001u);  // |x| in [0, 87]
+  const float x = f32_from_bits(mag | (*rc::gen::arbitrary<bool>() ? 0x80000000u : 0u));
+  RC_ASSERT(silu_normal_range(x));
+  const SiluPair a = silu_and_grad_f32_normal(x), b = silu_and_grad_f32(x);
+  RC_ASSERT(f32_bits(a.silu) == f32_bits(b.silu));
+  RC_ASSERT(f32_bits(a.grad) == f32_bits(b.grad));
+  RC_ASSERT(f32_bits(exp_f32_normal(-x)) == f32_bits(exp_f32(-x)));
+}
+
+TEST(SpecMath, SiluNormalRangeEdges) {
+  for (uint32_t bits = 0x42AD0000u; bits <= 0x42AE0000u; bits += 7) {  // up to 87 itself
+    for (float x : {f32_from_bits(bits), -f32_from_bits(bits)}) {
+      ASSERT_TRUE(silu_normal_range(x)) << x;
+      ASSERT_EQ(f32_bits(silu_and_grad_f32_normal(x).grad), f32_bits(silu_and_grad_f32(x).grad)) << x;
+      ASSERT_EQ(f32_bits(exp_f32_normal(-x)), f32_bits(exp_f32(-x))) << x;
+    }
+  }
+  for (float x : {87.00001f, -87.00001f, 88.0f, -100.0f, NAN, INFINITY, -INFINITY}) EXPECT_FALSE(silu_normal_range(x)) << x;
+}
+
 TEST(SpecMath, SiluIsTheFixedOperationSequence) {
   // The bits are defined by the sequence x * (1 / (1 + exp(-x))), every step rounded.
   for (float x : {-5.5f, -1.0f, -0.1f, 0.0f, 0.3f, 2.0f, 9.75f}) {

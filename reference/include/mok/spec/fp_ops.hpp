@@ -75,6 +75,17 @@ MOK_HD float frcp_ge1(float b) {
 #endif
 }
 
+// frcp_ge1 for b in [1, 2^126] (and only there): its first branch alone, with no range test.
+MOK_HD float frcp_ge1_normal(float b) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
+  return __fmaf_rn(__fmaf_rn(-b, y, 1.0f), y, y);
+#else
+  return 1.0f / b;
+#endif
+}
+
 // Fused multiply-add with a single rounding: a*b + c.
 MOK_HD float ffma(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)

@@ -65,4 +65,42 @@ MOK_HD SiluPair silu_and_grad_f32(float x) {
   return {fmul(x, s), silu_grad_from_sigmoid(x, s)};
 }
 
+// The same functions for |x| <= 87 without a range test or branch (the device's forward
+// epilogue runs them on a whole tile at once when every gate value is in that range, so the
+// compiler can interleave the elements' chains; kernel/README.md, "Forward phase 1"). In that
+// range exp_f32(-x) takes no early return and 2^n is normal (|x * log2(e)| <= 125.6, so n lies in
+// [-126, 126]), and 1 + exp(-x) <= 1 + e^87 < 2^126, where frcp_ge1 takes its first branch: every
+// operation is the one the general form performs, on the same values, so the bits are the same
+// (test_math.cpp: SiluNormalRangeFormGivesTheGeneralBits, and mok-recip-probe on the GPU).
+MOK_HD bool silu_normal_range(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x) <= 87.0f;  // false for NaN
+#else
+  return (x < 0.0f ? -x : x) <= 87.0f;
+#endif
+}
+MOK_HD float exp_f32_normal(float x) {
+  constexpr float kLog2e = 1.44269502162933349609375f;
+  constexpr float kLn2Hi = 0.693145751953125f;
+  constexpr float kLn2Lo = 1.428606765330187045e-06f;
+  const float shifted = fadd(fmul(x, kLog2e), 12582912.0f);
+  const float nf = fsub(shifted, 12582912.0f);
+  const int n = static_cast<int>(nf);
+  float r = ffma(-nf, kLn2Hi, x);
+  r = ffma(-nf, kLn2Lo, r);
+  float p = 1.98412698e-4f;
+  p = ffma(p, r, 1.38888889e-3f);
+  p = ffma(p, r, 8.33333377e-3f);
+  p = ffma(p, r, 4.16666679e-2f);
+  p = ffma(p, r, 1.66666672e-1f);
+  p = ffma(p, r, 0.5f);
+  p = ffma(p, r, 1.0f);
+  p = ffma(p, r, 1.0f);
+  return fmul(p, f32_from_bits(static_cast<uint32_t>(n + 127) << 23));
+}
+MOK_HD SiluPair silu_and_grad_f32_normal(float x) {
+  const float s = frcp_ge1_normal(fadd(1.0f, exp_f32_normal(-x)));
+  return {fmul(x, s), silu_grad_from_sigmoid(x, s)};
+}
+
 }  // namespace mok::spec

@@ -174,6 +174,15 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "interpreter for --torch (needs torch with torch._grouped_mm)")
       ->capture_default_str();
   app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
+  std::string gather = "threads";
+  int fwd_comm = 0;
+  app.add_option("--fwd-comm-sms", fwd_comm, "the forward's communication blocks per rank (0: as --comm-sms)")
+      ->capture_default_str();
+  app.add_option("--gather", gather,
+                 "how the forward's communication blocks move x rows: threads (loads and stores) or bulk (TMA bulk "
+                 "copies through shared memory; fast engine, virtual transport)")
+      ->check(CLI::IsMember({"threads", "bulk"}))
+      ->capture_default_str();
   app.add_flag("--trace", trace,
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
                "memory while it runs): per-block marks and sums of waiting, GEMM and publishing time "
@@ -263,6 +272,8 @@ int main(int argc, char** argv) {
     ko.comm_blocks_per_rank = comm;
     ko.blocks_per_rank = blocks;
     ko.disable_tma = no_tma;
+    ko.bulk_gather = gather == "bulk";
+    ko.forward_comm_blocks_per_rank = fwd_comm;
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
     ko.row_capacity = std::max<int64_t>(1, mok::kernel::rows_per_rank(cfg, tk));  // workspace for this routing
     int64_t rows = 0;
@@ -334,7 +345,8 @@ int main(int argc, char** argv) {
         traced.forward(di, o);  // warm: maps, caches
         traced.forward(di, o);
         traced.check_errors();
-        print_trace("forward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
+        print_trace("forward", traced.trace(), fwd_comm > 0 ? fwd_comm : traced.comm_blocks_per_rank(),
+                    traced.blocks_per_rank());
         if (backward) {
           traced.backward(di, o);
           traced.check_errors();

@@ -37,13 +37,14 @@ struct Role {
   int count;         // blocks in the role
 };
 
-__device__ inline Role my_role(const LaunchParams& P) {
+__device__ inline Role my_role(const LaunchParams& P, bool forward) {
+  const int comm = forward ? P.comm_blocks_forward : P.comm_blocks_per_rank;
   Role r;
   r.rank = P.first_rank + static_cast<int>(blockIdx.x) / P.blocks_per_rank;
   r.block = static_cast<int>(blockIdx.x) % P.blocks_per_rank;
-  r.comm = r.block < P.comm_blocks_per_rank;
-  r.index = r.comm ? r.block : r.block - P.comm_blocks_per_rank;
-  r.count = r.comm ? P.comm_blocks_per_rank : P.blocks_per_rank - P.comm_blocks_per_rank;
+  r.comm = r.block < comm;
+  r.index = r.comm ? r.block : r.block - comm;
+  r.count = r.comm ? comm : P.blocks_per_rank - comm;
   return r;
 }
 
@@ -289,6 +290,93 @@ __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint
     if (lane == 0) atomicMax(&ready[p], P.epoch);
   }
 }
+
+#if defined(MOK_WGMMA)
+// The forward's gather by bulk copies (LaunchParams::bulk_gather, sm_90a): the same rows, bytes
+// and flags as gather_rows<false>, moved global -> shared -> global by the TMA unit
+// (cp.async.bulk) through the idle ring instead of through registers. A thread's loads and
+// stores keep only 16 KiB of a block in flight (Little's law gives the 20-25 GB/s per SM that
+// mok-bench's traces show); here lane 0 of each warp runs its own pipeline of up to eight row
+// slots, so a block keeps up to the whole 192 KiB ring in flight. Rows go to (block, warp) in the
+// same interleaved order as gather_rows, so row tiles become ready in about row order.
+inline constexpr int kBulkSlotsPerWarp = 8;
+inline constexpr int kBulkBarBytes = kWarps * kBulkSlotsPerWarp * 8;  // the mbarriers, at the ring's end
+// Warps that run a pipeline (at least two slots each where rows allow) and slots per warp; 0 when a
+// row does not fit twice in the ring (the caller gathers with threads then).
+__device__ inline void bulk_gather_shape(int64_t row_bytes, int& warps, int& slots) {
+  const int64_t slot = (row_bytes + 127) / 128 * 128, room = kRingBytes - kBulkBarBytes;
+  const int64_t total = room / slot;
+  warps = static_cast<int>(total / 2 < kWarps ? total / 2 : kWarps);
+  slots = warps > 0 ? static_cast<int>(total / warps < kBulkSlotsPerWarp ? total / warps : kBulkSlotsPerWarp) : 0;
+}
+template <class Source>
+__device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role, uint8_t* smem, uint16_t* dst,
+                                        uint32_t* ready, Source source, int warps, int slots) {
+  const spec::LayerConfig& c = P.cfg;
+  const RankState& S = P.state[role.rank];
+  const int64_t H = c.hidden, T = c.tokens_per_rank;
+  const int64_t n_rows = S.expert_offsets[c.experts_per_rank()];
+  const uint32_t bytes = static_cast<uint32_t>(H * 2);  // a multiple of 16 (H is a multiple of 64 here)
+  const int64_t slot_bytes = (int64_t{bytes} + 127) / 128 * 128;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < warps && lane == 0) {
+    uint8_t* base = smem + static_cast<int64_t>(warp) * slots * slot_bytes;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kRingBytes - kBulkBarBytes) + warp * kBulkSlotsPerWarp;
+    for (int q = 0; q < slots; ++q)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bars[q])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    const int64_t first = static_cast<int64_t>(role.index) * warps + warp, stride = static_cast<int64_t>(role.count) * warps;
+    const int64_t mine = first < n_rows ? (n_rows - first + stride - 1) / stride : 0;
+    auto row_of = [&](int64_t k) { return first + k * stride; };
+    auto load = [&](int64_t k) {
+      const int q = static_cast<int>(k % slots);
+      const RowRef row = S.rows[row_of(k)];
+      const uint16_t* src = source(P.peers[row.token_idx / T]) + (row.token_idx % T) * H;
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&bars[q])), "r"(bytes)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+              smem_u32(base + q * slot_bytes)),
+          "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(&bars[q]))
+          : "memory");
+    };
+    // A row's flag goes up once its store has completed: its writes are then visible to this
+    // thread, and the release makes them visible to whoever acquires the flag (wait_rows, which
+    // then orders them before its TMA loads). Stores are waited for kLag behind the newest and
+    // flags raised kBatch at a time after one fence, so neither the write latency nor the fence
+    // is paid per row (a lag of 2 and a fence per row ran at 13 GB/s per SM on qwen3 rows).
+    constexpr int64_t kLag = 8, kBatch = 4;
+    int64_t raised = 0;  // rows [0, raised) of this pipeline have their flags up
+    auto raise_to = [&](int64_t end) {
+      async_proxy_fence();
+      __threadfence();
+      for (; raised < end; ++raised) atomicMax(&ready[row_of(raised)], P.epoch);
+    };
+    for (int64_t k = 0; k < slots && k < mine; ++k) load(k);
+    for (int64_t k = 0; k < mine; ++k) {
+      const int q = static_cast<int>(k % slots);
+      mbar_wait(&bars[q], static_cast<uint32_t>((k / slots) & 1));
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
+                       reinterpret_cast<uint64_t>(dst + row_of(k) * H)),
+                   "r"(smem_u32(base + q * slot_bytes)), "r"(bytes)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      // Row k - 1's slot takes row k - 1 + slots once its store has read it.
+      asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+      if (k >= 1 && k - 1 + slots < mine) load(k - 1 + slots);
+      if (k + 1 - kLag >= raised + kBatch) {  // stores of rows up to k - kLag have completed after this wait
+        asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kLag) : "memory");
+        raise_to(k + 1 - kLag);
+      }
+    }
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    raise_to(mine);
+    for (int q = 0; q < slots; ++q) asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&bars[q])) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // before TMA loads overwrite the barriers
+  }
+  __syncthreads();  // the ring is free again for the GEMMs' TMA loads
+}
+#endif
 
 // Waits until rows [p0, p0 + n) of a gathered tensor are ready (thread i waits for row i).
 __device__ inline bool wait_rows(const LaunchParams& P, const Role& role, const uint32_t* ready, int64_t p0, int64_t n,
@@ -845,7 +933,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
 
 __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchParams* params) {
   const LaunchParams& P = *params;
-  const Role role = my_role(P);
+  const Role role = my_role(P, true);
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);
@@ -865,7 +953,17 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   if (!rank_barrier(P, role.rank)) return;
   trace_mark(P, kTrPlanned);
 
-  if (role.comm) gather_rows<false>(P, role, S.xd, S.row_ready, [](const PeerBuffers& b) { return b.x; });
+  if (role.comm) {
+    auto x_of = [](const PeerBuffers& b) { return b.x; };
+#if defined(MOK_WGMMA)
+    int warps = 0, slots = 0;
+    if (P.bulk_gather) bulk_gather_shape(H * 2, warps, slots);
+    if (warps > 0)
+      gather_rows_bulk(P, role, smem, S.xd, S.row_ready, x_of, warps, slots);
+    else
+#endif
+      gather_rows<false>(P, role, S.xd, S.row_ready, x_of);
+  }
   trace_mark(P, kTrGathered);
   if (!run_phases<TableAt::kStatic>(
           P, role, smem, c.intermediate, c.shared_intermediate, width_dual(P),
@@ -1218,7 +1316,7 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
 
 __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchParams* params) {
   const LaunchParams& P = *params;
-  const Role role = my_role(P);
+  const Role role = my_role(P, false);
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);

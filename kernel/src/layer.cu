@@ -130,6 +130,10 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   if (options_.comm_blocks_per_rank < 1 || options_.comm_blocks_per_rank >= blocks_per_rank_)
     throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
                 std::to_string(blocks_per_rank_) + "); 0 picks blocks_per_rank - 1");
+  if (options_.forward_comm_blocks_per_rank == 0) options_.forward_comm_blocks_per_rank = options_.comm_blocks_per_rank;
+  if (options_.forward_comm_blocks_per_rank < 1 || options_.forward_comm_blocks_per_rank >= blocks_per_rank_)
+    throw Error("kernel: forward_comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
+                std::to_string(blocks_per_rank_) + "); 0 takes comm_blocks_per_rank");
 
   const int64_t T = cfg.tokens_per_rank, H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
                 K = cfg.top_k, G = cfg.num_tokens(), El = cfg.experts_per_rank();
@@ -143,6 +147,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   P.first_rank = first_rank;
   P.blocks_per_rank = blocks_per_rank_;
   P.comm_blocks_per_rank = options_.comm_blocks_per_rank;
+  P.comm_blocks_forward = options_.forward_comm_blocks_per_rank;
   P.silent_rank = options.silent_rank;
   P.row_capacity = cap;
   P.timeout_ns = static_cast<uint64_t>(options.wait_timeout_s * 1e9);
@@ -240,6 +245,9 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
                   ErrorKind::kInternal);
   }
   host_.fast = fast_ ? 1 : 0;
+  // Bulk copies of peer rows are checked on one GPU only (the virtual rack); the NCCL transport
+  // (system scope) keeps the thread gather until it runs on several GPUs.
+  host_.bulk_gather = fast_ && options_.bulk_gather && !host_.system_scope ? 1 : 0;
   MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));

@@ -134,17 +134,21 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
   ref::TensorMap want = ref::emulate(base, in);
   for (auto& [p, t] : in) want[p] = t;
   for (int R : ranks)
-    for (int blocks : {0, 3}) {
-      spec::LayerConfig cfg = base;
-      cfg.num_ranks = R;
-      cfg.tokens_per_rank = base.num_tokens() / R;
-      kernel::KernelOptions o;
-      o.blocks_per_rank = blocks;
-      ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
-      if (R > 1)
-        for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
-      expect_bitwise(want, got, cfg, "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks));
-    }
+    for (int blocks : {0, 3})
+      for (bool bulk : {false, true}) {  // the forward's gather by threads, then by bulk copies
+        spec::LayerConfig cfg = base;
+        cfg.num_ranks = R;
+        cfg.tokens_per_rank = base.num_tokens() / R;
+        kernel::KernelOptions o;
+        o.blocks_per_rank = blocks;
+        o.bulk_gather = bulk;
+        ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
+        if (R > 1)
+          for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
+        expect_bitwise(want, got, cfg,
+                       "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks) +
+                           (bulk ? " bulk gather" : ""));
+      }
 }
 
 // Runs the forward on routing that host validation would reject (uploaded directly) and expects
@@ -223,11 +227,13 @@ void check_determinism(const spec::LayerConfig& base) {
         o.comm_blocks_per_rank = comm;
         o.blocks_per_rank = 6;
         o.disable_tma = run % 2 == 1;  // sm_90a: TMA-filled and thread-filled tiles alternate
+        o.bulk_gather = run == 2;      // and the forward's gather by bulk copies once,
+        if (run == 2) o.forward_comm_blocks_per_rank = 6 - comm;  // with its own count of gathering blocks
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         // Shared-expert weight gradients are per rank by contract: compare the rest.
         for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
         const std::string name = "R=" + std::to_string(R) + " comm=" + std::to_string(comm) + " run=" + std::to_string(run) +
-                                 (o.disable_tma ? " (no TMA)" : "");
+                                 (o.disable_tma ? " (no TMA)" : "") + (o.bulk_gather ? " (bulk gather, forward comm=" + std::to_string(o.forward_comm_blocks_per_rank) + ")" : "");
         if (first.empty()) {
           first = got;
           first_name = name;
@@ -326,6 +332,11 @@ TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   EXPECT_THROW(kernel::Layer(cfg, o), Error);
   o.comm_blocks_per_rank = 4;
   o.blocks_per_rank = 4;  // no block left to compute
+  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  o.comm_blocks_per_rank = 1;
+  o.forward_comm_blocks_per_rank = 4;  // the forward's count, likewise
+  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  o.forward_comm_blocks_per_rank = -2;
   EXPECT_THROW(kernel::Layer(cfg, o), Error);
 }
 

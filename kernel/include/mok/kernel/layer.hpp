@@ -19,6 +19,11 @@ struct KernelOptions {
   double wait_timeout_s = 10.0;  // bound on every wait for a flag; a timeout ends the pass with a diagnostic
   int silent_rank = -1;          // testing only: this rank never runs (its peers must time out)
   bool disable_tma = false;      // sm_90a: fill every tile with threads instead of TMA (same bits)
+  int forward_comm_blocks_per_rank = 0;  // the forward's own count (0: comm_blocks_per_rank); with
+                                        // bulk_gather few blocks move the rows as fast as many
+  bool bulk_gather = false;      // fast engine, virtual rack: the forward's communication blocks move x rows
+                                 // with TMA bulk copies through shared memory instead of thread loads and
+                                 // stores (the same bytes; kernel/README.md, "How a pass runs")
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing
   bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp);

@@ -157,7 +157,8 @@ struct LaunchParams {
   int32_t first_rank;             // the launch holds ranks first_rank .. first_rank + gridDim/blocks_per_rank - 1
                                   // (0 and all of them for the virtual rack; its own rank for NCCL)
   int32_t blocks_per_rank;
-  int32_t comm_blocks_per_rank;
+  int32_t comm_blocks_per_rank;   // the backward's communication blocks per rank
+  int32_t comm_blocks_forward;    // the forward's
   int32_t silent_rank;            // testing: this rank does nothing (-1: none)
   int64_t row_capacity;           // rows each rank's workspace holds
   uint32_t epoch;                 // increases every launch; row-ready flags compare against it
@@ -168,6 +169,7 @@ struct LaunchParams {
   RankTensorMaps maps[kMaxRanks];
   int32_t fast;                   // 1: the fast engine (sm_90a, TMA maps valid, H, I, Is multiples of 64)
   int32_t system_scope;           // 1: peers are other GPUs: cross-rank signals use system-scope fences
+  int32_t bulk_gather;            // 1: the forward gathers x rows by TMA bulk copies (fast engine only; same bytes)
   ErrorRecord* error;
   uint32_t* abort;
   uint64_t* trace;                // kTraceSlots words per block, or nullptr (no profile)

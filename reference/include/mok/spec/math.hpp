@@ -16,17 +16,15 @@ MOK_HD float exp2_int(int n) {
 // Cody-Waite reduction x = n*ln2 + r with |r| <= ln2/2, then a degree-7 polynomial for e^r
 // (Horner, explicit fma), then one exact-or-singly-rounded scaling by 2^n.
 // Max error about 1.5 ulp over the normal range; exp(x) = 0 for x < -104, +Inf for x > 88.8.
-MOK_HD float exp_f32(float x) {
-  if (x != x) return x;                      // NaN propagates
-  if (x > 88.72283935546875f) return f32_from_bits(0x7F800000u);  // > ln(FLT_MAX)
-  if (x < -104.0f) return 0.0f;
+// exp_reduce returns p = e^r in [0.70, 1.42] and sets n (for x in [-104, 88.8]).
+MOK_HD float exp_reduce(float x, int& n) {
   constexpr float kLog2e = 1.44269502162933349609375f;
   constexpr float kLn2Hi = 0.693145751953125f;           // 16 significant bits: n*kLn2Hi exact
   constexpr float kLn2Lo = 1.428606765330187045e-06f;
   // n = round-to-nearest of x*log2(e); 12582912 = 1.5*2^23 forces rounding to an integer.
   const float shifted = fadd(fmul(x, kLog2e), 12582912.0f);
   const float nf = fsub(shifted, 12582912.0f);
-  const int n = static_cast<int>(nf);
+  n = static_cast<int>(nf);
   float r = ffma(-nf, kLn2Hi, x);
   r = ffma(-nf, kLn2Lo, r);
   // Taylor coefficients 1/k! rounded to fp32 (|r| <= 0.3466: truncation error < 2^-26).
@@ -37,8 +35,15 @@ MOK_HD float exp_f32(float x) {
   p = ffma(p, r, 1.66666672e-1f);            // 1/6
   p = ffma(p, r, 0.5f);
   p = ffma(p, r, 1.0f);
-  p = ffma(p, r, 1.0f);
-  // p in [0.70, 1.42]; scale by 2^n where every step but the last is exact.
+  return ffma(p, r, 1.0f);
+}
+MOK_HD float exp_f32(float x) {
+  if (x != x) return x;                      // NaN propagates
+  if (x > 88.72283935546875f) return f32_from_bits(0x7F800000u);  // > ln(FLT_MAX)
+  if (x < -104.0f) return 0.0f;
+  int n;
+  const float p = exp_reduce(x, n);
+  // Scale by 2^n where every step but the last is exact.
   if (n > 127) return fmul(fmul(p, 2.0f), exp2_int(n - 1));
   if (n < -149) return fmul(fmul(p, 0.5f), exp2_int(n + 1));
   return fmul(p, exp2_int(n));  // 2^n is exact even when subnormal: one rounding
@@ -80,22 +85,8 @@ MOK_HD bool silu_normal_range(float x) {
 #endif
 }
 MOK_HD float exp_f32_normal(float x) {
-  constexpr float kLog2e = 1.44269502162933349609375f;
-  constexpr float kLn2Hi = 0.693145751953125f;
-  constexpr float kLn2Lo = 1.428606765330187045e-06f;
-  const float shifted = fadd(fmul(x, kLog2e), 12582912.0f);
-  const float nf = fsub(shifted, 12582912.0f);
-  const int n = static_cast<int>(nf);
-  float r = ffma(-nf, kLn2Hi, x);
-  r = ffma(-nf, kLn2Lo, r);
-  float p = 1.98412698e-4f;
-  p = ffma(p, r, 1.38888889e-3f);
-  p = ffma(p, r, 8.33333377e-3f);
-  p = ffma(p, r, 4.16666679e-2f);
-  p = ffma(p, r, 1.66666672e-1f);
-  p = ffma(p, r, 0.5f);
-  p = ffma(p, r, 1.0f);
-  p = ffma(p, r, 1.0f);
+  int n;
+  const float p = exp_reduce(x, n);
   return fmul(p, f32_from_bits(static_cast<uint32_t>(n + 127) << 23));
 }
 MOK_HD SiluPair silu_and_grad_f32_normal(float x) {

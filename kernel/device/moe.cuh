@@ -294,8 +294,8 @@ __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint
 #if defined(MOK_WGMMA)
 // The forward's gather by bulk copies (LaunchParams::bulk_gather, sm_90a): the same rows, bytes
 // and flags as gather_rows<false>, moved global -> shared -> global by the TMA unit
-// (cp.async.bulk) through the idle ring instead of through registers. A thread's loads and
-// stores keep only 16 KiB of a block in flight (Little's law gives the 20-25 GB/s per SM that
+// (cp.async.bulk) through the idle ring instead of through registers. The thread gather keeps
+// only 16 KiB per block in flight (Little's law then gives the 20-25 GB/s per SM that
 // mok-bench's traces show); here lane 0 of each warp runs its own pipeline of up to eight row
 // slots, so a block keeps up to the whole 192 KiB ring in flight. Rows go to (block, warp) in the
 // same interleaved order as gather_rows, so row tiles become ready in about row order.

@@ -254,8 +254,7 @@ void FlowNetwork::recompute_rates() {
     epoch_ = 1;
   }
   const int num_res = num_resources();
-  rem_cap_.assign(capacity_.begin(), capacity_.end());
-  unfrozen_count_.resize(num_res);
+  fill_.resize(num_res);
   std::fill(level_.begin(), level_.end(), kInf);
   // Min-heap of (share, resource); stale entries are skipped on pop. Freezing a flow at a level
   // <= a resource's share never lowers that share (floor((rem - s) / (n - 1)) >= floor(rem / n)
@@ -263,8 +262,9 @@ void FlowNetwork::recompute_rates() {
   // when it has grown.
   heap_.clear();
   for (int r = 0; r < num_res; ++r) {
-    unfrozen_count_[r] = static_cast<int>(res_flows_[r].size());
-    if (unfrozen_count_[r] > 0) heap_.emplace_back(rem_cap_[r] / unfrozen_count_[r], r);
+    const int64_t n = static_cast<int64_t>(res_flows_[r].size());
+    fill_[r] = FillAcct{capacity_[r], n};
+    if (n > 0) heap_.emplace_back(capacity_[r] / n, r);
   }
   share_heapify(heap_);
   int num_unfrozen = static_cast<int>(active_.size());
@@ -288,8 +288,8 @@ void FlowNetwork::recompute_rates() {
     --num_unfrozen;
     for (int i = 0; i < f.path_len; ++i) {
       const int r = f.path[i];
-      rem_cap_[r] -= rate;
-      --unfrozen_count_[r];
+      fill_[r].rem -= rate;
+      --fill_[r].unfrozen;
     }
   };
   // Cursor over non-empty demand classes, ascending.
@@ -308,11 +308,11 @@ void FlowNetwork::recompute_rates() {
     int64_t share = kInf;
     while (!heap_.empty()) {
       const auto [s, r] = heap_.front();
-      if (unfrozen_count_[r] == 0) {
+      if (fill_[r].unfrozen == 0) {
         share_pop(heap_);
         continue;
       }
-      const int64_t current = rem_cap_[r] / unfrozen_count_[r];
+      const int64_t current = fill_[r].rem / fill_[r].unfrozen;
       if (current > s) {
         share_sift_down(heap_, 0, ShareEntry{current, r});  // the top, re-keyed
         continue;
@@ -338,11 +338,11 @@ void FlowNetwork::recompute_rates() {
     saturating_.clear();
     while (!heap_.empty() && heap_.front().first == share) {
       const int r = heap_.front().second;
-      if (unfrozen_count_[r] == 0) {
+      if (fill_[r].unfrozen == 0) {
         share_pop(heap_);
         continue;
       }
-      const int64_t current = rem_cap_[r] / unfrozen_count_[r];
+      const int64_t current = fill_[r].rem / fill_[r].unfrozen;
       if (current == share) {
         share_pop(heap_);
         if (level_[r] != share) {
@@ -364,7 +364,7 @@ void FlowNetwork::recompute_rates() {
     }
   }
   if (num_unfrozen != 0) internal("progressive filling left flows without a rate");
-  residual_ = rem_cap_;
+  for (int r = 0; r < num_res; ++r) residual_[r] = fill_[r].rem;
   pending_flows_.clear();
   pending_resources_.clear();
 }

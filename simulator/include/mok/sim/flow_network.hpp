@@ -134,8 +134,12 @@ class FlowNetwork {
   std::vector<int> pending_resources_;
   std::vector<int> changed_;
   // scratch for recompute_rates()
-  std::vector<int64_t> rem_cap_;
-  std::vector<int> unfrozen_count_;
+  // A resource's remaining capacity and unfrozen flows, side by side (a freeze updates both).
+  struct FillAcct {
+    int64_t rem = 0;
+    int64_t unfrozen = 0;
+  };
+  std::vector<FillAcct> fill_;
   // Per flow, what every freeze of recompute_rates() reads and writes, in 8 bytes rather than
   // in the flow's Links (another cache line per frozen flow): frozen in this recompute iff
   // frozen_epoch == epoch_; fresh = started since the last assignment.

@@ -345,8 +345,7 @@ int main(int argc, char** argv) {
         traced.forward(di, o);  // warm: maps, caches
         traced.forward(di, o);
         traced.check_errors();
-        print_trace("forward", traced.trace(), fwd_comm > 0 ? fwd_comm : traced.comm_blocks_per_rank(),
-                    traced.blocks_per_rank());
+        print_trace("forward", traced.trace(), traced.forward_comm_blocks_per_rank(), traced.blocks_per_rank());
         if (backward) {
           traced.backward(di, o);
           traced.check_errors();

@@ -376,6 +376,7 @@ std::vector<uint64_t> Layer::trace(void* stream) const {
   return impl_->core.read_trace(static_cast<cudaStream_t>(stream));
 }
 int Layer::comm_blocks_per_rank() const { return impl_->core.options().comm_blocks_per_rank; }
+int Layer::forward_comm_blocks_per_rank() const { return impl_->core.options().forward_comm_blocks_per_rank; }
 bool Layer::uses_tma() const { return impl_->core.uses_tma(); }
 const uint16_t* Layer::y_slots() const { return impl_->y_slots; }
 const uint16_t* Layer::dx_slots() const { return impl_->dx_slots; }

@@ -88,6 +88,7 @@ class Layer {
 
   int blocks_per_rank() const;
   int comm_blocks_per_rank() const;
+  int forward_comm_blocks_per_rank() const;  // the forward's (KernelOptions::forward_comm_blocks_per_rank, resolved)
   bool uses_tma() const;  // true when the fast engine runs (sm_90a, TMA, H, I, Is multiples of 64)
   // Device pointers of the slot buffers [G, K, H] (intermediates y and dx_slot, for checking).
   const uint16_t* y_slots() const;

@@ -43,6 +43,17 @@ MOK_HD float fdiv(float a, float b) {
 #endif
 }
 
+// frcp_ge1 (below) for b in [1, 2^126] (and only there): its first branch alone, with no range test.
+MOK_HD float frcp_ge1_normal(float b) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
+  return __fmaf_rn(__fmaf_rn(-b, y, 1.0f), y, y);
+#else
+  return 1.0f / b;
+#endif
+}
+
 // 1 / b rounded to nearest even, for b >= 1 (and NaN): the same bits as fdiv(1.0f, b). The
 // sigmoid's only division; the device computes it without the IEEE division routine (whose range
 // check and slow-path call sit in every epilogue that uses it): the hardware reciprocal estimate
@@ -53,11 +64,8 @@ MOK_HD float fdiv(float a, float b) {
 // present (ctest label gpu).
 MOK_HD float frcp_ge1(float b) {
 #if defined(__CUDA_ARCH__)
+  if (b <= 0x1p126f) return frcp_ge1_normal(b);
   float y;
-  if (b <= 0x1p126f) {
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
-    return __fmaf_rn(__fmaf_rn(-b, y, 1.0f), y, y);
-  }
   if (b != b || b == __int_as_float(0x7F800000)) return b != b ? b : 0.0f;
   const float bs = __fmul_rn(b, 0x1p-64f);  // exact: [2^62, 2^64)
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(bs));
@@ -70,17 +78,6 @@ MOK_HD float frcp_ge1(float b) {
     q = __fsub_rn(q, 0x1p-149f);  // below the lower one
   }
   return q;
-#else
-  return 1.0f / b;
-#endif
-}
-
-// frcp_ge1 for b in [1, 2^126] (and only there): its first branch alone, with no range test.
-MOK_HD float frcp_ge1_normal(float b) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
-  return __fmaf_rn(__fmaf_rn(-b, y, 1.0f), y, y);
 #else
   return 1.0f / b;
 #endif

@@ -174,14 +174,22 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "interpreter for --torch (needs torch with torch._grouped_mm)")
       ->capture_default_str();
   app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
-  std::string gather = "threads";
+  std::string gather = "bulk";
   int fwd_comm = 0;
-  app.add_option("--fwd-comm-sms", fwd_comm, "the forward's communication blocks per rank (0: as --comm-sms)")
+  app.add_option("--fwd-comm-sms", fwd_comm,
+                 "the forward's communication blocks per rank (0: with --gather bulk 16, or --comm-sms if fewer; "
+                 "with threads --comm-sms)")
       ->capture_default_str();
   app.add_option("--gather", gather,
-                 "how the forward's communication blocks move x rows: threads (loads and stores) or bulk (TMA bulk "
-                 "copies through shared memory; fast engine, virtual transport)")
+                 "how the forward's communication blocks move x rows: bulk (TMA bulk copies through shared memory; "
+                 "fast engine, ranks on one GPU; elsewhere threads run) or threads (loads and stores)")
       ->check(CLI::IsMember({"threads", "bulk"}))
+      ->capture_default_str();
+  std::string swiglu = "fragments";
+  app.add_option("--swiglu", swiglu,
+                 "the forward's gate/up epilogue: fragments (each thread on its accumulators) or staged (the tile "
+                 "through shared memory, a warp per row, 16-byte stores; fast engine); the same bits")
+      ->check(CLI::IsMember({"fragments", "staged"}))
       ->capture_default_str();
   app.add_flag("--trace", trace,
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
@@ -273,6 +281,7 @@ int main(int argc, char** argv) {
     ko.blocks_per_rank = blocks;
     ko.disable_tma = no_tma;
     ko.bulk_gather = gather == "bulk";
+    ko.staged_swiglu = swiglu == "staged";
     ko.forward_comm_blocks_per_rank = fwd_comm;
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
     ko.row_capacity = std::max<int64_t>(1, mok::kernel::rows_per_rank(cfg, tk));  // workspace for this routing

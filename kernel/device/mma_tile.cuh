@@ -488,6 +488,27 @@ __device__ __forceinline__ RangedPairs<Test, Fast, General> ranged_pairs(Test t,
 template <class E>
 inline constexpr bool kIsRangedEpilogue = requires { E::kRanged; };
 
+// The row form of a ranged epilogue: gemm_fast tests every value of c in the fragment with
+// in_range(v) before it stages the tile, and when every thread's values pass, every row goes
+// through fast.store (a RowEpilogue's store), otherwise through general.store. The rows'
+// stores then run with the accumulators dead, so the compiler has the registers to interleave
+// the elements' chains.
+template <class Key, class Test, class Fast, class General>
+struct RangedRows {
+  static constexpr bool kRows = true;
+  static constexpr bool kRangedRows = true;
+  Key key;
+  Test in_range;
+  Fast fast;
+  General general;
+};
+template <class Key, class Test, class Fast, class General>
+__device__ __forceinline__ RangedRows<Key, Test, Fast, General> ranged_rows(Key k, Test t, Fast f, General g) {
+  return RangedRows<Key, Test, Fast, General>{k, t, f, g};
+}
+template <class E>
+inline constexpr bool kIsRangedRows = requires { E::kRangedRows; };
+
 // Row-epilogue staging in the ring: fp32 rows of 256 values (kDual: c at 0..127, c2 at 128..255)
 // padded by 8 floats, so that a half-warp's float2 fragment stores hit 32 different banks; then
 // the 128 row keys.
@@ -603,6 +624,13 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
       asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
   if constexpr (kIsRowEpilogue<Epilogue> || kIsBulkEpilogue<Epilogue>) {
+    [[maybe_unused]] bool in = true;  // RangedRows: every value of c passes in_range (as for RangedPairs)
+    if constexpr (kIsRangedRows<Epilogue>) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) in = in & epilogue.in_range(acc[j][e]);
+    }
     // The ring is idle: every loaded chunk was consumed and both warpgroups' wgmma are done.
     float* staged = reinterpret_cast<float*>(smem.ring);
     [[maybe_unused]] int64_t* keys = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset);
@@ -634,23 +662,35 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     }
     if constexpr (kIsRowEpilogue<Epilogue>) {
       if (threadIdx.x < rows) keys[threadIdx.x] = epilogue.key(threadIdx.x);
-      __syncthreads();
+      const bool all_in = __syncthreads_and(in);
       constexpr int kCols = kDual ? 128 : kBN;  // columns of c per row: 128 per pass of a warp
-      for (int64_t i = warp; i < rows; i += kWarps) {
-        const int64_t key = keys[i];
-        const float* row = staged + i * kStageRowFloats;
+      auto by_row = [&](auto&& store) {
+#pragma unroll 4
+        for (int64_t i = warp; i < rows; i += kWarps) {
+          const int64_t key = keys[i];
+          const float* row = staged + i * kStageRowFloats;
 #pragma unroll
-        for (int h = 0; h < kCols / 128; ++h) {
-          const int j = h * 128 + 4 * lane;
-          if (j < cols) {
-            const int valid = cols - j < 4 ? static_cast<int>(cols - j) : 4;
-            const float4 v = *reinterpret_cast<const float4*>(row + j);
-            if constexpr (kDual)
-              epilogue.store(i, key, j, v, *reinterpret_cast<const float4*>(row + 128 + j), valid);
-            else
-              epilogue.store(i, key, j, v, valid);
+          for (int h = 0; h < kCols / 128; ++h) {
+            const int j = h * 128 + 4 * lane;
+            if (j < cols) {
+              const int valid = cols - j < 4 ? static_cast<int>(cols - j) : 4;
+              const float4 v = *reinterpret_cast<const float4*>(row + j);
+              if constexpr (kDual)
+                store(i, key, j, v, *reinterpret_cast<const float4*>(row + 128 + j), valid);
+              else
+                store(i, key, j, v, valid);
+            }
           }
         }
+      };
+      if constexpr (kIsRangedRows<Epilogue>) {
+        if (all_in)
+          by_row(epilogue.fast);
+        else
+          by_row(epilogue.general);
+      } else {
+        (void)all_in;
+        by_row(epilogue.store);
       }
       // The staged tile and keys were ordinary (generic-proxy) shared-memory accesses; the next
       // tile's TMA loads (async proxy) reuse the ring after its first barrier. Order the two

@@ -846,10 +846,39 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
             pack2(spec::swiglu_act_pre(s0.silu, u0), spec::swiglu_act_pre(s1.silu, u1));
       };
     };
-    gemm_fast<0, 0, true, kTileNFast>(
-        smem, H, n, min(static_cast<int64_t>(kTileNFast), N - n0), A, B, B2,
-        ranged_pairs([](float v) { return spec::silu_normal_range(v); }, swiglu(std::true_type{}),
-                     swiglu(std::false_type{})));
+    const int64_t cols = min(static_cast<int64_t>(kTileNFast), N - n0);
+    auto in_range = [](float v) { return spec::silu_normal_range(v); };
+    if (P.staged_swiglu) {
+      // The same values through the ring, a warp per row (RangedRows): four adjacent columns per
+      // lane, 16-byte stores.
+      auto swiglu4 = [&](auto normal) {
+        return [&](int64_t, int64_t key, int j, const float4& g, const float4& u, int valid) {
+          const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
+          float sv[4], dv[4];
+          uint16_t av[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const spec::SiluPair sp =
+                decltype(normal)::value ? spec::silu_and_grad_f32_normal(gv[q]) : spec::silu_and_grad_f32(gv[q]);
+            sv[q] = sp.silu;
+            dv[q] = sp.grad;
+            av[q] = spec::swiglu_act_pre(sp.silu, uv[q]);
+          }
+          const int64_t idx = key + j;
+          store4_f32(gsilu + idx, make_float4(sv[0], sv[1], sv[2], sv[3]), valid);
+          store4_f32(gdsilu + idx, make_float4(dv[0], dv[1], dv[2], dv[3]), valid);
+          store4_f32(up + idx, u, valid);
+          store4_bf16(act + idx, av[0], av[1], av[2], av[3], valid);
+        };
+      };
+      gemm_fast<0, 0, true, kTileNFast>(
+          smem, H, n, cols, A, B, B2,
+          ranged_rows([&](int64_t i) { return (p0 + i) * N + n0; }, in_range, swiglu4(std::true_type{}),
+                      swiglu4(std::false_type{})));
+    } else {
+      gemm_fast<0, 0, true, kTileNFast>(smem, H, n, cols, A, B, B2,
+                                        ranged_pairs(in_range, swiglu(std::true_type{}), swiglu(std::false_type{})));
+    }
   } else {
     auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
     gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wg[col * H + k]; },

@@ -130,10 +130,17 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   if (options_.comm_blocks_per_rank < 1 || options_.comm_blocks_per_rank >= blocks_per_rank_)
     throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
                 std::to_string(blocks_per_rank_) + "); 0 picks blocks_per_rank - 1");
-  if (options_.forward_comm_blocks_per_rank == 0) options_.forward_comm_blocks_per_rank = options_.comm_blocks_per_rank;
+  // The forward's: with the bulk gather, 16 blocks move the rows as fast as 131 and leave the
+  // others to the GEMMs (BENCHMARKS.md, twelfth session); with threads, every block is needed.
+  forward_comm_defaulted_ = options_.forward_comm_blocks_per_rank == 0;
+  if (forward_comm_defaulted_)
+    options_.forward_comm_blocks_per_rank = fast_ && options_.bulk_gather
+                                                ? std::min(kDefaultBulkGatherBlocks, options_.comm_blocks_per_rank)
+                                                : options_.comm_blocks_per_rank;
   if (options_.forward_comm_blocks_per_rank < 1 || options_.forward_comm_blocks_per_rank >= blocks_per_rank_)
     throw Error("kernel: forward_comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
-                std::to_string(blocks_per_rank_) + "); 0 takes comm_blocks_per_rank");
+                std::to_string(blocks_per_rank_) + "); 0 picks min(" + std::to_string(kDefaultBulkGatherBlocks) +
+                ", comm_blocks_per_rank) with the bulk gather, comm_blocks_per_rank without");
 
   const int64_t T = cfg.tokens_per_rank, H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
                 K = cfg.top_k, G = cfg.num_tokens(), El = cfg.experts_per_rank();
@@ -248,6 +255,7 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   // Bulk copies of peer rows are checked on one GPU only (the virtual rack); the NCCL transport
   // (system scope) keeps the thread gather until it runs on several GPUs.
   host_.bulk_gather = fast_ && options_.bulk_gather && !host_.system_scope ? 1 : 0;
+  host_.staged_swiglu = fast_ && options_.staged_swiglu ? 1 : 0;
   MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));

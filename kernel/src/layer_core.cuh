@@ -61,13 +61,20 @@ class LayerCore {
   bool uses_tma() const { return fast_; }
   PeerBuffers& peer(int r) { return host_.peers[r]; }
   // Peers on other GPUs (NCCL with several GPUs): signals across ranks use system scope.
-  void set_system_scope(bool on) { host_.system_scope = on ? 1 : 0; }
+  // The bulk gather is off there (LayerCore::launch), so a defaulted forward count goes back to
+  // comm_blocks_per_rank (16 thread-gathering blocks are slower than many).
+  void set_system_scope(bool on) {
+    host_.system_scope = on ? 1 : 0;
+    if (on && forward_comm_defaulted_)
+      host_.comm_blocks_forward = options_.forward_comm_blocks_per_rank = options_.comm_blocks_per_rank;
+  }
   std::vector<void*>& owned() { return owned_; }
 
  private:
   KernelOptions options_;
   int first_rank_ = 0, local_ranks_ = 0, blocks_per_rank_ = 0;
   bool hopper_ = false, fast_ = false;
+  bool forward_comm_defaulted_ = false;  // options.forward_comm_blocks_per_rank was 0
   size_t smem_bytes_ = 0;
   uint32_t epoch_ = 0;
   std::vector<void*> owned_;

@@ -135,19 +135,21 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
   for (auto& [p, t] : in) want[p] = t;
   for (int R : ranks)
     for (int blocks : {0, 3})
-      for (bool bulk : {false, true}) {  // the forward's gather by threads, then by bulk copies
+      for (int variant : {0, 1, 2}) {  // defaults (bulk gather, fragment SwiGLU); thread gather; staged SwiGLU
+        const bool bulk = variant != 1, staged = variant == 2;
         spec::LayerConfig cfg = base;
         cfg.num_ranks = R;
         cfg.tokens_per_rank = base.num_tokens() / R;
         kernel::KernelOptions o;
         o.blocks_per_rank = blocks;
         o.bulk_gather = bulk;
+        o.staged_swiglu = staged;
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         if (R > 1)
           for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
         expect_bitwise(want, got, cfg,
                        "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks) +
-                           (bulk ? " bulk gather" : ""));
+                           (bulk ? "" : " thread gather") + (staged ? " staged SwiGLU" : ""));
       }
 }
 
@@ -227,13 +229,15 @@ void check_determinism(const spec::LayerConfig& base) {
         o.comm_blocks_per_rank = comm;
         o.blocks_per_rank = 6;
         o.disable_tma = run % 2 == 1;  // sm_90a: TMA-filled and thread-filled tiles alternate
-        o.bulk_gather = run == 2;      // and the forward's gather by bulk copies once,
-        if (run == 2) o.forward_comm_blocks_per_rank = 6 - comm;  // with its own count of gathering blocks
+        o.bulk_gather = run != 2;      // the forward's gather by threads once (with TMA),
+        o.staged_swiglu = run == 2;    // that time with the gate/up epilogue through shared memory,
+        if (run == 0) o.forward_comm_blocks_per_rank = 6 - comm;  // and the forward's own gathering count once
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         // Shared-expert weight gradients are per rank by contract: compare the rest.
         for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
         const std::string name = "R=" + std::to_string(R) + " comm=" + std::to_string(comm) + " run=" + std::to_string(run) +
-                                 (o.disable_tma ? " (no TMA)" : "") + (o.bulk_gather ? " (bulk gather, forward comm=" + std::to_string(o.forward_comm_blocks_per_rank) + ")" : "");
+                                 (o.disable_tma ? " (no TMA)" : "") + (o.forward_comm_blocks_per_rank ? " (forward comm=" + std::to_string(o.forward_comm_blocks_per_rank) + ")" : "") +
+                                 (o.bulk_gather ? "" : " (thread gather)") + (o.staged_swiglu ? " (staged SwiGLU)" : "");
         if (first.empty()) {
           first = got;
           first_name = name;

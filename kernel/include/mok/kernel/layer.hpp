@@ -12,6 +12,10 @@
 
 namespace mok::kernel {
 
+// The forward's gathering blocks per rank when the bulk gather runs and
+// KernelOptions::forward_comm_blocks_per_rank is 0 (measured on the H200: BENCHMARKS.md).
+inline constexpr int kDefaultBulkGatherBlocks = 16;
+
 struct KernelOptions {
   int blocks_per_rank = 0;       // 0: as many as fit co-resident on the GPU, divided among ranks
   int comm_blocks_per_rank = 0;  // communication blocks of each rank (0: blocks_per_rank - 1, at least 1;
@@ -19,11 +23,16 @@ struct KernelOptions {
   double wait_timeout_s = 10.0;  // bound on every wait for a flag; a timeout ends the pass with a diagnostic
   int silent_rank = -1;          // testing only: this rank never runs (its peers must time out)
   bool disable_tma = false;      // sm_90a: fill every tile with threads instead of TMA (same bits)
-  int forward_comm_blocks_per_rank = 0;  // the forward's own count (0: comm_blocks_per_rank); with
-                                        // bulk_gather few blocks move the rows as fast as many
-  bool bulk_gather = false;      // fast engine, virtual rack: the forward's communication blocks move x rows
+  int forward_comm_blocks_per_rank = 0;  // the forward's own count (0: min(kDefaultBulkGatherBlocks,
+                                        // comm_blocks_per_rank) when the bulk gather runs, else
+                                        // comm_blocks_per_rank): with it few blocks move the rows as fast as many
+  bool bulk_gather = true;       // fast engine, virtual rack: the forward's communication blocks move x rows
                                  // with TMA bulk copies through shared memory instead of thread loads and
                                  // stores (the same bytes; kernel/README.md, "How a pass runs")
+  bool staged_swiglu = false;    // fast engine: the forward's gate/up epilogue (SwiGLU, silu' and the stores)
+                                 // reads the tile back from shared memory a row per warp instead of working
+                                 // on the accumulator fragments (the same bits; faster forward on qwen3 shapes,
+                                 // slower dsv3 backward measured: kernel/README.md, "Forward phase 1")
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing
   bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp);

@@ -170,6 +170,7 @@ struct LaunchParams {
   int32_t fast;                   // 1: the fast engine (sm_90a, TMA maps valid, H, I, Is multiples of 64)
   int32_t system_scope;           // 1: peers are other GPUs: cross-rank signals use system-scope fences
   int32_t bulk_gather;            // 1: the forward gathers x rows by TMA bulk copies (fast engine only; same bytes)
+  int32_t staged_swiglu;          // 1: the forward's gate/up epilogue goes through shared memory by rows (fast engine; same bits)
   ErrorRecord* error;
   uint32_t* abort;
   uint64_t* trace;                // kTraceSlots words per block, or nullptr (no profile)

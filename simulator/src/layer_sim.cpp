@@ -147,32 +147,35 @@ struct EventLater {
 // rate change moves the flow's entry instead of leaving stale copies behind. Ties go by flow
 // index, not by when the rate was set, so the order in which a rate update lists its changed
 // flows does not matter.
-// A later completion time is recorded in the entry (`due_ns`) without moving it: the entry's
-// key stays a lower bound of its due time, and an entry that reaches the top with key < due is
-// moved down then (normalize()). The top is then exact: every other entry's (due, flow) is at
-// least its (key, flow), which is at least the top's. A flow's rate changes hundreds of times
+// The completion time itself (the due time) is kept by the caller, in the flow's own state, and
+// an entry's key is only a lower bound of it: a later completion time costs no heap access at
+// all, and an entry that reaches the top with key < due is moved down then (normalize(), which
+// reads the due time through `due`). The top is then exact: every other entry's (due, flow) is
+// at least its (key, flow), which is at least the top's. A flow's rate changes hundreds of times
 // at 576 GPUs, and about half of the changes make it later.
 class CheckpointHeap {
  public:
   bool empty() const { return heap_.empty(); }
-  int top() {
-    normalize();
+  template <typename Due>
+  int top(Due&& due) {
+    normalize(due);
     return static_cast<int>(heap_[0].flow);
   }
-  int64_t top_time() {
-    normalize();
+  template <typename Due>
+  int64_t top_time(Due&& due) {
+    normalize(due);
     return heap_[0].time_ns;
   }
-  void set(int flow, int64_t time_ns) {
+  // The flow's key becomes at most time_ns (the flow is inserted when absent).
+  void lower(int flow, int64_t time_ns) {
     if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(flow + 1, -1);
     if (pos_[flow] < 0) {
       pos_[flow] = static_cast<int>(heap_.size());
-      heap_.push_back(Entry{time_ns, flow, time_ns});
+      heap_.push_back(Entry{time_ns, flow});
       sift_up(pos_[flow]);
       return;
     }
     const int i = pos_[flow];
-    heap_[i].due_ns = time_ns;
     if (time_ns < heap_[i].time_ns) {
       heap_[i].time_ns = time_ns;
       sift_up(i);
@@ -194,13 +197,13 @@ class CheckpointHeap {
  private:
   // Keys live in the heap entries (no indirection while sifting).
   struct Entry {
-    int64_t time_ns;  // the key: at most due_ns
+    int64_t time_ns;  // the key: at most the flow's due time
     int64_t flow;
-    int64_t due_ns;   // the completion time
   };
-  void normalize() {
-    while (heap_[0].time_ns < heap_[0].due_ns) {
-      heap_[0].time_ns = heap_[0].due_ns;
+  template <typename Due>
+  void normalize(Due&& due) {
+    for (int64_t d; heap_[0].time_ns < (d = due(static_cast<int>(heap_[0].flow)));) {
+      heap_[0].time_ns = d;
       sift_down(0);
     }
   }
@@ -395,6 +398,7 @@ class LayerSim {
     int64_t* piece;
     int32_t transfer, agent;
     int32_t next_piece, num_pieces;
+    int64_t due_ns;      // completion time at the current rate; INT64_MAX: none (not in checkpoints_)
   };
   static_assert(sizeof(FlowState) == 64, "a FlowState fills one cache line");
   std::vector<FlowState> flow_state_;               // by flow index
@@ -764,7 +768,7 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
     table[j] = cum;
   }
   flow_state_[f] = FlowState{now, 0.0, -1.0, table.empty() ? 0 : table[0], table.data(), tid, agent, 0,
-                             static_cast<int32_t>(tr.count)};
+                             static_cast<int32_t>(tr.count), INT64_MAX};
   checkpoints_.erase(f);
   new_flows_.push_back(f);
   dirty_ = true;
@@ -808,9 +812,12 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   const int64_t dt = rate > 0 ? delivery_ns(total - d, rate) : kNeverNs;
   if (dt >= kNeverNs) {
     checkpoints_.erase(f);
+    fs.due_ns = INT64_MAX;
     return;
   }
-  checkpoints_.set(f, now + dt);
+  // Later than before: the entry's key stays a lower bound, the heap is not touched.
+  if (now + dt < fs.due_ns) checkpoints_.lower(f, now + dt);
+  fs.due_ns = now + dt;
 }
 
 // Every chunk milestone of a completed flow, in piece order: those of its closed segments were
@@ -859,6 +866,7 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
   for (int i = 0; i < fl.path_len; ++i) res_bytes_phase_[tr.phase][fl.path[i]] += fl.total_bytes;
   const int agent = flow_state_[f].agent;
   checkpoints_.erase(f);
+  flow_state_[f].due_ns = INT64_MAX;
   dirty_ = true;
   net_.finish_flow(f);
   if (opt_.record_trace && tr.initiator < opt_.trace_max_gpus)
@@ -1311,17 +1319,18 @@ LayerResult LayerSim::run() {
   for (int agent = 0; agent < static_cast<int>(programs_.size()); ++agent) schedule(0, kAgentStep, agent);
 
   const int64_t kNever = INT64_MAX;
+  auto due = [this](int f) { return flow_state_[f].due_ns; };
   while (true) {
     const int64_t t_event = events_.empty() ? kNever : events_.top().time_ns;
-    const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time();
+    const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time(due);
     const int64_t now = std::min(t_event, t_flow);
     if (now == kNever) break;
     // Everything at `now`: flow completions first (in schedule order), then events (FIFO).
     while (true) {
       bool progressed = false;
-      while (!checkpoints_.empty() && checkpoints_.top_time() == now) {
+      while (!checkpoints_.empty() && checkpoints_.top_time(due) == now) {
         ++num_events_;
-        on_flow_complete(checkpoints_.top(), now);
+        on_flow_complete(checkpoints_.top(due), now);
         progressed = true;
       }
       while (!events_.empty() && events_.top().time_ns == now) {

@@ -153,7 +153,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   // is unfrozen, that resource's share is at most its capacity, so a saturation step comes first.
   int64_t smallest = kInf;
   for (int i = 0; i < path_len; ++i) smallest = std::min(smallest, capacity_[path[i]]);
-  l.demand_unreachable = f.demand_units > smallest;
+  key_[idx].demand_unreachable = f.demand_units > smallest;
   set_rate(idx, 0);
   l.admitted_bottleneck = kNotAdmitted;
   l.active = true;
@@ -606,7 +606,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     set_status(f, kFree);
     ++free_left;
     freed_.push_back(f);
-    if (!links_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
+    if (!key_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
   };
   auto freeze_new = [&](int f, int64_t rate) {
     set_status(f, kDone);
@@ -624,7 +624,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   // every resource on its path was guessed passive, the attempt would certainly be repeated
   // (free_left below), so those resources are tracked now, before the filling starts.
   for (int f : pending_flows_) {
-    if (!links_[f].active || !fill_mark_[f].fresh || !links_[f].demand_unreachable) continue;
+    if (!links_[f].active || !fill_mark_[f].fresh || !key_[f].demand_unreachable) continue;
     const Flow& fl = flows_[f];
     bool any_tracked = false;
     for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = mode(fl.path[i]) == kTracked;

@@ -247,6 +247,7 @@ int FlowNetwork::bottleneck(int flow_idx) const {
 void FlowNetwork::recompute_rates() {
   ++num_recomputes_;
   changed_.clear();
+  changed_rate_.clear();
   // A new epoch also ends every admit() choice (admitted_epoch is now stale).
   if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 recomputes
     for (FillMark& m : fill_mark_) m.frozen_epoch = 0;
@@ -283,6 +284,7 @@ void FlowNetwork::recompute_rates() {
     FillMark& m = fill_mark_[idx];
     if (m.fresh || f.rate_units != rate) {
       changed_.push_back(idx);
+      changed_rate_.push_back(rate);
       set_rate(idx, rate);  // an unchanged rate keeps its key (set_rate keeps it in step)
     }
     m.fresh = 0;
@@ -775,6 +777,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
 void FlowNetwork::update_rates() {
   ++update_id_;
   changed_.clear();
+  changed_rate_.clear();
   for (;;) {
     const Attempt a = attempt_update();
     if (a == Attempt::kDone) break;
@@ -792,7 +795,10 @@ void FlowNetwork::update_rates() {
     Flow& fl = flows_[f];
     FillMark& m = fill_mark_[f];
     const int64_t rate = key_[f].point;  // kDone: the new rate
-    if (m.fresh || rate != fl.rate_units) changed_.push_back(f);
+    if (m.fresh || rate != fl.rate_units) {
+      changed_.push_back(f);
+      changed_rate_.push_back(rate);
+    }
     m.fresh = 0;
     set_rate(f, rate);  // residual_ already moved (attempt_update)
   }

@@ -391,15 +391,18 @@ class LayerSim {
     int64_t seg_t0;      // current segment's start
     double seg_d0;       // bytes delivered at seg_t0
     double seg_rate;     // bytes per ns in this segment; -1 before the first assignment
-    int64_t next_cum;    // bytes through piece next_piece (the first without a milestone yet)
+    int64_t next_cum;    // bytes through piece next_piece (the first without a milestone yet);
+                         // kNoPiece when every piece has its milestone
     // The flow's piece table (flow_piece_ns_[f]'s storage, held here so that closing a segment
     // touches no other line of the engine's): entry j is the milestone time of piece j for
     // j < next_piece, the bytes through piece j for j >= next_piece.
     int64_t* piece;
-    int32_t transfer, agent;
-    int32_t next_piece, num_pieces;
+    int32_t transfer, next_piece;  // (the issuing SM is the transfer's initiator * S + sm)
     int64_t due_ns;      // completion time at the current rate; INT64_MAX: none (not in checkpoints_)
+    double total;        // the flow's bytes (here rather than read from the network's flow line)
   };
+  // The piece table's entry after the last piece, and next_cum once every piece has its milestone.
+  static constexpr int64_t kNoPiece = INT64_MIN;
   static_assert(sizeof(FlowState) == 64, "a FlowState fills one cache line");
   std::vector<FlowState> flow_state_;               // by flow index
   std::vector<std::vector<int64_t>> flow_piece_ns_;  // by flow index: storage of FlowState::piece
@@ -761,14 +764,15 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   // The bytes through each piece, read once here in piece order (a transfer's pieces lie
   // together in the piece table) rather than one at a time as segments close.
   std::vector<int64_t>& table = flow_piece_ns_[f];
-  table.resize(static_cast<size_t>(tr.count));
+  table.resize(static_cast<size_t>(tr.count) + 1);
   int64_t cum = 0;
   for (int64_t j = 0; j < tr.count; ++j) {
     cum += piece_wire_bytes(tr.phase, transfer_piece(tr, j), tr.src != tr.dst);
     table[j] = cum;
   }
-  flow_state_[f] = FlowState{now, 0.0, -1.0, table.empty() ? 0 : table[0], table.data(), tid, agent, 0,
-                             static_cast<int32_t>(tr.count), INT64_MAX};
+  table[tr.count] = kNoPiece;
+  flow_state_[f] = FlowState{now,       0.0, -1.0,      table[0], table.data(), tid, 0, INT64_MAX,
+                             static_cast<double>(net_.flow(f).total_bytes)};
   checkpoints_.erase(f);
   new_flows_.push_back(f);
   dirty_ = true;
@@ -778,21 +782,21 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
 // passes the bottleneck at t0 + ceil((bytes through j - d0) / rate); when that is after end_ns,
 // the piece and every later one are left to later segments.
 void LayerSim::close_segment(FlowState& fs, int64_t end_ns) {
-  while (fs.next_piece < fs.num_pieces) {
+  while (fs.next_cum != kNoPiece) {
     const int64_t dt =
         fs.seg_rate > 0 ? delivery_ns(static_cast<double>(fs.next_cum) - fs.seg_d0, fs.seg_rate) : kNeverNs;
     const int64_t t = dt >= kNeverNs ? kNeverNs : fs.seg_t0 + dt;
     if (t > end_ns) return;
     fs.piece[fs.next_piece] = t;
-    if (++fs.next_piece < fs.num_pieces) fs.next_cum = fs.piece[fs.next_piece];
+    fs.next_cum = fs.piece[++fs.next_piece];
   }
 }
 
 // A new constant-rate segment from `now`: the old one's milestones are found (a segment of zero
 // length carries none), then the completion is rescheduled.
 void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
-  const double total = static_cast<double>(net_.flow(f).total_bytes);
   FlowState& fs = flow_state_[f];
+  const double total = fs.total;
   double d = 0;
   if (fs.seg_rate >= 0) {
     d = fs.seg_d0;
@@ -801,7 +805,7 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
     // the next piece's end: if those bytes exceed what it delivered by 2^-40 of them, the exact
     // test in close_segment() would find the milestone after `now` (the rounding of d and of
     // the division there is below 2^-50 relative), so it is skipped.
-    if (now > fs.seg_t0 && fs.seg_rate > 0 && fs.next_piece < fs.num_pieces) {
+    if (now > fs.seg_t0 && fs.seg_rate > 0 && fs.next_cum != kNoPiece) {
       const double next = static_cast<double>(fs.next_cum);
       if (!(next > d + 0x1p-40 * next)) close_segment(fs, now);
     }
@@ -864,7 +868,7 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
   // Transfer complete: credit bytes per phase, free the SM.
   const Flow& fl = net_.flow(f);
   for (int i = 0; i < fl.path_len; ++i) res_bytes_phase_[tr.phase][fl.path[i]] += fl.total_bytes;
-  const int agent = flow_state_[f].agent;
+  const int agent = tr.initiator * S_ + tr.sm;
   checkpoints_.erase(f);
   flow_state_[f].due_ns = INT64_MAX;
   dirty_ = true;
@@ -1401,15 +1405,16 @@ LayerResult LayerSim::run() {
       // line of its piece table that closing the segment reads, two flows ahead (by then the
       // segment line has arrived).
       const std::vector<int>& changed = net_.changed_flows();
+      const std::vector<int64_t>& changed_rates = net_.changed_rates();
       const size_t num_changed = changed.size();
       for (size_t i = 0; i < num_changed; ++i) {
         if (i + 4 < num_changed) __builtin_prefetch(&flow_state_[changed[i + 4]], 1);
         if (i + 2 < num_changed) {
           const FlowState& ahead = flow_state_[changed[i + 2]];
-          if (ahead.next_piece < ahead.num_pieces) __builtin_prefetch(ahead.piece + ahead.next_piece, 1);
+          if (ahead.next_cum != kNoPiece) __builtin_prefetch(ahead.piece + ahead.next_piece, 1);
         }
-        const int f = changed[i];
-        set_rate_segment(f, net_.flow(f).rate_gbps(), now);
+        // The new rate from the update's own list: the flow's line in the network is not read.
+        set_rate_segment(changed[i], units_to_gbps(changed_rates[i]), now);
       }
       if (opt_.signal_queueing) update_port_queues(now);
       dirty_ = false;

@@ -74,6 +74,8 @@ class FlowNetwork {
   // Flows whose rate the last recompute_rates() / update_rates() changed, plus every flow
   // started since the assignment before it (order: deterministic, not sorted).
   const std::vector<int>& changed_flows() const { return changed_; }
+  // The rate of each of changed_flows() (same positions), in rate units.
+  const std::vector<int64_t>& changed_rates() const { return changed_rate_; }
   // Between full recomputes (rate quantum > 0): gives a new flow what is left unused on its path,
   // min(demand, smallest residual capacity); capacity freed by finished flows becomes residual.
   void admit(int flow_idx);
@@ -132,6 +134,7 @@ class FlowNetwork {
   std::vector<int> pending_flows_;
   std::vector<int> pending_resources_;
   std::vector<int> changed_;
+  std::vector<int64_t> changed_rate_;
   // scratch for recompute_rates()
   // A resource's remaining capacity and unfrozen flows, side by side (a freeze updates both).
   struct FillAcct {

@@ -153,7 +153,7 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   // is unfrozen, that resource's share is at most its capacity, so a saturation step comes first.
   int64_t smallest = kInf;
   for (int i = 0; i < path_len; ++i) smallest = std::min(smallest, capacity_[path[i]]);
-  l.demand_unreachable = f.demand_units > smallest;
+  key_[idx].demand_unreachable = f.demand_units > smallest;
   set_rate(idx, 0);
   l.admitted_bottleneck = kNotAdmitted;
   l.active = true;
@@ -247,6 +247,7 @@ int FlowNetwork::bottleneck(int flow_idx) const {
 void FlowNetwork::recompute_rates() {
   ++num_recomputes_;
   changed_.clear();
+  changed_rate_.clear();
   // A new epoch also ends every admit() choice (admitted_epoch is now stale).
   if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 recomputes
     for (FillMark& m : fill_mark_) m.frozen_epoch = 0;
@@ -283,6 +284,7 @@ void FlowNetwork::recompute_rates() {
     FillMark& m = fill_mark_[idx];
     if (m.fresh || f.rate_units != rate) {
       changed_.push_back(idx);
+      changed_rate_.push_back(rate);
       set_rate(idx, rate);  // an unchanged rate keeps its key (set_rate keeps it in step)
     }
     m.fresh = 0;
@@ -606,7 +608,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     set_status(f, kFree);
     ++free_left;
     freed_.push_back(f);
-    if (!links_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
+    if (!key_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
   };
   auto freeze_new = [&](int f, int64_t rate) {
     set_status(f, kDone);
@@ -624,7 +626,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   // every resource on its path was guessed passive, the attempt would certainly be repeated
   // (free_left below), so those resources are tracked now, before the filling starts.
   for (int f : pending_flows_) {
-    if (!links_[f].active || !fill_mark_[f].fresh || !links_[f].demand_unreachable) continue;
+    if (!links_[f].active || !fill_mark_[f].fresh || !key_[f].demand_unreachable) continue;
     const Flow& fl = flows_[f];
     bool any_tracked = false;
     for (int i = 0; i < fl.path_len && !any_tracked; ++i) any_tracked = mode(fl.path[i]) == kTracked;
@@ -775,6 +777,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
 void FlowNetwork::update_rates() {
   ++update_id_;
   changed_.clear();
+  changed_rate_.clear();
   for (;;) {
     const Attempt a = attempt_update();
     if (a == Attempt::kDone) break;
@@ -792,7 +795,10 @@ void FlowNetwork::update_rates() {
     Flow& fl = flows_[f];
     FillMark& m = fill_mark_[f];
     const int64_t rate = key_[f].point;  // kDone: the new rate
-    if (m.fresh || rate != fl.rate_units) changed_.push_back(f);
+    if (m.fresh || rate != fl.rate_units) {
+      changed_.push_back(f);
+      changed_rate_.push_back(rate);
+    }
     m.fresh = 0;
     set_rate(f, rate);  // residual_ already moved (attempt_update)
   }

@@ -147,32 +147,35 @@ struct EventLater {
 // rate change moves the flow's entry instead of leaving stale copies behind. Ties go by flow
 // index, not by when the rate was set, so the order in which a rate update lists its changed
 // flows does not matter.
-// A later completion time is recorded in the entry (`due_ns`) without moving it: the entry's
-// key stays a lower bound of its due time, and an entry that reaches the top with key < due is
-// moved down then (normalize()). The top is then exact: every other entry's (due, flow) is at
-// least its (key, flow), which is at least the top's. A flow's rate changes hundreds of times
+// The completion time itself (the due time) is kept by the caller, in the flow's own state, and
+// an entry's key is only a lower bound of it: a later completion time costs no heap access at
+// all, and an entry that reaches the top with key < due is moved down then (normalize(), which
+// reads the due time through `due`). The top is then exact: every other entry's (due, flow) is
+// at least its (key, flow), which is at least the top's. A flow's rate changes hundreds of times
 // at 576 GPUs, and about half of the changes make it later.
 class CheckpointHeap {
  public:
   bool empty() const { return heap_.empty(); }
-  int top() {
-    normalize();
+  template <typename Due>
+  int top(Due&& due) {
+    normalize(due);
     return static_cast<int>(heap_[0].flow);
   }
-  int64_t top_time() {
-    normalize();
+  template <typename Due>
+  int64_t top_time(Due&& due) {
+    normalize(due);
     return heap_[0].time_ns;
   }
-  void set(int flow, int64_t time_ns) {
+  // The flow's key becomes at most time_ns (the flow is inserted when absent).
+  void lower(int flow, int64_t time_ns) {
     if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(flow + 1, -1);
     if (pos_[flow] < 0) {
       pos_[flow] = static_cast<int>(heap_.size());
-      heap_.push_back(Entry{time_ns, flow, time_ns});
+      heap_.push_back(Entry{time_ns, flow});
       sift_up(pos_[flow]);
       return;
     }
     const int i = pos_[flow];
-    heap_[i].due_ns = time_ns;
     if (time_ns < heap_[i].time_ns) {
       heap_[i].time_ns = time_ns;
       sift_up(i);
@@ -194,13 +197,13 @@ class CheckpointHeap {
  private:
   // Keys live in the heap entries (no indirection while sifting).
   struct Entry {
-    int64_t time_ns;  // the key: at most due_ns
+    int64_t time_ns;  // the key: at most the flow's due time
     int64_t flow;
-    int64_t due_ns;   // the completion time
   };
-  void normalize() {
-    while (heap_[0].time_ns < heap_[0].due_ns) {
-      heap_[0].time_ns = heap_[0].due_ns;
+  template <typename Due>
+  void normalize(Due&& due) {
+    for (int64_t d; heap_[0].time_ns < (d = due(static_cast<int>(heap_[0].flow)));) {
+      heap_[0].time_ns = d;
       sift_down(0);
     }
   }
@@ -388,14 +391,18 @@ class LayerSim {
     int64_t seg_t0;      // current segment's start
     double seg_d0;       // bytes delivered at seg_t0
     double seg_rate;     // bytes per ns in this segment; -1 before the first assignment
-    int64_t next_cum;    // bytes through piece next_piece (the first without a milestone yet)
+    int64_t next_cum;    // bytes through piece next_piece (the first without a milestone yet);
+                         // kNoPiece when every piece has its milestone
     // The flow's piece table (flow_piece_ns_[f]'s storage, held here so that closing a segment
     // touches no other line of the engine's): entry j is the milestone time of piece j for
     // j < next_piece, the bytes through piece j for j >= next_piece.
     int64_t* piece;
-    int32_t transfer, agent;
-    int32_t next_piece, num_pieces;
+    int32_t transfer, next_piece;  // (the issuing SM is the transfer's initiator * S + sm)
+    int64_t due_ns;      // completion time at the current rate; INT64_MAX: none (not in checkpoints_)
+    double total;        // the flow's bytes (here rather than read from the network's flow line)
   };
+  // The piece table's entry after the last piece, and next_cum once every piece has its milestone.
+  static constexpr int64_t kNoPiece = INT64_MIN;
   static_assert(sizeof(FlowState) == 64, "a FlowState fills one cache line");
   std::vector<FlowState> flow_state_;               // by flow index
   std::vector<std::vector<int64_t>> flow_piece_ns_;  // by flow index: storage of FlowState::piece
@@ -757,14 +764,15 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   // The bytes through each piece, read once here in piece order (a transfer's pieces lie
   // together in the piece table) rather than one at a time as segments close.
   std::vector<int64_t>& table = flow_piece_ns_[f];
-  table.resize(static_cast<size_t>(tr.count));
+  table.resize(static_cast<size_t>(tr.count) + 1);
   int64_t cum = 0;
   for (int64_t j = 0; j < tr.count; ++j) {
     cum += piece_wire_bytes(tr.phase, transfer_piece(tr, j), tr.src != tr.dst);
     table[j] = cum;
   }
-  flow_state_[f] = FlowState{now, 0.0, -1.0, table.empty() ? 0 : table[0], table.data(), tid, agent, 0,
-                             static_cast<int32_t>(tr.count)};
+  table[tr.count] = kNoPiece;
+  flow_state_[f] = FlowState{now,       0.0, -1.0,      table[0], table.data(), tid, 0, INT64_MAX,
+                             static_cast<double>(net_.flow(f).total_bytes)};
   checkpoints_.erase(f);
   new_flows_.push_back(f);
   dirty_ = true;
@@ -774,21 +782,21 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
 // passes the bottleneck at t0 + ceil((bytes through j - d0) / rate); when that is after end_ns,
 // the piece and every later one are left to later segments.
 void LayerSim::close_segment(FlowState& fs, int64_t end_ns) {
-  while (fs.next_piece < fs.num_pieces) {
+  while (fs.next_cum != kNoPiece) {
     const int64_t dt =
         fs.seg_rate > 0 ? delivery_ns(static_cast<double>(fs.next_cum) - fs.seg_d0, fs.seg_rate) : kNeverNs;
     const int64_t t = dt >= kNeverNs ? kNeverNs : fs.seg_t0 + dt;
     if (t > end_ns) return;
     fs.piece[fs.next_piece] = t;
-    if (++fs.next_piece < fs.num_pieces) fs.next_cum = fs.piece[fs.next_piece];
+    fs.next_cum = fs.piece[++fs.next_piece];
   }
 }
 
 // A new constant-rate segment from `now`: the old one's milestones are found (a segment of zero
 // length carries none), then the completion is rescheduled.
 void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
-  const double total = static_cast<double>(net_.flow(f).total_bytes);
   FlowState& fs = flow_state_[f];
+  const double total = fs.total;
   double d = 0;
   if (fs.seg_rate >= 0) {
     d = fs.seg_d0;
@@ -797,7 +805,7 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
     // the next piece's end: if those bytes exceed what it delivered by 2^-40 of them, the exact
     // test in close_segment() would find the milestone after `now` (the rounding of d and of
     // the division there is below 2^-50 relative), so it is skipped.
-    if (now > fs.seg_t0 && fs.seg_rate > 0 && fs.next_piece < fs.num_pieces) {
+    if (now > fs.seg_t0 && fs.seg_rate > 0 && fs.next_cum != kNoPiece) {
       const double next = static_cast<double>(fs.next_cum);
       if (!(next > d + 0x1p-40 * next)) close_segment(fs, now);
     }
@@ -808,9 +816,12 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   const int64_t dt = rate > 0 ? delivery_ns(total - d, rate) : kNeverNs;
   if (dt >= kNeverNs) {
     checkpoints_.erase(f);
+    fs.due_ns = INT64_MAX;
     return;
   }
-  checkpoints_.set(f, now + dt);
+  // Later than before: the entry's key stays a lower bound, the heap is not touched.
+  if (now + dt < fs.due_ns) checkpoints_.lower(f, now + dt);
+  fs.due_ns = now + dt;
 }
 
 // Every chunk milestone of a completed flow, in piece order: those of its closed segments were
@@ -857,8 +868,9 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
   // Transfer complete: credit bytes per phase, free the SM.
   const Flow& fl = net_.flow(f);
   for (int i = 0; i < fl.path_len; ++i) res_bytes_phase_[tr.phase][fl.path[i]] += fl.total_bytes;
-  const int agent = flow_state_[f].agent;
+  const int agent = tr.initiator * S_ + tr.sm;
   checkpoints_.erase(f);
+  flow_state_[f].due_ns = INT64_MAX;
   dirty_ = true;
   net_.finish_flow(f);
   if (opt_.record_trace && tr.initiator < opt_.trace_max_gpus)
@@ -1311,17 +1323,18 @@ LayerResult LayerSim::run() {
   for (int agent = 0; agent < static_cast<int>(programs_.size()); ++agent) schedule(0, kAgentStep, agent);
 
   const int64_t kNever = INT64_MAX;
+  auto due = [this](int f) { return flow_state_[f].due_ns; };
   while (true) {
     const int64_t t_event = events_.empty() ? kNever : events_.top().time_ns;
-    const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time();
+    const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time(due);
     const int64_t now = std::min(t_event, t_flow);
     if (now == kNever) break;
     // Everything at `now`: flow completions first (in schedule order), then events (FIFO).
     while (true) {
       bool progressed = false;
-      while (!checkpoints_.empty() && checkpoints_.top_time() == now) {
+      while (!checkpoints_.empty() && checkpoints_.top_time(due) == now) {
         ++num_events_;
-        on_flow_complete(checkpoints_.top(), now);
+        on_flow_complete(checkpoints_.top(due), now);
         progressed = true;
       }
       while (!events_.empty() && events_.top().time_ns == now) {
@@ -1392,15 +1405,16 @@ LayerResult LayerSim::run() {
       // line of its piece table that closing the segment reads, two flows ahead (by then the
       // segment line has arrived).
       const std::vector<int>& changed = net_.changed_flows();
+      const std::vector<int64_t>& changed_rates = net_.changed_rates();
       const size_t num_changed = changed.size();
       for (size_t i = 0; i < num_changed; ++i) {
         if (i + 4 < num_changed) __builtin_prefetch(&flow_state_[changed[i + 4]], 1);
         if (i + 2 < num_changed) {
           const FlowState& ahead = flow_state_[changed[i + 2]];
-          if (ahead.next_piece < ahead.num_pieces) __builtin_prefetch(ahead.piece + ahead.next_piece, 1);
+          if (ahead.next_cum != kNoPiece) __builtin_prefetch(ahead.piece + ahead.next_piece, 1);
         }
-        const int f = changed[i];
-        set_rate_segment(f, net_.flow(f).rate_gbps(), now);
+        // The new rate from the update's own list: the flow's line in the network is not read.
+        set_rate_segment(changed[i], units_to_gbps(changed_rates[i]), now);
       }
       if (opt_.signal_queueing) update_port_queues(now);
       dirty_ = false;

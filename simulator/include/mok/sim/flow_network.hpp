@@ -74,6 +74,8 @@ class FlowNetwork {
   // Flows whose rate the last recompute_rates() / update_rates() changed, plus every flow
   // started since the assignment before it (order: deterministic, not sorted).
   const std::vector<int>& changed_flows() const { return changed_; }
+  // The rate of each of changed_flows() (same positions), in rate units.
+  const std::vector<int64_t>& changed_rates() const { return changed_rate_; }
   // Between full recomputes (rate quantum > 0): gives a new flow what is left unused on its path,
   // min(demand, smallest residual capacity); capacity freed by finished flows becomes residual.
   void admit(int flow_idx);
@@ -112,7 +114,6 @@ class FlowNetwork {
     int slot[kMaxPathLen];
     int class_slot = 0;
     bool active = false;
-    bool demand_unreachable = false;  // demand above a capacity on the path
     int admitted_bottleneck = kNotAdmitted;  // what admit() chose, until the next full filling:
     uint32_t admitted_epoch = 0;             // valid while this equals epoch_
   };
@@ -133,6 +134,7 @@ class FlowNetwork {
   std::vector<int> pending_flows_;
   std::vector<int> pending_resources_;
   std::vector<int> changed_;
+  std::vector<int64_t> changed_rate_;
   // scratch for recompute_rates()
   // A resource's remaining capacity and unfrozen flows, side by side (a freeze updates both).
   struct FillAcct {
@@ -194,10 +196,14 @@ class FlowNetwork {
   // Beside it, the flow's status in the current attempt (attempt stamp << 2 | status), so that a
   // scan of a resource's flows touches one line per flow. A flow frozen at a new rate in the
   // attempt (status kDone) holds that rate in `point` instead, until the commit sets both.
+  // Also here, in the entry's spare bytes: whether the flow's demand is above a capacity on its
+  // path (read when the flow is freed, right after its status is written).
   struct FlowKey {
     int64_t point = 0;
     uint32_t mark = 0;
+    bool demand_unreachable = false;
   };
+  static_assert(sizeof(FlowKey) == 16, "a flow's key stays 16 bytes");
   std::vector<FlowKey> key_;
   void set_rate(int f, int64_t rate) {
     flows_[f].rate_units = rate;

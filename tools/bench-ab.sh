@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# bench-ab.sh: compare mok-bench runs (two builds, or two flag sets) in one sitting, alternating.
+#
+# Usage: tools/bench-ab.sh [-n ROUNDS] [-o DIR] LABEL_A 'COMMAND_A' LABEL_B 'COMMAND_B' [LABEL 'COMMAND' ...]
+#
+# Runs every COMMAND (a mok-bench or mok-bench-atomics command line, quoted as one argument) once
+# per round, in the order given, ROUNDS times (default 3), so that drift over the sitting hits
+# every variant alike. For each run it prints the fused forward and backward times that mok-bench
+# reports (medians over its own --reps) and, where nvidia-smi exists, the mean SM clock, mean
+# board power and peak temperature sampled every 100 ms while the run lasted; at the end, per
+# label, the median over rounds of each figure. Every run's full output goes to DIR (default: a
+# new directory under /tmp), one file per run. Exit 0 when every run succeeded, 1 when one failed
+# (its file says why), 2 on bad usage.
+#
+# Example (the forward's gate/up epilogue, fragments against staged, qwen3 shapes):
+#   Q="build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 --reps 10 --no-baseline"
+#   tools/bench-ab.sh -n 3 fragments "$Q" staged "$Q --swiglu staged"
+set -u
+usage() {
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+rounds=3
+dir=""
+while [[ $# -gt 0 && $1 == -* ]]; do
+  case $1 in
+    -n) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || { echo "bench-ab.sh: -n needs a positive round count" >&2; exit 2; }
+        rounds=$2; shift 2 ;;
+    -o) [[ $# -ge 2 ]] || { echo "bench-ab.sh: -o needs a directory" >&2; exit 2; }
+        dir=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "bench-ab.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [[ $# -lt 4 || $(($# % 2)) -ne 0 ]]; then
+  echo "bench-ab.sh: give at least two LABEL 'COMMAND' pairs (got $# arguments; see --help)" >&2
+  exit 2
+fi
+labels=()
+cmds=()
+while [[ $# -gt 0 ]]; do
+  [[ $1 =~ ^[A-Za-z0-9._+-]+$ ]] || { echo "bench-ab.sh: label '$1' must be letters, digits or ._+- only" >&2; exit 2; }
+  [[ -n $2 ]] || { echo "bench-ab.sh: the command for label '$1' is empty" >&2; exit 2; }
+  labels+=("$1")
+  cmds+=("$2")
+  shift 2
+done
+[[ -n $dir ]] || dir=$(mktemp -d /tmp/bench-ab.XXXXXX)
+mkdir -p "$dir" || { echo "bench-ab.sh: cannot create '$dir'" >&2; exit 2; }
+have_smi=0
+command -v nvidia-smi > /dev/null 2>&1 && have_smi=1
+summary=$dir/summary.tsv
+printf 'round\tlabel\tfwd_ms\tbwd_ms\tsm_mhz\tpower_w\tmax_temp_c\n' > "$summary"
+status=0
+echo "# bench-ab.sh: $rounds rounds of ${labels[*]}; outputs in $dir"
+for ((r = 1; r <= rounds; ++r)); do
+  for i in "${!labels[@]}"; do
+    label=${labels[$i]}
+    out=$dir/${label}_r$r.txt
+    smi_pid=""
+    if [[ $have_smi == 1 ]]; then
+      nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 100 \
+        > "$dir/${label}_r$r.smi" 2> /dev/null &
+      smi_pid=$!
+    fi
+    bash -c "${cmds[$i]}" > "$out" 2>&1
+    rc=$?
+    [[ -n $smi_pid ]] && { kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null; }
+    fwd=$(awk '$1 == "fused" && $2 == "forward" { print $3; exit }' "$out")
+    bwd=$(awk '$1 == "fused" && $2 == "backward" { print $3; exit }' "$out")
+    clk=-
+    pwr=-
+    tmp=-
+    if [[ -s $dir/${label}_r$r.smi ]]; then
+      read -r clk pwr tmp < <(awk -F', *' 'NF >= 3 && $1 + 0 > 0 { c += $1; p += $2; n++; if ($3 > t) t = $3 }
+                                 END { if (n) printf "%.0f %.1f %d\n", c / n, p / n, t; else print "- - -" }' \
+                                 "$dir/${label}_r$r.smi")
+    fi
+    if [[ $rc -ne 0 || -z $fwd ]]; then
+      echo "round $r $label: FAILED (exit $rc; no 'fused forward' line?): see $out"
+      status=1
+      continue
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$label" "$fwd" "${bwd:--}" "$clk" "$pwr" "$tmp" >> "$summary"
+    printf 'round %d %-12s fwd %8s ms  bwd %8s ms  SM %5s MHz  %6s W  max %s C\n' "$r" "$label" "$fwd" "${bwd:--}" \
+      "$clk" "$pwr" "$tmp"
+  done
+done
+echo "# medians over rounds"
+for label in "${labels[@]}"; do
+  awk -F'\t' -v L="$label" '
+    function median(a, n,   i, j, t) {
+      if (n == 0) return "-"
+      for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    NR > 1 && $2 == L {
+      f[++nf] = $3
+      if ($4 != "-") b[++nb] = $4
+      if ($5 != "-") c[++nc] = $5
+      if ($6 != "-") p[++np] = $6
+    }
+    END { printf "%-12s fwd %s ms  bwd %s ms  SM %s MHz  %s W  (%d rounds)\n", L, median(f, nf), median(b, nb), median(c, nc), median(p, np), nf }
+  ' "$summary"
+done
+exit $status

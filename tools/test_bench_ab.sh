@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# test_bench_ab.sh BENCH_AB: tools/bench-ab.sh against a stand-in for mok-bench (no GPU needed):
+# alternation, per-round figures, medians over rounds (odd and even counts), a failing variant
+# (exit 1, named), and bad usage (exit 2, nothing run).
+set -u
+ab=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+# The stand-in prints mok-bench's two 'fused' lines; its forward time is the next value of $2
+# (a comma list), one per call, counted in a file so that alternation shows in the values.
+cat > "$work/fake" <<'FAKE'
+#!/usr/bin/env bash
+count=$1; shift
+n=$(cat "$count" 2> /dev/null || echo 0); echo $((n + 1)) > "$count"
+IFS=, read -r -a v <<< "$1"
+echo "# mok-bench stand-in"
+echo "fused forward               ${v[$n]}     320.01     40.7%        347"
+echo "fused backward              $2     373.35     47.4%        578"
+FAKE
+chmod +x "$work/fake"
+out=$("$ab" -n 4 -o "$work/o1" A "$work/fake $work/a 5.0,3.0,4.0,9.0 6.5" B "$work/fake $work/b 1.0,1.0,2.0,2.0 7.25" 2>&1)
+[[ $? -eq 0 ]] || fail "two good variants: exit $?: $out"
+grep -q "^round 3 A .*fwd *4.0 ms" <<< "$out" || fail "round 3 of A should read 4.0: $out"
+grep -q "^A *fwd 4.5 ms  bwd 6.5 ms" <<< "$out" || fail "A's median over 4 rounds should be 4.5 (even count): $out"
+grep -q "^B *fwd 1.5 ms  bwd 7.25 ms" <<< "$out" || fail "B's median should be 1.5: $out"
+order=$(grep '^round' <<< "$out" | awk '{ printf "%s%s ", $2, $3 }')
+[[ $order == "1A 1B 2A 2B 3A 3B 4A 4B " ]] || fail "runs should alternate A, B each round: $order"
+[[ $(ls "$work/o1"/*_r*.txt | wc -l) -eq 8 ]] || fail "one output file per run expected in $work/o1"
+out=$("$ab" -n 3 -o "$work/o2" A "$work/fake $work/c 3.0,1.0,2.0 1" broken "false" 2>&1)
+rc=$?
+[[ $rc -eq 1 ]] || fail "a failing variant should give exit 1, got $rc: $out"
+grep -q "round 2 broken: FAILED" <<< "$out" || fail "the failing variant should be named per round: $out"
+grep -q "^A *fwd 2.0 ms" <<< "$out" || fail "A's median over 3 rounds should be 2.0 (odd count): $out"
+for args in "A x" "-n 0 A x B y" "-n A x B y" "-q A x B y" "a%b x B y" "A x B ''"; do
+  eval "set -- $args"
+  out=$("$ab" -o "$work/o3" "$@" 2>&1)
+  rc=$?
+  [[ $rc -eq 2 ]] || fail "bad usage '$args' should give exit 2, got $rc: $out"
+  [[ ! -e $work/o3 ]] || fail "bad usage '$args' should run nothing (created $work/o3)"
+done
+"$ab" --help 2>&1 | grep -q "Usage: tools/bench-ab.sh" || fail "--help should print the usage"
+echo "bench-ab.sh: OK"

@@ -490,7 +490,7 @@ inline constexpr bool kIsRangedEpilogue = requires { E::kRanged; };
 
 // The row form of a ranged epilogue: gemm_fast tests every value of c in the fragment with
 // in_range(v) before it stages the tile, and when every thread's values pass, every row goes
-// through fast.store (a RowEpilogue's store), otherwise through general.store. The rows'
+// through fast (called as a RowEpilogue's store is), otherwise through general. The rows'
 // stores then run with the accumulators dead, so the compiler has the registers to interleave
 // the elements' chains.
 template <class Key, class Test, class Fast, class General>
@@ -662,35 +662,36 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     }
     if constexpr (kIsRowEpilogue<Epilogue>) {
       if (threadIdx.x < rows) keys[threadIdx.x] = epilogue.key(threadIdx.x);
-      const bool all_in = __syncthreads_and(in);
       constexpr int kCols = kDual ? 128 : kBN;  // columns of c per row: 128 per pass of a warp
-      auto by_row = [&](auto&& store) {
-#pragma unroll 4
-        for (int64_t i = warp; i < rows; i += kWarps) {
-          const int64_t key = keys[i];
-          const float* row = staged + i * kStageRowFloats;
+      auto row_stores = [&](auto&& store, int64_t i) {
+        const int64_t key = keys[i];
+        const float* row = staged + i * kStageRowFloats;
 #pragma unroll
-          for (int h = 0; h < kCols / 128; ++h) {
-            const int j = h * 128 + 4 * lane;
-            if (j < cols) {
-              const int valid = cols - j < 4 ? static_cast<int>(cols - j) : 4;
-              const float4 v = *reinterpret_cast<const float4*>(row + j);
-              if constexpr (kDual)
-                store(i, key, j, v, *reinterpret_cast<const float4*>(row + 128 + j), valid);
-              else
-                store(i, key, j, v, valid);
-            }
+        for (int h = 0; h < kCols / 128; ++h) {
+          const int j = h * 128 + 4 * lane;
+          if (j < cols) {
+            const int valid = cols - j < 4 ? static_cast<int>(cols - j) : 4;
+            const float4 v = *reinterpret_cast<const float4*>(row + j);
+            if constexpr (kDual)
+              store(i, key, j, v, *reinterpret_cast<const float4*>(row + 128 + j), valid);
+            else
+              store(i, key, j, v, valid);
           }
         }
       };
       if constexpr (kIsRangedRows<Epilogue>) {
-        if (all_in)
-          by_row(epilogue.fast);
+        // Four rows per unrolled step, so that their chains (the forward's SwiGLU) interleave.
+        auto all_rows = [&](auto&& store) {
+#pragma unroll 4
+          for (int64_t i = warp; i < rows; i += kWarps) row_stores(store, i);
+        };
+        if (__syncthreads_and(in))
+          all_rows(epilogue.fast);
         else
-          by_row(epilogue.general);
+          all_rows(epilogue.general);
       } else {
-        (void)all_in;
-        by_row(epilogue.store);
+        __syncthreads();
+        for (int64_t i = warp; i < rows; i += kWarps) row_stores(epilogue.store, i);
       }
       // The staged tile and keys were ordinary (generic-proxy) shared-memory accesses; the next
       // tile's TMA loads (async proxy) reuse the ring after its first barrier. Order the two

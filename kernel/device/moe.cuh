@@ -828,17 +828,16 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
     const FastOperand B2 = kmajor(routed ? &maps.w_routed_up : &maps.w_shared_up, wrow);
     // normal: every gate value of the tile is in spec::silu_normal_range (the forms without
     // range tests; same bits).
+    auto silu_pair = [](auto normal, float g) {
+      if constexpr (decltype(normal)::value)
+        return spec::silu_and_grad_f32_normal(g);
+      else
+        return spec::silu_and_grad_f32(g);
+    };
     auto swiglu = [&](auto normal) {
       return [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
         const int64_t idx = (p0 + i) * N + n0 + j;
-        spec::SiluPair s0, s1;
-        if constexpr (decltype(normal)::value) {
-          s0 = spec::silu_and_grad_f32_normal(g0);
-          s1 = spec::silu_and_grad_f32_normal(g1);
-        } else {
-          s0 = spec::silu_and_grad_f32(g0);
-          s1 = spec::silu_and_grad_f32(g1);
-        }
+        const spec::SiluPair s0 = silu_pair(normal, g0), s1 = silu_pair(normal, g1);
         *reinterpret_cast<float2*>(gsilu + idx) = make_float2(s0.silu, s1.silu);
         *reinterpret_cast<float2*>(gdsilu + idx) = make_float2(s0.grad, s1.grad);
         *reinterpret_cast<float2*>(up + idx) = make_float2(u0, u1);
@@ -858,8 +857,7 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
           uint16_t av[4];
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            const spec::SiluPair sp =
-                decltype(normal)::value ? spec::silu_and_grad_f32_normal(gv[q]) : spec::silu_and_grad_f32(gv[q]);
+            const spec::SiluPair sp = silu_pair(normal, gv[q]);
             sv[q] = sp.silu;
             dv[q] = sp.grad;
             av[q] = spec::swiglu_act_pre(sp.silu, uv[q]);

@@ -87,8 +87,10 @@ DeviceOutputs outputs_from(const std::map<std::string, void*>& dev) {
 const void* forward_kernel() { return reinterpret_cast<const void*>(device::moe_forward_kernel); }
 const void* backward_kernel() { return reinterpret_cast<const void*>(device::moe_backward_kernel); }
 
-LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks)
+LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks,
+                     bool system_scope)
     : options_(options), first_rank_(first_rank), local_ranks_(local_ranks) {
+  host_.system_scope = system_scope ? 1 : 0;
   const spec::Status st = cfg.validate();
   if (!st.ok) throw Error(st.message);
   if (cfg.num_ranks > kMaxRanks) throw Error("kernel: at most 72 ranks per layer");
@@ -131,10 +133,10 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
                 std::to_string(blocks_per_rank_) + "); 0 picks blocks_per_rank - 1");
   // The forward's: with the bulk gather, 16 blocks move the rows as fast as 131 and leave the
-  // others to the GEMMs (BENCHMARKS.md, twelfth session); with threads, every block is needed.
-  forward_comm_defaulted_ = options_.forward_comm_blocks_per_rank == 0;
-  if (forward_comm_defaulted_)
-    options_.forward_comm_blocks_per_rank = fast_ && options_.bulk_gather
+  // others to the GEMMs (BENCHMARKS.md, twelfth session); with threads (as across GPUs, where
+  // the bulk gather is off: launch()), every block is needed.
+  if (options_.forward_comm_blocks_per_rank == 0)
+    options_.forward_comm_blocks_per_rank = fast_ && options_.bulk_gather && !system_scope
                                                 ? std::min(kDefaultBulkGatherBlocks, options_.comm_blocks_per_rank)
                                                 : options_.comm_blocks_per_rank;
   if (options_.forward_comm_blocks_per_rank < 1 || options_.forward_comm_blocks_per_rank >= blocks_per_rank_)

@@ -39,8 +39,11 @@ const void* backward_kernel();
 class LayerCore {
  public:
   // Validates the config and options, sizes the launch for `local_ranks` ranks starting at
-  // `first_rank` on the current device, and allocates their workspaces.
-  LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks);
+  // `first_rank` on the current device, and allocates their workspaces. system_scope: the peers
+  // are other GPUs (NCCL with several), so cross-rank signals use system-scope fences and the
+  // forward gathers with threads.
+  LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks,
+            bool system_scope = false);
   ~LayerCore();
   LayerCore(const LayerCore&) = delete;
   LayerCore& operator=(const LayerCore&) = delete;
@@ -60,21 +63,12 @@ class LayerCore {
   int blocks_per_rank() const { return blocks_per_rank_; }
   bool uses_tma() const { return fast_; }
   PeerBuffers& peer(int r) { return host_.peers[r]; }
-  // Peers on other GPUs (NCCL with several GPUs): signals across ranks use system scope.
-  // The bulk gather is off there (LayerCore::launch), so a defaulted forward count goes back to
-  // comm_blocks_per_rank (16 thread-gathering blocks are slower than many).
-  void set_system_scope(bool on) {
-    host_.system_scope = on ? 1 : 0;
-    if (on && forward_comm_defaulted_)
-      host_.comm_blocks_forward = options_.forward_comm_blocks_per_rank = options_.comm_blocks_per_rank;
-  }
   std::vector<void*>& owned() { return owned_; }
 
  private:
   KernelOptions options_;
   int first_rank_ = 0, local_ranks_ = 0, blocks_per_rank_ = 0;
   bool hopper_ = false, fast_ = false;
-  bool forward_comm_defaulted_ = false;  // options.forward_comm_blocks_per_rank was 0
   size_t smem_bytes_ = 0;
   uint32_t epoch_ = 0;
   std::vector<void*> owned_;

@@ -82,12 +82,11 @@ struct NcclLayer::Impl {
   }
 
   Impl(const spec::LayerConfig& cfg, ncclComm_t c, const KernelOptions& options)
-      : comm(c), rank(comm_rank(c)), core(cfg, options, comm_rank(c), 1) {
+      : comm(c), rank(comm_rank(c)), core(cfg, options, comm_rank(c), 1, cfg.num_ranks > 1) {  // peers: other GPUs
     MOK_NCCL(ncclCommCount(comm, &nranks));
     if (nranks != cfg.num_ranks)
       throw Error("NcclLayer: the communicator has " + std::to_string(nranks) + " ranks but config.R is " +
                   std::to_string(cfg.num_ranks));
-    core.set_system_scope(nranks > 1);  // peers are other GPUs
     lay = layout(cfg);
     MOK_NCCL(ncclMemAlloc(&window_buf, lay.total));
     MOK_CUDA(cudaMemset(window_buf, 0, lay.total));

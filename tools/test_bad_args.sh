@@ -3,8 +3,8 @@
 # (mok::cli::parse) on each program: an unknown option and a malformed value for VALUE_OPTION
 # exit 2 with a message naming the option, and --help exits 0. None of it writes a file.
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
-# mok-bench's --transport: a bad value and nccl with --trace exit 2 (as do a bad --gather or
-# --fwd-comm-sms), nccl in a build without NCCL
+# mok-bench's --transport: a bad value and nccl with --trace exit 2 (as do a bad --gather,
+# --swiglu or --fwd-comm-sms), nccl in a build without NCCL
 # exits 3 (environment missing), and nccl with more ranks than GPUs exits 2 naming the fix where
 # a GPU is usable, 3 naming the missing GPU where none is (this last case initialises CUDA).
 set -u
@@ -20,6 +20,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--transport" --transport bogus
   expect_exit "$MOK_BENCH" 2 "--trace" --transport nccl --trace
   expect_exit "$MOK_BENCH" 2 "--gather" --gather sideways
+  expect_exit "$MOK_BENCH" 2 "--swiglu" --swiglu sideways
   expect_exit "$MOK_BENCH" 2 "--fwd-comm-sms" --fwd-comm-sms many
   if [[ ${MOK_BENCH_NCCL:-OFF} != ON ]]; then
     expect_exit "$MOK_BENCH" 3 "this build has no NCCL" --transport nccl --preset tiny --R 1

@@ -185,11 +185,13 @@ int main(int argc, char** argv) {
                  "fast engine, ranks on one GPU; elsewhere threads run) or threads (loads and stores)")
       ->check(CLI::IsMember({"threads", "bulk"}))
       ->capture_default_str();
-  std::string swiglu = "fragments";
+  std::string swiglu = "auto";
   app.add_option("--swiglu", swiglu,
-                 "the forward's gate/up epilogue: fragments (each thread on its accumulators) or staged (the tile "
-                 "through shared memory, a warp per row, 16-byte stores; fast engine); the same bits")
-      ->check(CLI::IsMember({"fragments", "staged"}))
+                 "the forward's gate/up epilogue: fragments (each thread on its accumulators), staged (the tile "
+                 "through shared memory, a warp per row, 16-byte stores; fast engine), or auto (staged where H <= " +
+                     std::to_string(mok::kernel::kStagedSwigluMaxHidden) +
+                     ", where it measured faster); the same bits either way")
+      ->check(CLI::IsMember({"auto", "fragments", "staged"}))
       ->capture_default_str();
   app.add_flag("--trace", trace,
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
@@ -281,7 +283,9 @@ int main(int argc, char** argv) {
     ko.blocks_per_rank = blocks;
     ko.disable_tma = no_tma;
     ko.bulk_gather = gather == "bulk";
-    ko.staged_swiglu = swiglu == "staged";
+    ko.swiglu = swiglu == "staged"      ? mok::kernel::SwigluEpilogue::kStaged
+                : swiglu == "fragments" ? mok::kernel::SwigluEpilogue::kFragments
+                                        : mok::kernel::SwigluEpilogue::kAuto;
     ko.forward_comm_blocks_per_rank = fwd_comm;
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
     ko.row_capacity = std::max<int64_t>(1, mok::kernel::rows_per_rank(cfg, tk));  // workspace for this routing
@@ -493,10 +497,15 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# mok-bench %s%s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
-                "(%d comm), TMA %s, median of %d after %d warm-up\n",
+                "(%d comm), TMA %s, SwiGLU epilogue %s, median of %d after %d warm-up\n",
                 nccl ? (std::to_string(gpus) + " x ").c_str() : "", prop.name, (long long)G, (long long)Hc,
                 (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc, (long long)Rn, (long long)rows,
-                blocks_per_rank, comm_per_rank, tma_on ? "on" : "off", reps, warmup);
+                blocks_per_rank, comm_per_rank, tma_on ? "on" : "off",
+                !tma_on ? "fragments (no fast engine)"
+                : mok::kernel::resolve_swiglu(ko.swiglu, Hc) == mok::kernel::SwigluEpilogue::kStaged
+                    ? (swiglu == "auto" ? "staged (auto)" : "staged")
+                    : (swiglu == "auto" ? "fragments (auto)" : "fragments"),
+                reps, warmup);
     if (!nccl)
       std::printf("# transport virtual: the %lld ranks share one GPU in one launch per pass; fused times are the median "
                   "over reps of each pass\n",

@@ -257,7 +257,7 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   // Bulk copies of peer rows are checked on one GPU only (the virtual rack); the NCCL transport
   // (system scope) keeps the thread gather until it runs on several GPUs.
   host_.bulk_gather = fast_ && options_.bulk_gather && !host_.system_scope ? 1 : 0;
-  host_.staged_swiglu = fast_ && options_.staged_swiglu ? 1 : 0;
+  host_.staged_swiglu = fast_ && resolve_swiglu(options_.swiglu, host_.cfg.hidden) == SwigluEpilogue::kStaged ? 1 : 0;
   MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));

@@ -135,7 +135,7 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
   for (auto& [p, t] : in) want[p] = t;
   for (int R : ranks)
     for (int blocks : {0, 3})
-      for (int variant : {0, 1, 2}) {  // defaults (bulk gather, fragment SwiGLU); thread gather; staged SwiGLU
+      for (int variant : {0, 1, 2}) {  // bulk gather, fragment SwiGLU; thread gather; staged SwiGLU
         const bool bulk = variant != 1, staged = variant == 2;
         spec::LayerConfig cfg = base;
         cfg.num_ranks = R;
@@ -143,7 +143,7 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
         kernel::KernelOptions o;
         o.blocks_per_rank = blocks;
         o.bulk_gather = bulk;
-        o.staged_swiglu = staged;
+        o.swiglu = staged ? kernel::SwigluEpilogue::kStaged : kernel::SwigluEpilogue::kFragments;
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         if (R > 1)
           for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
@@ -230,14 +230,15 @@ void check_determinism(const spec::LayerConfig& base) {
         o.blocks_per_rank = 6;
         o.disable_tma = run % 2 == 1;  // sm_90a: TMA-filled and thread-filled tiles alternate
         o.bulk_gather = run != 2;      // the forward's gather by threads once (with TMA),
-        o.staged_swiglu = run == 2;    // that time with the gate/up epilogue through shared memory,
+        o.swiglu = run == 2 ? kernel::SwigluEpilogue::kStaged    // that time with the gate/up epilogue through
+                            : kernel::SwigluEpilogue::kFragments;  // shared memory,
         if (run == 0) o.forward_comm_blocks_per_rank = 6 - comm;  // and the forward's own gathering count once
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         // Shared-expert weight gradients are per rank by contract: compare the rest.
         for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
         const std::string name = "R=" + std::to_string(R) + " comm=" + std::to_string(comm) + " run=" + std::to_string(run) +
                                  (o.disable_tma ? " (no TMA)" : "") + (o.forward_comm_blocks_per_rank ? " (forward comm=" + std::to_string(o.forward_comm_blocks_per_rank) + ")" : "") +
-                                 (o.bulk_gather ? "" : " (thread gather)") + (o.staged_swiglu ? " (staged SwiGLU)" : "");
+                                 (o.bulk_gather ? "" : " (thread gather)") + (o.swiglu == kernel::SwigluEpilogue::kStaged ? " (staged SwiGLU)" : "");
         if (first.empty()) {
           first = got;
           first_name = name;
@@ -298,6 +299,21 @@ TEST(Kernel, NcclTimingGivesEveryRanksTimesAndTheOutput) {
 }
 
 // The layer's time of a repetition is its slowest rank's; the median is over repetitions.
+// The default gate/up epilogue: staged up to the threshold hidden size, fragments past it; an
+// explicit request is kept whatever the size.
+TEST(KernelOptions, SwigluAutoResolvesByHiddenSize) {
+  using kernel::SwigluEpilogue;
+  EXPECT_EQ(kernel::KernelOptions{}.swiglu, SwigluEpilogue::kAuto);
+  for (int64_t h : {int64_t{64}, int64_t{2048}, kernel::kStagedSwigluMaxHidden})
+    EXPECT_EQ(kernel::resolve_swiglu(SwigluEpilogue::kAuto, h), SwigluEpilogue::kStaged) << h;
+  for (int64_t h : {kernel::kStagedSwigluMaxHidden + 64, int64_t{7168}})
+    EXPECT_EQ(kernel::resolve_swiglu(SwigluEpilogue::kAuto, h), SwigluEpilogue::kFragments) << h;
+  for (int64_t h : {int64_t{2048}, int64_t{7168}}) {
+    EXPECT_EQ(kernel::resolve_swiglu(SwigluEpilogue::kFragments, h), SwigluEpilogue::kFragments) << h;
+    EXPECT_EQ(kernel::resolve_swiglu(SwigluEpilogue::kStaged, h), SwigluEpilogue::kStaged) << h;
+  }
+}
+
 TEST(NcclTimes, MedianOfTheSlowestRank) {
   // rank 0: 1 5 3, rank 1: 2 4 9 -> slowest 2 5 9 -> median 5
   EXPECT_EQ(kernel::median_of_slowest_rank({1, 5, 3, 2, 4, 9}, 2, 3), 5.0f);

@@ -16,6 +16,22 @@ namespace mok::kernel {
 // KernelOptions::forward_comm_blocks_per_rank is 0 (measured on the H200: BENCHMARKS.md).
 inline constexpr int kDefaultBulkGatherBlocks = 16;
 
+// The forward's gate/up epilogue (SwiGLU, silu' and the stores; the same bits either way):
+// kFragments: each thread on its accumulator fragments; kStaged: the tile goes to shared memory
+// and a warp per row works on it with 16-byte stores; kAuto: staged where the hidden size (the
+// main loop's length) is at most kStagedSwigluMaxHidden, where it measured faster. Measured on
+// the H200 (kernel/README.md, "Forward phase 1"): staged took the qwen3 forward (H = 2048) 4-6%
+// down, and left the dsv3 forward (H = 7168) within 1-2% either way while the dsv3 backward after
+// it ran ~1% slower in most pairings.
+enum class SwigluEpilogue { kAuto, kFragments, kStaged };
+inline constexpr int64_t kStagedSwigluMaxHidden = 4096;
+// The form a request runs for a layer of this hidden size (kFragments or kStaged; the staged form
+// needs the fast engine besides, else fragments run).
+constexpr SwigluEpilogue resolve_swiglu(SwigluEpilogue requested, int64_t hidden) {
+  if (requested != SwigluEpilogue::kAuto) return requested;
+  return hidden <= kStagedSwigluMaxHidden ? SwigluEpilogue::kStaged : SwigluEpilogue::kFragments;
+}
+
 struct KernelOptions {
   int blocks_per_rank = 0;       // 0: as many as fit co-resident on the GPU, divided among ranks
   int comm_blocks_per_rank = 0;  // communication blocks of each rank (0: blocks_per_rank - 1, at least 1;
@@ -29,10 +45,7 @@ struct KernelOptions {
   bool bulk_gather = true;       // fast engine, virtual rack: the forward's communication blocks move x rows
                                  // with TMA bulk copies through shared memory instead of thread loads and
                                  // stores (the same bytes; kernel/README.md, "How a pass runs")
-  bool staged_swiglu = false;    // fast engine: the forward's gate/up epilogue (SwiGLU, silu' and the stores)
-                                 // reads the tile back from shared memory a row per warp instead of working
-                                 // on the accumulator fragments (the same bits; faster forward on qwen3 shapes,
-                                 // slower dsv3 backward measured: kernel/README.md, "Forward phase 1")
+  SwigluEpilogue swiglu = SwigluEpilogue::kAuto;  // fast engine: how the forward's gate/up epilogue runs
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing
   bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp);

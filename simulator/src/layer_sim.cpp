@@ -258,6 +258,7 @@ class LayerSim {
   void build_traffic();
   void build_compute_model();
   void build_programs();
+  void choose_hbm_paths();
   void add_transfers(int phase, int initiator, Direction dir, std::vector<std::vector<Op>>& programs);
   int path_for(int src, int dst, int* path) const;
   int64_t latency(int src, int dst) const;
@@ -342,6 +343,12 @@ class LayerSim {
   std::vector<int> res_nvl_out_, res_nvl_in_, res_nic_out_, res_nic_in_, res_hbm_, res_up_out_, res_up_in_;
   std::vector<int> res_kind_;  // resource -> index into kResourceKinds
   std::vector<int64_t> res_bytes_phase_[2];
+  // Per GPU: whether remote flows list its HBM on their path (choose_hbm_paths), and the bytes
+  // that remote flows moved through each HBM left off their paths (the network credits only the
+  // resources on a path).
+  std::vector<char> hbm_on_path_;
+  std::vector<int64_t> hbm_off_path_bytes_;
+  int64_t resource_bytes(int r) const { return net_.resource_bytes()[r] + hbm_off_path_bytes_[r]; }
 
   Traffic traffic_;
   // Known pieces per destination and phase, and the latest time one of them became known.
@@ -456,7 +463,7 @@ int LayerSim::path_for(int src, int dst, int* path) const {
     return 2;
   }
   int n = 0;
-  path[n++] = res_hbm_[src];
+  if (hbm_on_path_[src]) path[n++] = res_hbm_[src];
   if (topo_.domain_of(src) == topo_.domain_of(dst)) {
     path[n++] = res_nvl_out_[src];
     path[n++] = res_nvl_in_[dst];
@@ -468,7 +475,7 @@ int LayerSim::path_for(int src, int dst, int* path) const {
     }
     path[n++] = res_nic_in_[dst];
   }
-  path[n++] = res_hbm_[dst];
+  if (hbm_on_path_[dst]) path[n++] = res_hbm_[dst];
   return n;
 }
 
@@ -721,6 +728,42 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
   }
 }
 
+// A GPU's HBM is left off the paths of remote flows when it provably never saturates, for then
+// it changes no rate. Every remote flow through it also crosses one of the GPU's four ports,
+// whose rates never exceed their capacities, and local copies (which keep it, twice, and are the
+// only flows the network then sees on it) never exceed their demands: it carries at most
+// `bound`. A resource that saturates carries more than its capacity minus its number of flow
+// entries (at that step floor(rem / n) is the level for all n unfrozen entries), so capacity -
+// bound > the flows that can pass it rules saturation out. Under a rate quantum, admit() takes the
+// smallest residual on a path, first in path order: capacity - bound above every port capacity
+// keeps an HBM's residual above every port's (no tie either), and above twice a local copy's
+// demand keeps local copies at their demand.
+void LayerSim::choose_hbm_paths() {
+  hbm_on_path_.assign(R_, 1);
+  hbm_off_path_bytes_.assign(net_.num_resources(), 0);
+  if (opt_.hbm_on_every_path) return;
+  using Wide = __int128;  // sums of up to 2^61 per term
+  std::vector<Wide> local_demand(R_, 0), max_local(R_, 0), num_entries(R_, 0);
+  for (const Transfer& t : transfers_) {
+    if (t.src == t.dst) {
+      const int64_t d = rate_units(t.demand_gbps);
+      local_demand[t.src] += 2 * Wide{d};
+      max_local[t.src] = std::max(max_local[t.src], Wide{d});
+      num_entries[t.src] += 2;
+    } else {
+      ++num_entries[t.src];
+      ++num_entries[t.dst];
+    }
+  }
+  const Wide nvl = rate_units(topo_.nvlink_effective_gbps()), nic = rate_units(topo_.nic_effective_gbps());
+  const Wide ports = 2 * nvl + 2 * nic;
+  const Wide hbm = rate_units(topo_.hbm_gbps);
+  for (int g = 0; g < R_; ++g) {
+    const Wide room = hbm - ports - local_demand[g];
+    hbm_on_path_[g] = !(room > num_entries[g] && room > std::max(nvl, nic) && room > 2 * max_local[g]);
+  }
+}
+
 void LayerSim::build_programs() {
   programs_.assign(static_cast<size_t>(R_) * S_, {});
   for (int g = 0; g < R_; ++g) {
@@ -868,6 +911,12 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
   // Transfer complete: credit bytes per phase, free the SM.
   const Flow& fl = net_.flow(f);
   for (int i = 0; i < fl.path_len; ++i) res_bytes_phase_[tr.phase][fl.path[i]] += fl.total_bytes;
+  if (tr.src != tr.dst)
+    for (int g : {tr.src, tr.dst}) {
+      if (hbm_on_path_[g]) continue;
+      res_bytes_phase_[tr.phase][res_hbm_[g]] += fl.total_bytes;
+      hbm_off_path_bytes_[res_hbm_[g]] += fl.total_bytes;
+    }
   const int agent = tr.initiator * S_ + tr.sm;
   checkpoints_.erase(f);
   flow_state_[f].due_ns = INT64_MAX;
@@ -1224,8 +1273,8 @@ void LayerSim::finish(LayerResult& res) {
       if (res_kind_[r] != kind) continue;
       ++s.count;
       s.capacity_gbps = net_.capacity(r);
-      s.bytes += net_.resource_bytes()[r];
-      const double u = static_cast<double>(net_.resource_bytes()[r]) /
+      s.bytes += resource_bytes(r);
+      const double u = static_cast<double>(resource_bytes(r)) /
                        (net_.capacity(r) * static_cast<double>(std::max<int64_t>(1, res.layer_ns)));
       sum += u;
       if (u > best) {
@@ -1281,6 +1330,7 @@ LayerResult LayerSim::run() {
   build_traffic();
   if (proto_.phases == Phases::kLayer) build_compute_model();
   build_programs();
+  choose_hbm_paths();
   for (int ph = 0; ph < 2; ++ph) {
     known_count_[ph].assign(R_, 0);
     max_known_ns_[ph].assign(R_, 0);

@@ -114,6 +114,27 @@ RC_GTEST_PROP(Properties, ASeedFixesTheOutput, ()) {
             result_to_json(simulate_layer(topo, again, c.proto), true).dump());
 }
 
+// The engine leaves a GPU's HBM off remote flows' paths where it provably never saturates
+// (LayerSim::choose_hbm_paths). Random layers on 1 or 2 domains, with HBM capacities around that
+// bound (so that both choices, and saturating HBMs, occur), exact or under a rate quantum, with
+// or without signal queueing: every output byte equals the run that keeps HBM on every path.
+RC_GTEST_PROP(Properties, HbmLeftOffPathsChangesNoOutput, ()) {
+  Case c = *gen_case(Phases::kLayer);
+  Topology topo = simple_topology(c.ranks);
+  if (c.ranks >= 4 && *rc::gen::arbitrary<bool>()) {
+    topo.num_domains = 2;
+    topo.gpus_per_domain = c.ranks / 2;
+  }
+  topo.sm_store_gbps = topo.sm_tma_store_gbps = *rc::gen::element(20.0, 100.0, 1000.0);
+  topo.hbm_gbps = *rc::gen::element(100.0, 250.0, 400.0, 700.0, 1500.0, 3000.0, 1e5);
+  SimOptions off, on;
+  off.rate_quantum_ns = on.rate_quantum_ns = *rc::gen::element<int64_t>(0, 0, 2000);
+  off.signal_queueing = on.signal_queueing = *rc::gen::arbitrary<bool>();
+  on.hbm_on_every_path = true;
+  RC_ASSERT(result_to_json(simulate_layer(topo, c.work, c.proto, off), true).dump() ==
+            result_to_json(simulate_layer(topo, c.work, c.proto, on), true).dump());
+}
+
 TEST(Properties, SweepResultsDoNotDependOnThreadCount) {
   const nlohmann::json doc = {
       {"topology", "hgx-h200"},

@@ -31,6 +31,10 @@ struct SimOptions {
   // Tests and benchmarks: a full progressive filling at every change instead of the incremental
   // update (rate_quantum_ns = 0 only). The rates, and so every output, are identical.
   bool full_rate_recompute = false;
+  // Tests: keep every GPU's HBM on the paths of remote flows even where it provably never
+  // saturates (the engine leaves it off then, so that rate updates walk shorter paths; that
+  // changes no rate). Every output is identical.
+  bool hbm_on_every_path = false;
 };
 
 // Distribution summary of integer nanoseconds (nearest-rank quantiles, exact).

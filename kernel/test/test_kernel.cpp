@@ -298,7 +298,6 @@ TEST(Kernel, NcclTimingGivesEveryRanksTimesAndTheOutput) {
   }
 }
 
-// The layer's time of a repetition is its slowest rank's; the median is over repetitions.
 // The default gate/up epilogue: staged up to the threshold hidden size, fragments past it; an
 // explicit request is kept whatever the size.
 TEST(KernelOptions, SwigluAutoResolvesByHiddenSize) {
@@ -314,6 +313,7 @@ TEST(KernelOptions, SwigluAutoResolvesByHiddenSize) {
   }
 }
 
+// The layer's time of a repetition is its slowest rank's; the median is over repetitions.
 TEST(NcclTimes, MedianOfTheSlowestRank) {
   // rank 0: 1 5 3, rank 1: 2 4 9 -> slowest 2 5 9 -> median 5
   EXPECT_EQ(kernel::median_of_slowest_rank({1, 5, 3, 2, 4, 9}, 2, 3), 5.0f);

@@ -20,7 +20,7 @@ inline constexpr int kDefaultBulkGatherBlocks = 16;
 // kFragments: each thread on its accumulator fragments; kStaged: the tile goes to shared memory
 // and a warp per row works on it with 16-byte stores; kAuto: staged where the hidden size (the
 // main loop's length) is at most kStagedSwigluMaxHidden, where it measured faster. Measured on
-// the H200 (kernel/README.md, "Forward phase 1"): staged took the qwen3 forward (H = 2048) 4-6%
+// the H200 (kernel/README.md, "Forward phase 1"): staged took the qwen3 forward (H = 2048) 2-6%
 // down, and left the dsv3 forward (H = 7168) within 1-2% either way while the dsv3 backward after
 // it ran ~1% slower in most pairings.
 enum class SwigluEpilogue { kAuto, kFragments, kStaged };

@@ -1,0 +1,78 @@
+// Scratch diagnostic (thirteenth session): what rate does a combine-shaped kernel reach on its own?
+// Built with: nvcc -O3 -arch=sm_90a -o combine_bw combine_bw_probe.cu. Ran once on the H200 (2026-12-03,
+// kernel/notes/combine_bw_probe.txt) before mode 3 (the combine right after an FMA burn) was added;
+// mode 3 has not run.
+#include <cstdio>
+#include <algorithm>
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+__device__ __forceinline__ float bf(uint32_t u, int hi) { return __uint_as_float(hi ? (u & 0xFFFF0000u) : (u << 16)); }
+template <int V>
+__global__ void __launch_bounds__(256, 1) combine(const uint16_t* __restrict__ slots, const float* __restrict__ init, const float* __restrict__ w,
+                        uint16_t* __restrict__ out, int64_t T, int64_t K, int64_t H, int persistent_threads) {
+  const int64_t total = T * H;
+  const int64_t stride = persistent_threads ? (int64_t)gridDim.x * blockDim.x * 8 : total;
+  for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < total; i += stride) {
+    const int64_t t = i / H, h = i % H;
+    float acc[8];
+    if (init) { float4 a = *(const float4*)(init + i), b = *(const float4*)(init + i + 4);
+      acc[0]=a.x;acc[1]=a.y;acc[2]=a.z;acc[3]=a.w;acc[4]=b.x;acc[5]=b.y;acc[6]=b.z;acc[7]=b.w; }
+    else for (int v = 0; v < 8; ++v) acc[v] = 0.f;
+    uint4 q[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) q[k] = __ldcg((const uint4*)(slots + (t * K + k) * H + h));
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float wk = w[t * K + k];
+      const uint32_t u[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+#pragma unroll
+      for (int v = 0; v < 8; ++v) acc[v] = fmaf(wk, bf(u[v / 2], v & 1), acc[v]);
+    }
+    uint32_t o[4];
+    for (int j = 0; j < 4; ++j) o[j] = (__float_as_uint(acc[2*j]) >> 16) | (__float_as_uint(acc[2*j+1]) & 0xFFFF0000u);
+    *(uint4*)(out + i) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+__global__ void burn(float* sink, int iters) {
+  float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 0.999f, d = blockIdx.x * 1e-4f;
+  for (int i = 0; i < iters; ++i) { a = fmaf(a, b, c); d = fmaf(d, c, b); b = fmaf(b, 0.9999f, 1e-5f); c = fmaf(c, 1.00001f, -1e-6f); }
+  if (a + d == 12345.f) sink[0] = a + b + c + d;
+}
+int main() {
+  struct Case { const char* name; int64_t T, K, H; bool init; } cases[] = {{"dsv3", 8192, 8, 7168, true}, {"qwen3", 16384, 8, 2048, false}};
+  for (auto c : cases) {
+    uint16_t *slots, *out; float *init = nullptr, *w;
+    CK(cudaMalloc(&slots, c.T * c.K * c.H * 2)); CK(cudaMalloc(&out, c.T * c.H * 2)); CK(cudaMalloc(&w, c.T * c.K * 4));
+    if (c.init) CK(cudaMalloc(&init, c.T * c.H * 4));
+    CK(cudaMemset(slots, 0x3c, c.T * c.K * c.H * 2)); CK(cudaMemset(w, 0, c.T * c.K * 4));
+    if (c.init) CK(cudaMemset(init, 0, c.T * c.H * 4));
+    const double bytes = c.T * c.K * c.H * 2.0 + c.T * c.H * 2.0 + (c.init ? c.T * c.H * 4.0 : 0) + c.T * c.K * 4.0;
+    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+    float* sink; CK(cudaMalloc(&sink, 4));
+    for (int mode = 0; mode < 4; ++mode) {
+      // 0: one thread per 8 columns (full grid, many blocks per SM); 1: 132 blocks x 256, grid-stride (the layer's shape);
+      // 2: memcpy of the slot bytes (reference)
+      float best = 1e9, times[7];
+      for (int r = 0; r < 7; ++r) {
+        // dirty the L2 with another buffer's writes, as phase 2 does
+        CK(cudaMemsetAsync(slots, 0x3c, c.T * c.K * c.H * 2));
+        if (mode == 3) burn<<<132 * 8, 256>>>(sink, 1000000);
+        cudaEventRecord(a);
+        if (mode == 0) combine<8><<<(unsigned)(c.T * c.H / 8 / 256), 256>>>(slots, init, w, out, c.T, c.K, c.H, 0);
+        else if (mode == 1 || mode == 3) combine<8><<<132, 256>>>(slots, init, w, out, c.T, c.K, c.H, 1);
+        else cudaMemcpyAsync(slots + c.T * c.K * c.H / 2, slots, c.T * c.K * c.H, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(b); CK(cudaEventSynchronize(b));
+        cudaEventElapsedTime(&times[r], a, b); if (times[r] < best) best = times[r];
+      }
+      std::sort(times, times + 7);
+      const double by = mode == 2 ? c.T * c.K * c.H * 2.0 : bytes;
+      printf("%s mode %d (%s): median %.3f ms, %.0f GB/s (bytes %.2f GB)\n", c.name, mode,
+             mode == 0 ? "full grid" : mode == 1 ? "132 x 256 persistent" : mode == 3 ? "132 x 256 right after an FMA burn" : "memcpy of half the slot buffer, read+write",
+             times[3], by / times[3] / 1e6, by / 1e9);
+    }
+    cudaFree(slots); cudaFree(out); cudaFree(w); if (init) cudaFree(init);
+  }
+  return 0;
+}

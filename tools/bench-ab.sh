@@ -7,7 +7,8 @@
 # per round, in the order given, ROUNDS times (default 3), so that drift over the sitting hits
 # every variant alike. For each run it prints the fused forward and backward times that mok-bench
 # reports (medians over its own --reps) and, where nvidia-smi exists, the mean SM clock, mean
-# board power and peak temperature sampled every 100 ms while the run lasted; at the end, per
+# board power and peak temperature over the 100 ms samples taken while the GPU was busy (GPU
+# utilisation of at least 50%: the passes, not the process's host set-up); at the end, per
 # label, the median over rounds of each figure. Every run's full output goes to DIR (default: a
 # new directory under /tmp), one file per run. Exit 0 when every run succeeded, 1 when one failed
 # (its file says why), 2 on bad usage.
@@ -59,7 +60,7 @@ for ((r = 1; r <= rounds; ++r)); do
     out=$dir/${label}_r$r.txt
     smi_pid=""
     if [[ $have_smi == 1 ]]; then
-      nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 100 \
+      nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv,noheader,nounits -lms 100 \
         > "$dir/${label}_r$r.smi" 2> /dev/null &
       smi_pid=$!
     fi
@@ -72,7 +73,7 @@ for ((r = 1; r <= rounds; ++r)); do
     pwr=-
     tmp=-
     if [[ -s $dir/${label}_r$r.smi ]]; then
-      read -r clk pwr tmp < <(awk -F', *' 'NF >= 3 && $1 + 0 > 0 { c += $1; p += $2; n++; if ($3 > t) t = $3 }
+      read -r clk pwr tmp < <(awk -F', *' 'NF >= 4 && $4 + 0 >= 50 { c += $1; p += $2; n++; if ($3 > t) t = $3 }
                                  END { if (n) printf "%.0f %.1f %d\n", c / n, p / n, t; else print "- - -" }' \
                                  "$dir/${label}_r$r.smi")
     fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_bench_ab.sh BENCH_AB: tools/bench-ab.sh against a stand-in for mok-bench (no GPU needed):
 # alternation, per-round figures, medians over rounds (odd and even counts), a failing variant
-# (exit 1, named), and bad usage (exit 2, nothing run).
+# (exit 1, named), bad usage (exit 2, nothing run), and the nvidia-smi columns from busy samples only.
 set -u
 ab=$1
 work=$(mktemp -d)
@@ -39,5 +39,17 @@ for args in "A x" "-n 0 A x B y" "-n A x B y" "-q A x B y" "a%b x B y" "A x B ''
   [[ $rc -eq 2 ]] || fail "bad usage '$args' should give exit 2, got $rc: $out"
   [[ ! -e $work/o3 ]] || fail "bad usage '$args' should run nothing (created $work/o3)"
 done
+# With an nvidia-smi on PATH (a stand-in printing four samples: two busy, two idle), the clock,
+# power and temperature columns come from the busy samples only.
+mkdir -p "$work/bin"
+cat > "$work/bin/nvidia-smi" <<'SMI'
+#!/usr/bin/env bash
+printf '%s\n' "345, 80.0, 70, 0" "1980, 500.0, 60, 100" "1800, 480.0, 62, 95" "1410, 90.0, 41, 10"
+exec sleep 30
+SMI
+chmod +x "$work/bin/nvidia-smi"
+out=$(PATH="$work/bin:$PATH" "$ab" -n 1 -o "$work/o4" A "sleep 0.5; $work/fake $work/d 2.0 3.0" B "sleep 0.5; $work/fake $work/e 1.0 3.0" 2>&1)
+[[ $? -eq 0 ]] || fail "runs with a stand-in nvidia-smi: exit $?: $out"
+grep -Eq "^round 1 A .*SM +1890 MHz +490.0 W +max 62 C" <<< "$out" || fail "clock, power, temperature should average the busy samples only: $out"
 "$ab" --help 2>&1 | grep -q "Usage: tools/bench-ab.sh" || fail "--help should print the usage"
 echo "bench-ab.sh: OK"

@@ -738,56 +738,87 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
 }
 
 // The rank's per-token reductions over its slots (forward combine, backward d_x): out[t, h] =
-// rn(step(... step(init(t*H + h), slot k0) ..., slot k_last)) over the non-empty slots in
-// increasing k. Every block of the rank takes a share; each thread V adjacent columns, read
-// from the slot buffer 16 bytes at a time when V = 8.
-template <int V, class Init, class Step>
+// rn(step(... step(init[t*H + h], w[t, k0], slot k0) ..., w[t, k_last], slot k_last)) over the
+// non-empty slots in increasing k; init (fp32) and w may be null (0 and unused). Every block of the
+// rank takes a share; each thread V adjacent columns, read from the slot buffer 16 bytes at a time
+// when V = 8.
+// With V = 8 all of a batch's loads are issued together and none waits on another: the routing
+// entries, the weights, the init values (two 16-byte loads, not eight 4-byte ones that each cost
+// an L2 request), and every slot row of the batch whether live or not (an empty slot's row is
+// allocated and simply never written; its bits are loaded and ignored). A batch is one memory
+// round trip; predicating the slot loads on the routing entries made it two. The routing entries
+// and weights are the layer's inputs, never written while a kernel runs, so they take the
+// read-only path (__ldg); init and the slots were written by other blocks of this launch and are
+// read through L2 (__ldcg) after the acquire that waited for them.
+// KC > 0: top_k is KC, known to the compiler (dispatch_combine below picks it for top-8).
+template <int V, int KC, class Step>
 __device__ inline void combine_columns(const LaunchParams& P, const Role& role, const uint16_t* slots,
-                                       const int32_t* topk, Init init, Step step, uint16_t* out) {
-  const int64_t H = P.cfg.hidden, K = P.cfg.top_k, T = P.cfg.tokens_per_rank;
+                                       const int32_t* topk, const float* init, const float* w, Step step,
+                                       uint16_t* out) {
+  const int64_t H = P.cfg.hidden, K = KC > 0 ? KC : P.cfg.top_k, T = P.cfg.tokens_per_rank;
   for (int64_t i = (role.block * kThreads + threadIdx.x) * int64_t{V}; i < T * H;
        i += int64_t{P.blocks_per_rank} * kThreads * V) {
     const int64_t t = i / H, h = i % H;
     float acc[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] = init(i + v);
     if constexpr (V == 8) {
-      // Up to kSlotBatch slots' loads are in flight before their steps (one at a time was
-      // latency-bound); the steps still run in increasing k.
+      if (init != nullptr) {
+        const float4 a = __ldcg(reinterpret_cast<const float4*>(init + i));
+        const float4 b = __ldcg(reinterpret_cast<const float4*>(init + i + 4));
+        acc[0] = a.x, acc[1] = a.y, acc[2] = a.z, acc[3] = a.w, acc[4] = b.x, acc[5] = b.y, acc[6] = b.z, acc[7] = b.w;
+      } else {
+#pragma unroll
+        for (int v = 0; v < 8; ++v) acc[v] = 0.0f;
+      }
       constexpr int kSlotBatch = 8;
       for (int64_t k0 = 0; k0 < K; k0 += kSlotBatch) {  // ORDER: slots in increasing k
-        bool live[kSlotBatch];
+        int32_t e[kSlotBatch];
+        float wk[kSlotBatch];
         uint4 q[kSlotBatch];
 #pragma unroll
-        for (int b = 0; b < kSlotBatch; ++b) live[b] = k0 + b < K && __ldcg(&topk[t * K + k0 + b]) >= 0;
-#pragma unroll
-        for (int b = 0; b < kSlotBatch; ++b)
-          if (live[b]) q[b] = __ldcg(reinterpret_cast<const uint4*>(&slots[(t * K + k0 + b) * H + h]));
+        for (int b = 0; b < kSlotBatch; ++b) {
+          const bool in = k0 + b < K;
+          e[b] = in ? __ldg(&topk[t * K + k0 + b]) : -1;
+          wk[b] = in && w != nullptr ? __ldg(&w[t * K + k0 + b]) : 0.0f;
+          if (in) q[b] = __ldcg(reinterpret_cast<const uint4*>(&slots[(t * K + k0 + b) * H + h]));
+        }
 #pragma unroll
         for (int b = 0; b < kSlotBatch; ++b) {
-          if (!live[b]) continue;
+          if (e[b] < 0) continue;
           const uint32_t u[4] = {q[b].x, q[b].y, q[b].z, q[b].w};
 #pragma unroll
           for (int v = 0; v < 8; ++v)
-            acc[v] = step(acc[v], t, k0 + b, static_cast<uint16_t>(v & 1 ? u[v / 2] >> 16 : u[v / 2] & 0xFFFF));
+            acc[v] = step(acc[v], wk[b], static_cast<uint16_t>(v & 1 ? u[v / 2] >> 16 : u[v / 2] & 0xFFFF));
         }
       }
-    } else {
-      for (int64_t k = 0; k < K; ++k) {  // ORDER: slots in increasing k
-        if (topk[t * K + k] < 0) continue;
-        acc[0] = step(acc[0], t, k, __ldcg(&slots[(t * K + k) * H + h]));
-      }
-    }
-    if constexpr (V == 8) {
       uint32_t u[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        u[q] = pack2(spec::bf16_from_f32_rne(acc[2 * q]), spec::bf16_from_f32_rne(acc[2 * q + 1]));
+      for (int j = 0; j < 4; ++j)
+        u[j] = pack2(spec::bf16_from_f32_rne(acc[2 * j]), spec::bf16_from_f32_rne(acc[2 * j + 1]));
       *reinterpret_cast<uint4*>(out + i) = make_uint4(u[0], u[1], u[2], u[3]);
     } else {
+      acc[0] = init != nullptr ? __ldcg(&init[i]) : 0.0f;
+      for (int64_t k = 0; k < K; ++k) {  // ORDER: slots in increasing k
+        if (topk[t * K + k] < 0) continue;
+        acc[0] = step(acc[0], w != nullptr ? w[t * K + k] : 0.0f, __ldcg(&slots[(t * K + k) * H + h]));
+      }
       out[i] = spec::bf16_from_f32_rne(acc[0]);
     }
   }
+}
+
+// combine_columns with the widest V that H allows, and top-8 known at compile time: the same code
+// with a runtime top_k took 0.43 ms on the dsv3-shaped probe, with K = 8 fixed 0.34 ms, against
+// 0.32 ms for the probe's bare reduction (kernel/notes/combine_bw_probe.txt, H200).
+template <class Step>
+__device__ inline void dispatch_combine(const LaunchParams& P, const Role& role, const uint16_t* slots,
+                                       const int32_t* topk, const float* init, const float* w, Step step,
+                                       uint16_t* out) {
+  if (P.cfg.hidden % 8 != 0)
+    combine_columns<1, 0>(P, role, slots, topk, init, w, step, out);
+  else if (P.cfg.top_k == 8)
+    combine_columns<8, 8>(P, role, slots, topk, init, w, step, out);
+  else
+    combine_columns<8, 0>(P, role, slots, topk, init, w, step, out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -970,7 +1001,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   trace_mark(P, kTrStart);
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, K = c.top_k;
+  const int64_t H = c.hidden;
 
   count_rows(P, role);
   count_expected_arrivals(P, role);
@@ -1010,14 +1041,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
   const float* w = P.peers[role.rank].router_weights;
   uint16_t* out = P.tensors[role.rank].output;
   // ORDER: combine-slots (per element; V adjacent columns per thread).
-  auto init = [&](int64_t i) { return c.has_shared() ? __ldcg(&S.shared_out[i]) : 0.0f; };
-  auto step = [&](float acc, int64_t t, int64_t k, uint16_t y_bits) { return spec::combine_step(acc, w[t * K + k], y_bits); };
+  const float* init = c.has_shared() ? S.shared_out : nullptr;
+  auto step = [](float acc, float wk, uint16_t y_bits) { return spec::combine_step(acc, wk, y_bits); };
   if constexpr (kAtomics)
     finish_from_acc(P, role, out);
-  else if (H % 8 == 0)
-    combine_columns<8>(P, role, y, topk, init, step, out);
   else
-    combine_columns<1>(P, role, y, topk, init, step, out);
+    dispatch_combine(P, role, y, topk, init, w, step, out);
   trace_mark(P, kTrReduceDone);
   trace_mark(P, kTrEnd);
 }
@@ -1380,14 +1409,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchP
   const int32_t* topk = P.peers[role.rank].topk;
   const RankTensors& R = P.tensors[role.rank];
   // ORDER: dx-slots (per element; V adjacent columns per thread).
-  auto init = [&](int64_t i) { return c.has_shared() ? __ldcg(&S.dx_shared[i]) : 0.0f; };
-  auto step = [](float acc, int64_t, int64_t, uint16_t dx_bits) { return spec::dx_step(acc, dx_bits); };
+  const float* init = c.has_shared() ? S.dx_shared : nullptr;
+  auto step = [](float acc, float, uint16_t dx_bits) { return spec::dx_step(acc, dx_bits); };
   if constexpr (kAtomics)
     finish_from_acc(P, role, R.d_x);
-  else if (H % 8 == 0)
-    combine_columns<8>(P, role, dx, topk, init, step, R.d_x);
   else
-    combine_columns<1>(P, role, dx, topk, init, step, R.d_x);
+    dispatch_combine(P, role, dx, topk, init, nullptr, step, R.d_x);
   trace_mark(P, kTrDxDone);
   if (H % 8 == 0 && P.fast)
     router_grads<kRouterChunkFast>(P, role, smem, dout, y, topk, R.d_router_weights);

@@ -135,8 +135,14 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   // The forward's: with the bulk gather, 16 blocks move the rows as fast as 131 and leave the
   // others to the GEMMs (BENCHMARKS.md, twelfth session); with threads (as across GPUs, where
   // the bulk gather is off: launch()), every block is needed.
+  // The launch-invariant flags are resolved here, once. Bulk copies of peer rows are checked on
+  // one GPU only (the virtual rack); the NCCL transport (system scope) keeps the thread gather
+  // until it runs on several GPUs.
+  host_.fast = fast_ ? 1 : 0;
+  host_.bulk_gather = fast_ && options_.bulk_gather && !system_scope ? 1 : 0;
+  host_.staged_swiglu = fast_ && resolve_swiglu(options_.swiglu, cfg.hidden) == SwigluEpilogue::kStaged ? 1 : 0;
   if (options_.forward_comm_blocks_per_rank == 0)
-    options_.forward_comm_blocks_per_rank = fast_ && options_.bulk_gather && !system_scope
+    options_.forward_comm_blocks_per_rank = host_.bulk_gather
                                                 ? std::min(kDefaultBulkGatherBlocks, options_.comm_blocks_per_rank)
                                                 : options_.comm_blocks_per_rank;
   if (options_.forward_comm_blocks_per_rank < 1 || options_.forward_comm_blocks_per_rank >= blocks_per_rank_)
@@ -253,11 +259,6 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
                       " (are the device pointers 16-byte aligned?); KernelOptions::disable_tma runs without them",
                   ErrorKind::kInternal);
   }
-  host_.fast = fast_ ? 1 : 0;
-  // Bulk copies of peer rows are checked on one GPU only (the virtual rack); the NCCL transport
-  // (system scope) keeps the thread gather until it runs on several GPUs.
-  host_.bulk_gather = fast_ && options_.bulk_gather && !host_.system_scope ? 1 : 0;
-  host_.staged_swiglu = fast_ && resolve_swiglu(options_.swiglu, host_.cfg.hidden) == SwigluEpilogue::kStaged ? 1 : 0;
   MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));

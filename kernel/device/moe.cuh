@@ -1219,6 +1219,18 @@ __device__ __forceinline__ void copy16_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
 }
+// Closes the thread's current group of copies; copy16_wait_all_but_last waits for every group
+// but the most recent one.
+__device__ __forceinline__ void copy16_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void copy16_wait_all_but_last() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
 
 // d_router_weights[s] = sum over h of d_output[t, h] * y[s, h] for every slot s = (t, k) of the
 // rank's tokens (0 for an empty slot). ORDER: router-grad-lanes: one warp per slot; lane j sums
@@ -1228,10 +1240,13 @@ __device__ __forceinline__ void copy16_wait_all() {
 // C > 0 (H a multiple of 8) the warp first copies C-element pieces of both rows into its own
 // part of the idle ring with 16-byte cp.async (2C / 256 copies per lane in flight), then each
 // lane runs its chain from shared memory: the same elements, in the same order. C = 0 is the
-// plain loop. Needs 4C bytes of shared memory per warp: 64 KiB of the fast engine's 192 KiB ring
-// at C = 2048, 8 KiB of the slow engine's 9 KiB of buffers at C = 256.
+// plain loop. Needs 4C bytes of shared memory per warp: 8 KiB of the slow engine's 9 KiB of
+// buffers at C = 256. The fast engine's form (C = 2048) keeps two chunks per warp, 8C bytes (128
+// KiB of its 192 KiB ring): the copies of the warp's next chunk, which may be its next slot's
+// first, are in flight while the lanes run their chains over the current one, so the warp waits
+// for memory once per slot rather than once per chunk. The chains and the butterfly are the same.
 inline constexpr int kRouterChunkFast = 2048, kRouterChunkSlow = 256;
-static_assert(kWarps * 4 * kRouterChunkFast <= kRingBytes, "the fast engine's staging fits in its ring");
+static_assert(kWarps * 8 * kRouterChunkFast <= kRingBytes, "the fast engine's two chunks per warp fit in its ring");
 static_assert(kWarps * 4 * kRouterChunkSlow <= smem_bytes_for(0, false) - 1024,
               "the slow engine's staging fits in the dynamic shared memory a slow launch gets past alignment");
 template <int C>
@@ -1239,6 +1254,61 @@ __device__ inline void router_grads(const LaunchParams& P, const Role& role, uin
                                     const uint16_t* y, const int32_t* topk, float* d_router_weights) {
   const int64_t H = P.cfg.hidden, K = P.cfg.top_k, T = P.cfg.tokens_per_rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if constexpr (C == kRouterChunkFast) {
+    // Two buffers per warp, each a chunk of both rows; the warp's (slot, chunk) sequence is its
+    // live slots in increasing s, each slot's chunks in increasing h.
+    uint16_t* const base = reinterpret_cast<uint16_t*>(smem) + warp * 4 * C;
+    const int64_t stride = int64_t{P.blocks_per_rank} * kWarps, TK = T * K;
+    auto live_from = [&](int64_t s) {  // the first live slot at or after s; empty slots get 0
+      for (; s < TK; s += stride) {
+        if (__ldg(&topk[s]) >= 0) break;
+        if (lane == 0) d_router_weights[s] = 0.0f;
+      }
+      return s;
+    };
+    auto issue = [&](int64_t s, int64_t c0, int b) {
+      const int n = static_cast<int>(H - c0 < C ? H - c0 : C);
+      uint16_t* sd = base + b * 2 * C;
+      for (int e = lane * 8; e < n; e += 256) {
+        copy16_async(sd + e, dout + (s / K) * H + c0 + e);
+        copy16_async(sd + C + e, y + s * H + c0 + e);
+      }
+      copy16_commit();
+    };
+    int64_t s = live_from(role.block * kWarps + warp), c0 = 0;
+    int b = 0;
+    float acc = 0.0f;
+    if (s < TK) issue(s, 0, 0);
+    while (s < TK) {  // ORDER: chunks in increasing h within a slot
+      int64_t ns = s, nc0 = c0 + C;
+      if (nc0 >= H) ns = live_from(s + stride), nc0 = 0;
+      if (ns < TK) {
+        issue(ns, nc0, b ^ 1);  // buffer b ^ 1 was last read before the __syncwarp below, one step ago
+        copy16_wait_all_but_last();
+      } else {
+        copy16_wait_all();
+      }
+      __syncwarp();
+      const uint16_t* sd = base + b * 2 * C;
+      const int n = static_cast<int>(H - c0 < C ? H - c0 : C);
+#pragma unroll 8
+      for (int e = lane; e < n; e += 32)  // ORDER: this lane's columns in increasing h
+        acc = spec::ffma(spec::f32_from_bf16(sd[e]), spec::f32_from_bf16(sd[C + e]), acc);
+      __syncwarp();  // every lane has read buffer b before the next step's copies refill it
+      if (nc0 == 0) {
+        for (int offset = 16; offset >= 1; offset /= 2)
+          acc = spec::fadd(acc, __shfl_xor_sync(0xffffffffu, acc, offset));
+        if (lane == 0) d_router_weights[s] = acc;
+        acc = 0.0f;
+      }
+      s = ns, c0 = nc0, b ^= 1;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+    __syncthreads();
+    return;
+  }
   [[maybe_unused]] uint16_t* sd = reinterpret_cast<uint16_t*>(smem) + warp * 2 * C;
   [[maybe_unused]] uint16_t* sy = sd + C;
   for (int64_t s = role.block * kWarps + warp; s < T * K; s += P.blocks_per_rank * kWarps) {

@@ -110,10 +110,13 @@ TEST(Kernel, DeterminismAcrossRanksRolesAndRuns) {
 // 128-column halves of the backward phase-1 tiles (256 wide over I), whole and partial, which
 // the row epilogues store in separate passes. With 3 blocks, each block takes many GEMM and
 // weight-gradient tiles in a row, each reusing the ring right after the last one's staged epilogue.
+// The third (H = 2304) gives the router gradients two chunks per slot, a whole one and a partial
+// one, so each warp's next-chunk copies land both within a slot and across slots.
 TEST(Kernel, FastEngineBitExactWithTheEmulator) {
   REQUIRE_GPU();
-  for (const spec::LayerConfig& base : {spec::LayerConfig{384, 128, 128, 8, 2, 1, 320}, spec::LayerConfig{384, 256, 192, 8, 2, 1, 320}})
-    check_fast_engine(base, base.intermediate == 128 ? std::vector<int>{1, 2} : std::vector<int>{1});
+  for (const spec::LayerConfig& base : {spec::LayerConfig{384, 128, 128, 8, 2, 1, 320}, spec::LayerConfig{384, 256, 192, 8, 2, 1, 320},
+                                        spec::LayerConfig{2304, 128, 128, 8, 2, 1, 96}})
+    check_fast_engine(base, base.intermediate == 128 && base.hidden == 384 ? std::vector<int>{1, 2} : std::vector<int>{1});
 }
 
 // Each pass maps work items to experts through a per-block row-tile table, or walks the offsets

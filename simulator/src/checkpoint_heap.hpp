@@ -1,10 +1,19 @@
-// The engine's flow-completion heap (internal to mok::sim; a header so that tests can drive it).
+// Internal parts of the engine (mok::sim), in a header so that tests can drive them: the
+// flow-completion heap, and the rounding of completion times.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 namespace mok::sim::detail {
+
+// std::ceil(x) for 0 <= x < 1e17, without a call into libm (the x86-64 baseline has no rounding
+// instruction; a completion time is rounded at every rate change): the truncation is x's integer
+// part, exact as a double since it is below 2^63, so one compare finds whether x has a fraction.
+inline int64_t ceil_below_1e17(double x) {
+  const int64_t whole = static_cast<int64_t>(x);
+  return whole + (x > static_cast<double>(whole));
+}
 
 // Completion time of every active flow, keyed (time, flow index): an indexed binary heap, so a
 // rate change moves the flow's entry instead of leaving stale copies behind. Ties go by flow

@@ -33,7 +33,7 @@ int64_t delivery_ns(double need_bytes, double rate_gbps) {
   if (need_bytes <= 0) return 0;
   const double dt = need_bytes / rate_gbps;
   if (!(dt < 1e17)) return kNeverNs;
-  return std::max<int64_t>(1, ceil_ns(dt));
+  return std::max<int64_t>(1, detail::ceil_below_1e17(dt));
 }
 
 // Exact distribution of non-negative integer nanoseconds with bounded memory.

@@ -5,6 +5,7 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -74,6 +75,32 @@ RC_GTEST_PROP(CheckpointHeapProps, KeyBoundSkipsOnlyWhatLowerWouldIgnore, ()) {
   }
   RC_ASSERT(fast.empty());
   RC_ASSERT(ref_pops == fast_pops);
+}
+
+}  // namespace
+}  // namespace mok::sim
+
+namespace mok::sim {
+namespace {
+
+RC_GTEST_PROP(CheckpointHeapProps, CeilBelow1e17IsStdCeil, ()) {
+  // Integers, integers plus or minus an ulp or two, tiny values, and values of every magnitude.
+  const int kind = *rc::gen::inRange(0, 4);
+  double x = 0;
+  if (kind == 0) {
+    x = static_cast<double>(*rc::gen::inRange<int64_t>(0, int64_t{100000000000000000}));
+  } else if (kind == 1) {
+    x = static_cast<double>(*rc::gen::inRange<int64_t>(0, int64_t{1} << 40));
+    const int steps = *rc::gen::inRange(-2, 3);
+    for (int i = 0; i < steps; ++i) x = std::nextafter(x, 1e17);
+    for (int i = 0; i > steps; --i) x = std::nextafter(x, 0.0);
+  } else if (kind == 2) {
+    x = std::ldexp(*rc::gen::inRange(1, 1 << 20), -*rc::gen::inRange(1, 1000));
+  } else {
+    x = std::ldexp(static_cast<double>(*rc::gen::inRange<int64_t>(1, int64_t{1} << 52)), *rc::gen::inRange(-60, 4));
+  }
+  RC_PRE(x >= 0 && x < 1e17);
+  RC_ASSERT(detail::ceil_below_1e17(x) == static_cast<int64_t>(std::ceil(x)));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "mok/sim/error.hpp"
 #include "mok/sim/flow_network.hpp"
+#include "checkpoint_heap.hpp"
 
 namespace mok::sim {
 
@@ -32,7 +33,7 @@ int64_t delivery_ns(double need_bytes, double rate_gbps) {
   if (need_bytes <= 0) return 0;
   const double dt = need_bytes / rate_gbps;
   if (!(dt < 1e17)) return kNeverNs;
-  return std::max<int64_t>(1, ceil_ns(dt));
+  return std::max<int64_t>(1, detail::ceil_below_1e17(dt));
 }
 
 // Exact distribution of non-negative integer nanoseconds with bounded memory.
@@ -143,107 +144,6 @@ struct EventLater {
     return x.time_ns != y.time_ns ? x.time_ns > y.time_ns : x.seq > y.seq;
   }
 };
-// Completion time of every active flow, keyed (time, flow index): an indexed binary heap, so a
-// rate change moves the flow's entry instead of leaving stale copies behind. Ties go by flow
-// index, not by when the rate was set, so the order in which a rate update lists its changed
-// flows does not matter.
-// The completion time itself (the due time) is kept by the caller, in the flow's own state, and
-// an entry's key is only a lower bound of it: a later completion time costs no heap access at
-// all, and an entry that reaches the top with key < due is moved down then (normalize(), which
-// reads the due time through `due`). The top is then exact: every other entry's (due, flow) is
-// at least its (key, flow), which is at least the top's. A flow's rate changes hundreds of times
-// at 576 GPUs, and about half of the changes make it later.
-class CheckpointHeap {
- public:
-  bool empty() const { return heap_.empty(); }
-  template <typename Due>
-  int top(Due&& due) {
-    normalize(due);
-    return static_cast<int>(heap_[0].flow);
-  }
-  template <typename Due>
-  int64_t top_time(Due&& due) {
-    normalize(due);
-    return heap_[0].time_ns;
-  }
-  // The flow's key becomes at most time_ns (the flow is inserted when absent).
-  void lower(int flow, int64_t time_ns) {
-    if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(flow + 1, -1);
-    if (pos_[flow] < 0) {
-      pos_[flow] = static_cast<int>(heap_.size());
-      heap_.push_back(Entry{time_ns, flow});
-      sift_up(pos_[flow]);
-      return;
-    }
-    const int i = pos_[flow];
-    if (time_ns < heap_[i].time_ns) {
-      heap_[i].time_ns = time_ns;
-      sift_up(i);
-    }
-  }
-  void erase(int flow) {
-    if (static_cast<size_t>(flow) >= pos_.size() || pos_[flow] < 0) return;
-    const int i = pos_[flow];
-    const Entry last = heap_.back();
-    heap_.pop_back();
-    pos_[flow] = -1;
-    if (last.flow == flow) return;
-    heap_[i] = last;
-    pos_[last.flow] = i;
-    sift_up(i);
-    sift_down(pos_[last.flow]);
-  }
-
- private:
-  // Keys live in the heap entries (no indirection while sifting).
-  struct Entry {
-    int64_t time_ns;  // the key: at most the flow's due time
-    int64_t flow;
-  };
-  template <typename Due>
-  void normalize(Due&& due) {
-    for (int64_t d; heap_[0].time_ns < (d = due(static_cast<int>(heap_[0].flow)));) {
-      heap_[0].time_ns = d;
-      sift_down(0);
-    }
-  }
-  // Times and flow indices are never negative: (time, flow) compares as one 128-bit number.
-  static bool less(const Entry& a, const Entry& b) {
-    return (static_cast<unsigned __int128>(static_cast<uint64_t>(a.time_ns)) << 64 | static_cast<uint64_t>(a.flow)) <
-           (static_cast<unsigned __int128>(static_cast<uint64_t>(b.time_ns)) << 64 | static_cast<uint64_t>(b.flow));
-  }
-  void sift_up(int i) {
-    const Entry e = heap_[i];
-    while (i > 0) {
-      const int parent = (i - 1) / 2;
-      if (!less(e, heap_[parent])) break;
-      heap_[i] = heap_[parent];
-      pos_[heap_[i].flow] = i;
-      i = parent;
-    }
-    heap_[i] = e;
-    pos_[e.flow] = i;
-  }
-  void sift_down(int i) {
-    const int n = static_cast<int>(heap_.size());
-    const Entry e = heap_[i];
-    for (;;) {
-      int best = -1;
-      const int l = 2 * i + 1, r = l + 1;
-      if (l < n && less(heap_[l], e)) best = l;
-      if (r < n && less(heap_[r], best < 0 ? e : heap_[l])) best = r;
-      if (best < 0) break;
-      heap_[i] = heap_[best];
-      pos_[heap_[i].flow] = i;
-      i = best;
-    }
-    heap_[i] = e;
-    pos_[e.flow] = i;
-  }
-  std::vector<Entry> heap_;
-  std::vector<int> pos_;
-};
-
 class LayerSim {
  public:
   LayerSim(const Topology& topo, const Workload& work, const ProtocolConfig& proto, const SimOptions& opt)
@@ -388,8 +288,7 @@ class LayerSim {
   std::vector<int64_t> barrier_gpu_ns_[2];
   int32_t barrier_gpus_[2] = {0, 0};
 
-  // Per flow: its transfer and SM and its current constant-rate segment (start, bytes delivered
-  // then, rate). Chunk milestones follow from the segments: piece j's milestone lies in the
+  // Per flow: its current constant-rate segment (start, bytes delivered then, rate). Chunk milestones follow from the segments: piece j's milestone lies in the
   // first segment whose rate carries the flow past the bytes through piece j before the next
   // segment starts. Each segment is examined when it closes (a rate change), so no segment log
   // is kept; the milestones found are handed on in one batch when the flow completes, never as
@@ -400,11 +299,12 @@ class LayerSim {
     double seg_rate;     // bytes per ns in this segment; -1 before the first assignment
     int64_t next_cum;    // bytes through piece next_piece (the first without a milestone yet);
                          // kNoPiece when every piece has its milestone
-    // The flow's piece table (flow_piece_ns_[f]'s storage, held here so that closing a segment
-    // touches no other line of the engine's): entry j is the milestone time of piece j for
-    // j < next_piece, the bytes through piece j for j >= next_piece.
-    int64_t* piece;
-    int32_t transfer, next_piece;  // (the issuing SM is the transfer's initiator * S + sm)
+    // The flow's piece table is flow_piece_ns_[f]: entry j is the milestone time of piece j for
+    // the pieces before the next one without a milestone, the bytes through piece j for the
+    // others. This points at the next one's entry, so that closing a segment touches no other
+    // line of the engine's (and needs no index).
+    int64_t* next_piece;
+    int64_t key_bound;   // at least the flow's key in checkpoints_ (INT64_MAX when absent)
     int64_t due_ns;      // completion time at the current rate; INT64_MAX: none (not in checkpoints_)
     double total;        // the flow's bytes (here rather than read from the network's flow line)
   };
@@ -412,7 +312,9 @@ class LayerSim {
   static constexpr int64_t kNoPiece = INT64_MIN;
   static_assert(sizeof(FlowState) == 64, "a FlowState fills one cache line");
   std::vector<FlowState> flow_state_;               // by flow index
-  std::vector<std::vector<int64_t>> flow_piece_ns_;  // by flow index: storage of FlowState::piece
+  std::vector<std::vector<int64_t>> flow_piece_ns_;  // by flow index: the piece tables
+  std::vector<int32_t> flow_transfer_;               // by flow index: its transfer (the issuing SM
+                                                     // is the transfer's initiator * S + sm)
   // Milestones inside the current segment of flow f, for a segment that ends at end_ns.
   static void close_segment(FlowState& fs, int64_t end_ns);
   std::vector<int64_t> combine_last_source_;  // per destination: producer of its latest combine data
@@ -420,7 +322,7 @@ class LayerSim {
 
   std::vector<GpuTimeline> gpu_;
   std::priority_queue<Event, std::vector<Event>, EventLater> events_;
-  CheckpointHeap checkpoints_;
+  detail::CheckpointHeap checkpoints_;
   uint64_t seq_ = 0;
   int64_t num_events_ = 0, num_flows_ = 0, num_milestones_ = 0;
   bool dirty_ = false;
@@ -803,6 +705,7 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
   if (static_cast<size_t>(f) >= flow_state_.size()) {
     flow_state_.resize(f + 1);
     flow_piece_ns_.resize(f + 1);
+    flow_transfer_.resize(f + 1);
   }
   // The bytes through each piece, read once here in piece order (a transfer's pieces lie
   // together in the piece table) rather than one at a time as segments close.
@@ -814,8 +717,9 @@ void LayerSim::start_transfer(int agent, int tid, int64_t now) {
     table[j] = cum;
   }
   table[tr.count] = kNoPiece;
-  flow_state_[f] = FlowState{now,       0.0, -1.0,      table[0], table.data(), tid, 0, INT64_MAX,
+  flow_state_[f] = FlowState{now,       0.0,       -1.0,      table[0], table.data(), INT64_MAX, INT64_MAX,
                              static_cast<double>(net_.flow(f).total_bytes)};
+  flow_transfer_[f] = tid;
   checkpoints_.erase(f);
   new_flows_.push_back(f);
   dirty_ = true;
@@ -830,8 +734,8 @@ void LayerSim::close_segment(FlowState& fs, int64_t end_ns) {
         fs.seg_rate > 0 ? delivery_ns(static_cast<double>(fs.next_cum) - fs.seg_d0, fs.seg_rate) : kNeverNs;
     const int64_t t = dt >= kNeverNs ? kNeverNs : fs.seg_t0 + dt;
     if (t > end_ns) return;
-    fs.piece[fs.next_piece] = t;
-    fs.next_cum = fs.piece[++fs.next_piece];
+    *fs.next_piece = t;
+    fs.next_cum = *++fs.next_piece;
   }
 }
 
@@ -859,12 +763,19 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   const int64_t dt = rate > 0 ? delivery_ns(total - d, rate) : kNeverNs;
   if (dt >= kNeverNs) {
     checkpoints_.erase(f);
+    fs.key_bound = INT64_MAX;
     fs.due_ns = INT64_MAX;
     return;
   }
-  // Later than before: the entry's key stays a lower bound, the heap is not touched.
-  if (now + dt < fs.due_ns) checkpoints_.lower(f, now + dt);
-  fs.due_ns = now + dt;
+  // At or after the entry's key (later than before, always): the key stays a lower bound of the
+  // due time and the heap is not touched. key_bound >= the key, and due < the key implies due <
+  // the old due (key <= due), so this lowers exactly the keys that lower() would change.
+  const int64_t due = now + dt;
+  if (due < fs.key_bound) {
+    checkpoints_.lower(f, due);
+    fs.key_bound = due;  // the key is now at most due
+  }
+  fs.due_ns = due;
 }
 
 // Every chunk milestone of a completed flow, in piece order: those of its closed segments were
@@ -873,8 +784,8 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
 void LayerSim::replay_milestones(int f, int64_t now) {
   FlowState& fs = flow_state_[f];
   close_segment(fs, INT64_MAX);
-  const Transfer& tr = transfers_[fs.transfer];
-  const int64_t* times = fs.piece;
+  const Transfer& tr = transfers_[flow_transfer_[f]];
+  const int64_t* times = flow_piece_ns_[f].data();
   for (int64_t j = 0; j < tr.count; ++j) {
     ++num_milestones_;
     on_piece_data(tr, transfer_piece(tr, j), std::min(times[j], now));
@@ -889,7 +800,7 @@ void LayerSim::update_port_queues(int64_t now) {
     const Flow& fl = net_.flow(f);
     const int bottleneck = net_.bottleneck(f);
     if (bottleneck < 0 || res_kind_[bottleneck] > 1) continue;  // demand, or not an NVLink port
-    const Transfer& tr = transfers_[flow_state_[f].transfer];
+    const Transfer& tr = transfers_[flow_transfer_[f]];
     const double excess = tr.window_bytes - fl.rate_gbps() * 2.0 * static_cast<double>(tr.latency_ns);
     if (excess > 0) port_queue_bytes_[bottleneck] += excess;
   }
@@ -906,7 +817,7 @@ void LayerSim::update_port_queues(int64_t now) {
 
 void LayerSim::on_flow_complete(int f, int64_t now) {
   replay_milestones(f, now);
-  const int tid = flow_state_[f].transfer;
+  const int tid = flow_transfer_[f];
   const Transfer& tr = transfers_[tid];
   // Transfer complete: credit bytes per phase, free the SM.
   const Flow& fl = net_.flow(f);
@@ -919,6 +830,7 @@ void LayerSim::on_flow_complete(int f, int64_t now) {
     }
   const int agent = tr.initiator * S_ + tr.sm;
   checkpoints_.erase(f);
+  flow_state_[f].key_bound = INT64_MAX;
   flow_state_[f].due_ns = INT64_MAX;
   dirty_ = true;
   net_.finish_flow(f);
@@ -1374,17 +1286,18 @@ LayerResult LayerSim::run() {
 
   const int64_t kNever = INT64_MAX;
   auto due = [this](int f) { return flow_state_[f].due_ns; };
+  auto rekeyed = [this](int f, int64_t key) { flow_state_[f].key_bound = key; };
   while (true) {
     const int64_t t_event = events_.empty() ? kNever : events_.top().time_ns;
-    const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time(due);
+    const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time(due, rekeyed);
     const int64_t now = std::min(t_event, t_flow);
     if (now == kNever) break;
     // Everything at `now`: flow completions first (in schedule order), then events (FIFO).
     while (true) {
       bool progressed = false;
-      while (!checkpoints_.empty() && checkpoints_.top_time(due) == now) {
+      while (!checkpoints_.empty() && checkpoints_.top_time(due, rekeyed) == now) {
         ++num_events_;
-        on_flow_complete(checkpoints_.top(due), now);
+        on_flow_complete(checkpoints_.top(due, rekeyed), now);
         progressed = true;
       }
       while (!events_.empty() && events_.top().time_ns == now) {
@@ -1451,17 +1364,24 @@ LayerResult LayerSim::run() {
       if (opt_.rate_quantum_ns > 0 || opt_.full_rate_recompute) net_.recompute_rates();
       else net_.update_rates();
       // Only flows whose rate changed (and new ones) start a new segment; any order will do.
-      // The flows' segment lines are scattered: each is requested a few flows ahead, and the
-      // line of its piece table that closing the segment reads, two flows ahead (by then the
-      // segment line has arrived).
+      // The flows' segment lines are scattered: each is requested 8 flows ahead. Four flows
+      // ahead (by then the segment line has arrived), the line of its piece table that closing
+      // the segment reads is requested too, but only when the flow may have reached its next
+      // piece's end (the test of set_rate_segment() with a wide margin): most rate changes carry
+      // no milestone, and a request for every one of them (as before) fetched a line of a 9 MB
+      // table (racks8) in vain six times out of seven. A prefetch changes no result.
       const std::vector<int>& changed = net_.changed_flows();
       const std::vector<int64_t>& changed_rates = net_.changed_rates();
       const size_t num_changed = changed.size();
+      const double now_d = static_cast<double>(now);
       for (size_t i = 0; i < num_changed; ++i) {
-        if (i + 4 < num_changed) __builtin_prefetch(&flow_state_[changed[i + 4]], 1);
-        if (i + 2 < num_changed) {
-          const FlowState& ahead = flow_state_[changed[i + 2]];
-          if (ahead.next_cum != kNoPiece) __builtin_prefetch(ahead.piece + ahead.next_piece, 1);
+        if (i + 8 < num_changed) __builtin_prefetch(&flow_state_[changed[i + 8]], 1);
+        if (i + 4 < num_changed) {
+          const FlowState& a = flow_state_[changed[i + 4]];
+          if (a.next_cum != kNoPiece && a.seg_rate > 0 &&
+              a.seg_d0 + a.seg_rate * (now_d - static_cast<double>(a.seg_t0)) >=
+                  static_cast<double>(a.next_cum) * (1.0 - 0x1p-20))
+            __builtin_prefetch(a.next_piece, 1);
         }
         // The new rate from the update's own list: the flow's line in the network is not read.
         set_rate_segment(changed[i], units_to_gbps(changed_rates[i]), now);

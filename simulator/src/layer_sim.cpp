@@ -288,8 +288,9 @@ class LayerSim {
   std::vector<int64_t> barrier_gpu_ns_[2];
   int32_t barrier_gpus_[2] = {0, 0};
 
-  // Per flow: its current constant-rate segment (start, bytes delivered then, rate). Chunk milestones follow from the segments: piece j's milestone lies in the
-  // first segment whose rate carries the flow past the bytes through piece j before the next
+  // Per flow: its current constant-rate segment (start, bytes delivered then, rate). Chunk
+  // milestones follow from the segments: piece j's milestone lies in the first segment whose
+  // rate carries the flow past the bytes through piece j before the next
   // segment starts. Each segment is examined when it closes (a rate change), so no segment log
   // is kept; the milestones found are handed on in one batch when the flow completes, never as
   // one event each.

@@ -404,28 +404,46 @@ __device__ inline void publish_tile(uint32_t* counter) {
 
 // Combine and backward push: canonical row p's slot row in its token owner's slot buffer
 // (y_slots or dx_slots), where each (token, slot) is written once.
-__device__ __forceinline__ uint16_t* slot_row(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
-                                              int64_t p) {
+__device__ __forceinline__ uint16_t* slot_row_of(const LaunchParams& P, uint16_t* PeerBuffers::*slots, RowRef row) {
   const spec::LayerConfig& c = P.cfg;
-  const RowRef row = S.rows[p];
   return P.peers[row.token_idx / c.tokens_per_rank].*slots +
          ((row.token_idx % c.tokens_per_rank) * c.top_k + row.slot_idx) * c.hidden;
+}
+__device__ __forceinline__ uint16_t* slot_row(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
+                                              int64_t p) {
+  return slot_row_of(P, slots, S.rows[p]);
 }
 __device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, uint16_t* PeerBuffers::*slots,
                                      int64_t p, int64_t col, float v) {
   slot_row(P, S, slots, p)[col] = spec::bf16_from_f32_rne(v);
 }
 
+// Rows per owner rank of a tile's pushes, tallied in shared memory (publish_rows). Thread r
+// zeroes and later reads entry r, so one tile's tally cannot overwrite the previous tile's before
+// its counts are made.
+__device__ __forceinline__ uint32_t* owner_tally() {
+  __shared__ uint32_t per_owner[kMaxRanks];
+  return per_owner;
+}
+__device__ __forceinline__ void zero_owner_tally(const LaunchParams& P) {
+  for (int r = threadIdx.x; r < P.num_ranks; r += kThreads) owner_tally()[r] = 0;
+}
+
 // The fast engine's phase-2 epilogue (forward down, backward d_x), through shared memory: a
 // routed row goes to its slot row at the token's owner (the row's key is that address), a
-// shared-expert row to this rank's fp32 `shared` rows.
+// shared-expert row to this rank's fp32 `shared` rows. Looking up a routed row's key also counts
+// the row in owner_tally() (zeroed by the caller before the GEMM), so that publish_rows need not
+// read the tile's rows again.
 __device__ __forceinline__ auto slot_row_epilogue(const LaunchParams& P, const RankState& S,
                                                   uint16_t* PeerBuffers::*slots, bool routed, int64_t p0, int64_t n0,
                                                   float* shared) {
   const int64_t H = P.cfg.hidden;
   return by_rows(
       [&P, &S, slots, routed, p0](int64_t i) {
-        return routed ? reinterpret_cast<int64_t>(slot_row(P, S, slots, p0 + i)) : int64_t{0};
+        if (!routed) return int64_t{0};
+        const RowRef row = S.rows[p0 + i];
+        atomicAdd(&owner_tally()[row.token_idx / P.cfg.tokens_per_rank], 1u);
+        return reinterpret_cast<int64_t>(slot_row_of(P, slots, row));
       },
       [routed, p0, n0, shared, H](int64_t i, int64_t key, int j, const float4& v, int valid) {
         if (routed)
@@ -480,13 +498,17 @@ __device__ inline void finish_from_acc(const LaunchParams& P, const Role& role, 
 // (arrivals[which]: 0 forward, 1 backward; once per column tile).
 // Rows are tallied per owner in shared memory first: one global atomic per owner and tile, not
 // one per row (a single owner's counter would otherwise take every row of the pass).
-__device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which) {
-  __shared__ uint32_t per_owner[kMaxRanks];
+// tallied: slot_row_epilogue's keys have tallied the rows already.
+__device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which,
+                                    bool tallied) {
+  uint32_t* per_owner = owner_tally();
   publish_fence(P);  // the pushes may have gone to other GPUs
-  for (int r = threadIdx.x; r < P.num_ranks; r += kThreads) per_owner[r] = 0;
-  __syncthreads();
-  for (int64_t m = threadIdx.x; m < n; m += kThreads)
-    atomicAdd(&per_owner[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank], 1u);
+  if (!tallied) {
+    zero_owner_tally(P);
+    __syncthreads();
+    for (int64_t m = threadIdx.x; m < n; m += kThreads)
+      atomicAdd(&per_owner[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank], 1u);
+  }
   __syncthreads();
   for (int r = threadIdx.x; r < P.num_ranks; r += kThreads)
     if (per_owner[r]) {
@@ -972,9 +994,11 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
                              [&](int64_t i, int64_t j, float v0, float v1) {
                                atomic_pair(P, role, S, routed, true, p0 + i, n0 + j, v0, v1);
                              });
-    else
+    else {
+      zero_owner_tally(P);  // slot_row_epilogue's keys count the rows (gemm_fast's first barrier orders this)
       gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, cols, A, B, B,
                              slot_row_epilogue(P, S, &PeerBuffers::y_slots, routed, p0, n0, S.shared_out));
+    }
   } else {
     gemm_slow(smem, n, H, Kd, 0, n0, [&](int64_t m, int64_t k) { return act[(p0 + m) * Kd + k]; },
               [&](int64_t k, int64_t col) { return wd[col * Kd + k]; }, out);
@@ -982,7 +1006,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   trace_add(P, kTrPhase2, t0_start);
   const uint64_t t0 = trace_now(P);
   if (routed)
-    publish_rows(P, S, p0, n, 0);
+    publish_rows(P, S, p0, n, 0, P.fast && !kAtomics);
   else
     publish(&S.counters[2], 1);
   trace_add(P, kTrPublish, t0);
@@ -1167,9 +1191,11 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
                              [&](int64_t i, int64_t j, float v0, float v1) {
                                atomic_pair(P, role, S, routed, false, p0 + i, n0 + j, v0, v1);
                              });
-    else
+    else {
+      zero_owner_tally(P);  // slot_row_epilogue's keys count the rows (gemm_fast's first barrier orders this)
       gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, cols, A, B, B,
                              slot_row_epilogue(P, S, &PeerBuffers::dx_slots, routed, p0, n0, S.dx_shared));
+    }
   } else {
     gemm_slow(
         smem, n, H, 2 * N1, 0, n0,
@@ -1179,7 +1205,7 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   trace_add(P, kTrPhase2, t0_start);
   const uint64_t t0 = trace_now(P);
   if (routed)
-    publish_rows(P, S, p0, n, 1);
+    publish_rows(P, S, p0, n, 1, P.fast && !kAtomics);
   else
     publish(&S.counters[3], 1);
   trace_add(P, kTrPublish, t0);

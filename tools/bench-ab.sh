@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench-ab.sh: compare mok-bench runs (two builds, or two flag sets) in one sitting, alternating.
 #
-# Usage: tools/bench-ab.sh [-n ROUNDS] [-o DIR] LABEL_A 'COMMAND_A' LABEL_B 'COMMAND_B' [LABEL 'COMMAND' ...]
+# Usage: tools/bench-ab.sh [-n ROUNDS] [-o DIR] [-p] LABEL_A 'COMMAND_A' LABEL_B 'COMMAND_B' [LABEL 'COMMAND' ...]
 #
 # Runs every COMMAND (a mok-bench or mok-bench-atomics command line, quoted as one argument) once
 # per round, in the order given, ROUNDS times (default 3), so that drift over the sitting hits
@@ -13,28 +13,41 @@
 # new directory under /tmp), one file per run. Exit 0 when every run succeeded, 1 when one failed
 # (its file says why), 2 on bad usage.
 #
+# Comparisons: with two labels, or with -p (labels in pairs: base, candidate, base, candidate,
+# ...), each candidate is set against its base round by round: the median over rounds of the
+# change (candidate / base - 1) and in how many rounds the candidate was faster, forward and
+# backward. A round counts where both runs succeeded.
+#
 # Example (the forward's gate/up epilogue, fragments against staged, qwen3 shapes):
 #   Q="build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 --reps 10 --no-baseline"
 #   tools/bench-ab.sh -n 3 fragments "$Q" staged "$Q --swiglu staged"
+# Two builds on two shapes, paired:
+#   tools/bench-ab.sh -p q-old "old/mok-bench $QARGS" q-new "new/mok-bench $QARGS" d-old "..." d-new "..."
 set -u
-usage() {
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
-  exit 2
+usage() {  # --help: exit 0
+  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
 }
 rounds=3
 dir=""
+pairs=0
 while [[ $# -gt 0 && $1 == -* ]]; do
   case $1 in
     -n) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || { echo "bench-ab.sh: -n needs a positive round count" >&2; exit 2; }
         rounds=$2; shift 2 ;;
     -o) [[ $# -ge 2 ]] || { echo "bench-ab.sh: -o needs a directory" >&2; exit 2; }
         dir=$2; shift 2 ;;
+    -p) pairs=1; shift ;;
     -h|--help) usage ;;
     *) echo "bench-ab.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 if [[ $# -lt 4 || $(($# % 2)) -ne 0 ]]; then
   echo "bench-ab.sh: give at least two LABEL 'COMMAND' pairs (got $# arguments; see --help)" >&2
+  exit 2
+fi
+if [[ $pairs == 1 && $(($# % 4)) -ne 0 ]]; then
+  echo "bench-ab.sh: -p pairs the labels (base, candidate, ...): give an even number of LABEL 'COMMAND' pairs (got $(($# / 2)))" >&2
   exit 2
 fi
 labels=()
@@ -104,4 +117,24 @@ for label in "${labels[@]}"; do
     END { printf "%-12s fwd %s ms  bwd %s ms  SM %s MHz  %s W  (%d rounds)\n", L, median(f, nf), median(b, nb), median(c, nc), median(p, np), nf }
   ' "$summary"
 done
+[[ ${#labels[@]} == 2 ]] && pairs=1
+if [[ $pairs == 1 ]]; then
+  echo "# candidate against base, round by round (median change; rounds faster)"
+  for ((i = 0; i < ${#labels[@]}; i += 2)); do
+    awk -F'\t' -v A="${labels[$i]}" -v B="${labels[$((i + 1))]}" '
+      function median(a, n,   i, j, t) {
+        for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+      }
+      function line(name, x, rounds,   r, n, w, d) {
+        n = 0; w = 0
+        for (r in rounds) if ((r, A) in x && (r, B) in x) { d[++n] = 100 * (x[r, B] / x[r, A] - 1); w += x[r, B] < x[r, A] }
+        if (n == 0) return name " -"
+        return sprintf("%s %+.1f%%, faster in %d of %d", name, median(d, n), w, n)
+      }
+      NR > 1 && ($2 == A || $2 == B) { round[$1] = 1; f[$1, $2] = $3; if ($4 != "-") b[$1, $2] = $4 }
+      END { printf "%s against %s: %s; %s\n", B, A, line("fwd", f, round), line("bwd", b, round) }
+    ' "$summary"
+  done
+fi
 exit $status

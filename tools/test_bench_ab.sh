@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_bench_ab.sh BENCH_AB: tools/bench-ab.sh against a stand-in for mok-bench (no GPU needed):
-# alternation, per-round figures, medians over rounds (odd and even counts), a failing variant
-# (exit 1, named), bad usage (exit 2, nothing run), and the nvidia-smi columns from busy samples only.
+# alternation, per-round figures, medians over rounds (odd and even counts), candidates against
+# their bases round by round (two labels, or -p pairs), a failing variant (exit 1, named), bad
+# usage (exit 2, nothing run), and the nvidia-smi columns from busy samples only.
 set -u
 ab=$1
 work=$(mktemp -d)
@@ -24,6 +25,9 @@ out=$("$ab" -n 4 -o "$work/o1" A "$work/fake $work/a 5.0,3.0,4.0,9.0 6.5" B "$wo
 grep -q "^round 3 A .*fwd *4.0 ms" <<< "$out" || fail "round 3 of A should read 4.0: $out"
 grep -q "^A *fwd 4.5 ms  bwd 6.5 ms" <<< "$out" || fail "A's median over 4 rounds should be 4.5 (even count): $out"
 grep -q "^B *fwd 1.5 ms  bwd 7.25 ms" <<< "$out" || fail "B's median should be 1.5: $out"
+# Two labels compare as a pair: per-round changes -80, -66.7, -50, -77.8% (median of four: -72.2%).
+grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 4$" <<< "$out" ||
+  fail "B against A, round by round, expected: $out"
 order=$(grep '^round' <<< "$out" | awk '{ printf "%s%s ", $2, $3 }')
 [[ $order == "1A 1B 2A 2B 3A 3B 4A 4B " ]] || fail "runs should alternate A, B each round: $order"
 [[ $(ls "$work/o1"/*_r*.txt | wc -l) -eq 8 ]] || fail "one output file per run expected in $work/o1"
@@ -32,7 +36,15 @@ rc=$?
 [[ $rc -eq 1 ]] || fail "a failing variant should give exit 1, got $rc: $out"
 grep -q "round 2 broken: FAILED" <<< "$out" || fail "the failing variant should be named per round: $out"
 grep -q "^A *fwd 2.0 ms" <<< "$out" || fail "A's median over 3 rounds should be 2.0 (odd count): $out"
-for args in "A x" "-n 0 A x B y" "-n A x B y" "-q A x B y" "a%b x B y" "A x B ''"; do
+grep -q "^broken against A: fwd -; bwd -$" <<< "$out" || fail "a pair without a good round compares nothing: $out"
+# -p: four labels as two (base, candidate) pairs, each compared with its own base only.
+out=$("$ab" -n 2 -o "$work/o5" -p q1 "$work/fake $work/f 2,2 4" q2 "$work/fake $work/g 1,3 4" \
+  d1 "$work/fake $work/h 2,2 4" d2 "$work/fake $work/i 2.2,2.2 3" 2>&1)
+[[ $? -eq 0 ]] || fail "-p with two pairs: exit $?: $out"
+grep -q "^q2 against q1: fwd +0.0%, faster in 1 of 2; bwd +0.0%, faster in 0 of 2$" <<< "$out" || fail "q2 against q1: $out"
+grep -q "^d2 against d1: fwd +10.0%, faster in 0 of 2; bwd -25.0%, faster in 2 of 2$" <<< "$out" || fail "d2 against d1: $out"
+grep -q "against q2\|against d1: .*q" <<< "$out" && fail "-p should compare within pairs only: $out"
+for args in "A x" "-n 0 A x B y" "-n A x B y" "-q A x B y" "a%b x B y" "A x B ''" "-p A x B y C z"; do
   eval "set -- $args"
   out=$("$ab" -o "$work/o3" "$@" 2>&1)
   rc=$?
@@ -51,5 +63,6 @@ chmod +x "$work/bin/nvidia-smi"
 out=$(PATH="$work/bin:$PATH" "$ab" -n 1 -o "$work/o4" A "sleep 0.5; $work/fake $work/d 2.0 3.0" B "sleep 0.5; $work/fake $work/e 1.0 3.0" 2>&1)
 [[ $? -eq 0 ]] || fail "runs with a stand-in nvidia-smi: exit $?: $out"
 grep -Eq "^round 1 A .*SM +1890 MHz +490.0 W +max 62 C" <<< "$out" || fail "clock, power, temperature should average the busy samples only: $out"
-"$ab" --help 2>&1 | grep -q "Usage: tools/bench-ab.sh" || fail "--help should print the usage"
+help=$("$ab" --help 2>&1) || fail "--help should exit 0"
+grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 echo "bench-ab.sh: OK"

@@ -24,8 +24,8 @@
 # Two builds on two shapes, paired:
 #   tools/bench-ab.sh -p q-old "old/mok-bench $QARGS" q-new "new/mok-bench $QARGS" d-old "..." d-new "..."
 set -u
-usage() {  # --help: exit 0
-  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+usage() {  # --help: this file's opening comment, exit 0
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
   exit 0
 }
 rounds=3

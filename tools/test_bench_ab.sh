@@ -65,4 +65,5 @@ out=$(PATH="$work/bin:$PATH" "$ab" -n 1 -o "$work/o4" A "sleep 0.5; $work/fake $
 grep -Eq "^round 1 A .*SM +1890 MHz +490.0 W +max 62 C" <<< "$out" || fail "clock, power, temperature should average the busy samples only: $out"
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
+grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"
 echo "bench-ab.sh: OK"

@@ -16,7 +16,7 @@
 # Comparisons: with two labels, or with -p (labels in pairs: base, candidate, base, candidate,
 # ...), each candidate is set against its base round by round: the median over rounds of the
 # change (candidate / base - 1) and in how many rounds the candidate was faster, forward and
-# backward. A round counts where both runs succeeded.
+# backward. A round counts where both runs succeeded (for the backward: where both printed one).
 #
 # Example (the forward's gate/up epilogue, fragments against staged, qwen3 shapes):
 #   Q="build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 --reps 10 --no-baseline"
@@ -55,6 +55,9 @@ cmds=()
 while [[ $# -gt 0 ]]; do
   [[ $1 =~ ^[A-Za-z0-9._+-]+$ ]] || { echo "bench-ab.sh: label '$1' must be letters, digits or ._+- only" >&2; exit 2; }
   [[ -n $2 ]] || { echo "bench-ab.sh: the command for label '$1' is empty" >&2; exit 2; }
+  for seen in ${labels[@]+"${labels[@]}"}; do
+    [[ $seen != "$1" ]] || { echo "bench-ab.sh: label '$1' is given twice (each run's output file is named by its label)" >&2; exit 2; }
+  done
   labels+=("$1")
   cmds+=("$2")
   shift 2
@@ -108,7 +111,7 @@ for label in "${labels[@]}"; do
       for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
       return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
     }
-    NR > 1 && $2 == L {
+    NR > 1 && $2 "" == L "" {  # as strings: labels 1 and 1.0 differ
       f[++nf] = $3
       if ($4 != "-") b[++nb] = $4
       if ($5 != "-") c[++nc] = $5
@@ -128,11 +131,12 @@ if [[ $pairs == 1 ]]; then
       }
       function line(name, x, rounds,   r, n, w, d) {
         n = 0; w = 0
-        for (r in rounds) if ((r, A) in x && (r, B) in x) { d[++n] = 100 * (x[r, B] / x[r, A] - 1); w += x[r, B] < x[r, A] }
+        for (r in rounds)
+          if ((r, A) in x && (r, B) in x && x[r, A] > 0) { d[++n] = 100 * (x[r, B] / x[r, A] - 1); w += x[r, B] < x[r, A] }
         if (n == 0) return name " -"
         return sprintf("%s %+.1f%%, faster in %d of %d", name, median(d, n), w, n)
       }
-      NR > 1 && ($2 == A || $2 == B) { round[$1] = 1; f[$1, $2] = $3; if ($4 != "-") b[$1, $2] = $4 }
+      NR > 1 && ($2 "" == A "" || $2 "" == B "") { round[$1] = 1; f[$1, $2] = $3; if ($4 != "-") b[$1, $2] = $4 }
       END { printf "%s against %s: %s; %s\n", B, A, line("fwd", f, round), line("bwd", b, round) }
     ' "$summary"
   done

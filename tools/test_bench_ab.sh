@@ -21,7 +21,8 @@ echo "fused backward              $2     373.35     47.4%        578"
 FAKE
 chmod +x "$work/fake"
 out=$("$ab" -n 4 -o "$work/o1" A "$work/fake $work/a 5.0,3.0,4.0,9.0 6.5" B "$work/fake $work/b 1.0,1.0,2.0,2.0 7.25" 2>&1)
-[[ $? -eq 0 ]] || fail "two good variants: exit $?: $out"
+rc=$?
+[[ $rc -eq 0 ]] || fail "two good variants: exit $rc: $out"
 grep -q "^round 3 A .*fwd *4.0 ms" <<< "$out" || fail "round 3 of A should read 4.0: $out"
 grep -q "^A *fwd 4.5 ms  bwd 6.5 ms" <<< "$out" || fail "A's median over 4 rounds should be 4.5 (even count): $out"
 grep -q "^B *fwd 1.5 ms  bwd 7.25 ms" <<< "$out" || fail "B's median should be 1.5: $out"
@@ -40,11 +41,24 @@ grep -q "^broken against A: fwd -; bwd -$" <<< "$out" || fail "a pair without a 
 # -p: four labels as two (base, candidate) pairs, each compared with its own base only.
 out=$("$ab" -n 2 -o "$work/o5" -p q1 "$work/fake $work/f 2,2 4" q2 "$work/fake $work/g 1,3 4" \
   d1 "$work/fake $work/h 2,2 4" d2 "$work/fake $work/i 2.2,2.2 3" 2>&1)
-[[ $? -eq 0 ]] || fail "-p with two pairs: exit $?: $out"
+rc=$?
+[[ $rc -eq 0 ]] || fail "-p with two pairs: exit $rc: $out"
 grep -q "^q2 against q1: fwd +0.0%, faster in 1 of 2; bwd +0.0%, faster in 0 of 2$" <<< "$out" || fail "q2 against q1: $out"
 grep -q "^d2 against d1: fwd +10.0%, faster in 0 of 2; bwd -25.0%, faster in 2 of 2$" <<< "$out" || fail "d2 against d1: $out"
-grep -q "against q2\|against d1: .*q" <<< "$out" && fail "-p should compare within pairs only: $out"
-for args in "A x" "-n 0 A x B y" "-n A x B y" "-q A x B y" "a%b x B y" "A x B ''" "-p A x B y C z"; do
+[[ $(grep -c "^[^#].* against " <<< "$out") -eq 2 ]] || fail "-p should compare within pairs only, two lines: $out"
+# Labels compare as strings (1 and 1.0 are two variants); a backward figure only one side printed
+# leaves the backward without a comparison.
+cat > "$work/fwdonly" <<'FWD'
+#!/usr/bin/env bash
+echo "fused forward               $1     320.01     40.7%        347"
+FWD
+chmod +x "$work/fwdonly"
+out=$("$ab" -n 2 -o "$work/o6" 1 "$work/fake $work/j 4,4 5" 1.0 "$work/fwdonly 2" 2>&1)
+rc=$?
+[[ $rc -eq 0 ]] || fail "forward-only candidate: exit $rc: $out"
+grep -q "^1 *fwd 4 ms  bwd 5 ms .*(2 rounds)" <<< "$out" || fail "labels 1 and 1.0 should not mix: $out"
+grep -q "^1.0 against 1: fwd -50.0%, faster in 2 of 2; bwd -$" <<< "$out" || fail "no backward comparison expected: $out"
+for args in "A x" "-n 0 A x B y" "-n A x B y" "-q A x B y" "a%b x B y" "A x B ''" "-p A x B y C z" "A x A y"; do
   eval "set -- $args"
   out=$("$ab" -o "$work/o3" "$@" 2>&1)
   rc=$?
@@ -61,7 +75,8 @@ exec sleep 30
 SMI
 chmod +x "$work/bin/nvidia-smi"
 out=$(PATH="$work/bin:$PATH" "$ab" -n 1 -o "$work/o4" A "sleep 0.5; $work/fake $work/d 2.0 3.0" B "sleep 0.5; $work/fake $work/e 1.0 3.0" 2>&1)
-[[ $? -eq 0 ]] || fail "runs with a stand-in nvidia-smi: exit $?: $out"
+rc=$?
+[[ $rc -eq 0 ]] || fail "runs with a stand-in nvidia-smi: exit $rc: $out"
 grep -Eq "^round 1 A .*SM +1890 MHz +490.0 W +max 62 C" <<< "$out" || fail "clock, power, temperature should average the busy samples only: $out"
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"

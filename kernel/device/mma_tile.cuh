@@ -401,7 +401,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 // instead receives the finished tile through shared memory (the idle ring), a warp per row and
 // four adjacent columns per lane, so that a warp's store covers 256-512 contiguous bytes:
 //  - key(i): one value per tile row (say, the address of the row's destination), computed once
-//    per tile by thread i and passed to every store of that row;
+//    per tile by thread i, after the GEMM's first block barrier, and passed to every store of
+//    that row (moe.cuh's slot_row_epilogue counts rows in it, so once per row is a contract);
 //  - store(i, key, j, v, valid) with v = c[i][j .. j+3] (and u = c2[i][j .. j+3] after v with
 //    kDual), valid = how many of the four columns are inside the tile (1 .. 4);
 //  - optionally pre(), gemm_fast's prefetch() hook (kPrefetchLead).

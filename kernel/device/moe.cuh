@@ -433,7 +433,9 @@ __device__ __forceinline__ void zero_owner_tally(const LaunchParams& P) {
 // routed row goes to its slot row at the token's owner (the row's key is that address), a
 // shared-expert row to this rank's fp32 `shared` rows. Looking up a routed row's key also counts
 // the row in owner_tally() (zeroed by the caller before the GEMM), so that publish_rows need not
-// read the tile's rows again.
+// read the tile's rows again. That relies on gemm_fast calling key(i) exactly once per row, after
+// its first block barrier (mma_tile.cuh, RowEpilogue): an engine that skipped or repeated it
+// would miscount the rows and the owner's combine would wait for good.
 __device__ __forceinline__ auto slot_row_epilogue(const LaunchParams& P, const RankState& S,
                                                   uint16_t* PeerBuffers::*slots, bool routed, int64_t p0, int64_t n0,
                                                   float* shared) {

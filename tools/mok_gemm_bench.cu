@@ -16,7 +16,9 @@
 // warp-specialised experiment below, and row stores through shared memory (the layer's epilogue
 // since 2026-12-03); both others' bits are checked against the first. For wgrad a fourth line
 // times the layer's weight-gradient epilogue since the eighth session: the staged rows leave by
-// asynchronous bulk copies (BulkRowsF32), bits checked the same way. Prints a table: ms
+// asynchronous bulk copies (BulkRowsF32), bits checked the same way. For fwd2 and bwd1 two more
+// lines time the storing-warpgroup experiment (ws_store_kernel, below; bits checked the same
+// way): the consumers hand a bf16 staging tile to storing warps and go on. Prints a table: ms
 // (median), TFLOP/s, % of the bf16 peak measured in the same run (an 8192^3 cublasGemmEx), and
 // cuBLAS on the same M, N, K.
 // Exit 3 without a GPU with sm_90a, 2 on bad arguments.
@@ -364,6 +366,166 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
 #endif
 }
 
+// ---- Experimental: the warp-specialised engine with a storing warpgroup (fwd2 and bwd1: one B
+// operand, bf16 rows out), the design kernel/README.md sketches for the layer's phase 2. The ring
+// shrinks to three 48 KiB stages so that a bf16 staging tile (128 rows of 512 bytes, padded by 16
+// bytes: a warp's 4-byte fragment stores then hit 32 banks) lives beside it. A consumer warpgroup
+// rounds its 64 rows into the staging tile and goes straight on to its next tile's main loop;
+// warps 1-3 of warpgroup 0 copy the staged rows to global memory (16 bytes per lane, a row per warp
+// instruction) and hand the half back. Barriers: full / empty per stage (as ws_kernel), and per
+// half of the staging tile `staged` (128 consumer arrivals) and `freed` (one per storing warp).
+// kHalf: the ring keeps its four stages and the staging area holds 64 rows, which the two
+// consumer warpgroups fill in turn (warpgroup 1, then 2, each waiting until the storers have
+// emptied it); the first consumer goes on with the next tile meanwhile, so the two warpgroups
+// drift apart and one's epilogue overlaps the other's main loop.
+constexpr int kWsStageRowBytes = 2 * kTileNWide + 16;
+template <bool kHalf>
+constexpr int kWsStoreStages = kHalf ? 4 : 3;
+template <bool kHalf>
+constexpr int kWsStagingOffset = kWsStoreStages<kHalf> * 3 * kOperandBytes;
+template <bool kHalf>
+constexpr int kWsBarrierOffset = kWsStagingOffset<kHalf> + (kHalf ? 64 : kTileM) * kWsStageRowBytes;
+template <bool kHalf>
+constexpr size_t kWsStoreSmem = kWsBarrierOffset<kHalf> + 16 * 8 + 1024;  // + alignment slack
+static_assert(kWsStoreSmem<false> <= 227 * 1024 && kWsStoreSmem<true> <= 227 * 1024,
+              "ring, staging and barriers fit in an H200 block's shared memory");
+
+template <int kMode, bool kHalf>
+__global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
+#if defined(MOK_WGMMA)
+  static_assert(kMode == kFwd2 || kMode == kBwd1, "bf16 rows of one 256-wide B operand");
+  extern __shared__ __align__(1024) unsigned char dyn[];
+  uint8_t* smem = aligned_smem(dyn);
+  constexpr int kBN = kTileNWide;
+  constexpr int TA = 0, TB = kMode == kFwd2 ? 0 : 1;
+  constexpr int kStages = kWsStoreStages<kHalf>;
+  constexpr int kStageBytes = 3 * kOperandBytes;
+  constexpr int NJ = kBN / 8;
+  uint8_t* ring = smem;
+  uint8_t* staging = smem + kWsStagingOffset<kHalf>;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kWsBarrierOffset<kHalf>);
+  uint64_t* empty = full + kStages;
+  uint64_t* staged = empty + kStages;  // [2]
+  uint64_t* freed = staged + 2;        // [2]
+  constexpr int kStoreWarps = 3;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[st])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;\n" ::"r"(smem_u32(&empty[st])) : "memory");
+    }
+    for (int h = 0; h < 2; ++h) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(smem_u32(&staged[h])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(&freed[h])), "r"(kStoreWarps) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  acquire_tensor_maps(a.maps, 2);
+  __syncthreads();
+  const int64_t total = a.row_tiles * a.col_tiles;
+  const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
+  const TensorMapBytes* mp = a.maps;
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {  // the loader
+      int64_t it = 0;
+      for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+        int64_t rt, ct;
+        grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+        const FastOperand A = kmajor(mp, rt * kTileM);
+        const FastOperand B = TB ? mnmajor(mp + 1, 0, ct * kBN) : kmajor(mp + 1, ct * kBN);
+        for (int64_t c = 0; c < chunks; ++c, ++it) {
+          const int st = static_cast<int>(it % kStages);
+          mbar_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
+                       "r"(kStageBytes)
+                       : "memory");
+          uint8_t* sp = ring + st * kStageBytes;
+          fast_load(sp, A, c * kChunkK, &full[st], kTileM);
+          fast_load(sp + kOperandBytes, B, c * kChunkK, &full[st], kBN);
+        }
+      }
+    } else if (warp >= 1) {  // the storers: warps 1-3
+      int64_t t = 0;
+      for (int64_t item = blockIdx.x; item < total; item += gridDim.x, ++t) {
+        int64_t rt, ct;
+        grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+        const int64_t m0 = rt * kTileM, n0 = ct * kBN;
+        const int64_t rows = min(int64_t{kTileM}, a.M - m0);
+        for (int h = 0; h < 2; ++h) {
+          // kHalf: one area, turn u = 2t + h, barriers 0 only
+          const int bar = kHalf ? 0 : h;
+          const uint32_t parity = static_cast<uint32_t>((kHalf ? 2 * t + h : t) & 1);
+          mbar_wait(&staged[bar], parity);
+          for (int r = warp - 1; r < 64; r += kStoreWarps) {
+            const int64_t i = h * 64 + r;
+            if (i < rows) {  // the bench's N is a multiple of 256: every column of the tile exists
+              const uint4 v =
+                  *reinterpret_cast<const uint4*>(staging + (kHalf ? r : i) * kWsStageRowBytes + lane * 16);
+              *reinterpret_cast<uint4*>(a.out_bf16 + (m0 + i) * a.N + n0 + lane * 8) = v;
+            }
+          }
+          __syncwarp();
+          if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&freed[bar])) : "memory");
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1;
+    const int warp = (threadIdx.x - 128) / 32, lane = threadIdx.x % 32, g = lane >> 2, cq = lane & 3;
+    int64_t it = 0, t = 0;
+    for (int64_t item = blockIdx.x; item < total; item += gridDim.x, ++t) {
+      float acc[NJ][4], acc2[16][4];
+      zero_accumulators(acc);
+      // ORDER: dot-chain: chunks in increasing k, one wgmma per 16 K-elements in increasing k.
+      for (int64_t c = 0; c < chunks; ++c, ++it) {
+        const int st = static_cast<int>(it % kStages);
+        mbar_wait(&full[st], static_cast<uint32_t>((it / kStages) & 1));
+        uint8_t* sp = ring + st * kStageBytes;
+        const uint32_t sa = smem_u32(sp) + cw * kBoxBytes, sb = smem_u32(sp + kOperandBytes);
+        const uint32_t a_step = 32, b_step = TB ? 16 * 128 : 32;
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kChunkK / kStepK; ++j)
+          wgmma_m64nNk16<TA, TB, NJ>(acc, desc_sw128(sa + j * a_step, false), desc_sw128(sb + j * b_step, TB != 0));
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous chunk is done: hand its stage back
+        if (c > 0 && threadIdx.x % 128 == 0) {
+          const int prev = static_cast<int>((it - 1) % kStages);
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[prev])) : "memory");
+        }
+      }
+      (void)acc2;
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      if (threadIdx.x % 128 == 0) {
+        const int last = static_cast<int>((it - 1) % kStages);
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[last])) : "memory");
+      }
+      // The storers have emptied the area: this half's previous tile (two areas), or the previous
+      // turn (one area: turn u = 2t + cw waits for turn u - 1).
+      const int bar = kHalf ? 0 : cw;
+      const int64_t prev_turn = kHalf ? 2 * t + cw - 1 : t - 1;
+      if (prev_turn >= 0) mbar_wait(&freed[bar], static_cast<uint32_t>(prev_turn & 1));
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int i = (kHalf ? 0 : cw * 64) + warp % 4 * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * cq;
+          *reinterpret_cast<uint32_t*>(staging + i * kWsStageRowBytes + jj * 2) =
+              pack2(mok::spec::bf16_from_f32_rne(acc[j][e]), mok::spec::bf16_from_f32_rne(acc[j][e + 1]));
+        }
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&staged[bar])) : "memory");
+    }
+  }
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
 // One persistent block per SM of the layer's engine or of the warp-specialised variant.
 // variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores,
 // 3 (wgrad only): the engine with bulk row copies.
@@ -372,6 +534,14 @@ void launch_mode(const Args& a, int sms, size_t smem, int variant) {
   if constexpr (kMode == kWgrad)
     if (variant == 3) {
       engine_kernel<kMode, true, true><<<sms, kThreads, smem>>>(a);
+      return;
+    }
+  if constexpr (kMode == kFwd2 || kMode == kBwd1)
+    if (variant == 4 || variant == 5) {
+      if (variant == 4)
+        ws_store_kernel<kMode, false><<<sms, kWsThreads, (kWsStoreSmem<false>)>>>(a);
+      else
+        ws_store_kernel<kMode, true><<<sms, kWsThreads, (kWsStoreSmem<true>)>>>(a);
       return;
     }
   if (variant == 1)
@@ -597,6 +767,10 @@ int main(int argc, char** argv) {
                     engine_kernel<kBwd1, true>, engine_kernel<kWgrad, true>, ws_kernel<kFwd1>, ws_kernel<kFwd2>,
                     ws_kernel<kBwd1>, ws_kernel<kWgrad>, engine_kernel<kWgrad, true, true>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    for (auto* f : {ws_store_kernel<kFwd2, false>, ws_store_kernel<kBwd1, false>})
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsStoreSmem<false>)));
+    for (auto* f : {ws_store_kernel<kFwd2, true>, ws_store_kernel<kBwd1, true>})
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsStoreSmem<true>)));
     // Every variant must store the same bits (same chain order, same epilogue math); checked with
     // the stores on, over everything the mode writes: fwd1 silu(g), silu'(g), u (fp32) and act
     // (bf16); wgrad fp32; fwd2 and bwd1 bf16; bwd1 with the layer's epilogue d_gate and d_up (bf16,
@@ -631,6 +805,9 @@ int main(int argc, char** argv) {
     const bool same = !args.layer && output_of(launch_ws) == ref;
     const bool rows_same = output_of(launch_rows) == ref;
     const bool bulk_same = mode == kWgrad && output_of([&] { launch_variant(3); }) == ref;
+    const bool storer = (mode == kFwd2 || mode == kBwd1) && !args.layer;  // the storing-warpgroup variant's cases
+    const bool storer_same = storer && output_of([&] { launch_variant(4); }) == ref;
+    const bool half_same = storer && output_of([&] { launch_variant(5); }) == ref;
     args.store = keep;
     args.fwd1_stores = keep_stores;
     const double ms = time_ms(launch, warmup, reps);
@@ -638,6 +815,9 @@ int main(int argc, char** argv) {
     const double rows_ms = time_ms(launch_rows, warmup, reps);
     // The bulk variant always stores (its epilogue has no `none`).
     const double bulk_ms = mode == kWgrad ? time_ms([&] { launch_variant(3); }, warmup, reps) : 0.0;
+    // The storing-warpgroup variant always stores too.
+    const double storer_ms = storer ? time_ms([&] { launch_variant(4); }, warmup, reps) : 0.0;
+    const double half_ms = storer ? time_ms([&] { launch_variant(5); }, warmup, reps) : 0.0;
     const double flops = 2.0 * GM * GN * GK * (mode == kFwd1 ? 2 : 1);
     // cuBLAS on the same product (column-major view: C^T [GN, GM] = B^T A^T); for fwd1 one GEMM
     // with 2N columns (gate and up stacked).
@@ -663,6 +843,14 @@ int main(int argc, char** argv) {
       std::printf("%-6s bulk row copies (the layer's weight-gradient epilogue, always storing): %.3f ms, %.1f TFLOP/s, "
                   "%.1f%% peak, bits %s\n",
                   name, bulk_ms, tf(bulk_ms), 100.0 * tf(bulk_ms) / peak, bulk_same ? "same" : "DIFFER");
+    if (storer)
+      std::printf("%-6s storing warpgroup (3-stage ring, bf16 staging tile, warps 1-3 of the loader's warpgroup store "
+                  "it while the consumers go on; always storing): %.3f ms, %.1f TFLOP/s, %.1f%% peak, bits %s\n",
+                  name, storer_ms, tf(storer_ms), 100.0 * tf(storer_ms) / peak, storer_same ? "same" : "DIFFER");
+    if (storer)
+      std::printf("%-6s storing warpgroup, 4-stage ring, one 64-row staging area the two consumers fill in turn: "
+                  "%.3f ms, %.1f TFLOP/s, %.1f%% peak, bits %s\n",
+                  name, half_ms, tf(half_ms), 100.0 * tf(half_ms) / peak, half_same ? "same" : "DIFFER");
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
                     static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]), static_cast<void*>(args.out_f32[2]),

@@ -437,6 +437,28 @@ struct NoKey {
   __device__ __forceinline__ int64_t operator()(int64_t) const { return 0; }
 };
 
+// A row epilogue whose tile may leave as bf16 (one B operand only): when `bf16` (the same on
+// every thread), gemm_fast rounds the accumulators to bf16 (spec RNE: the bits store4_rne would
+// store) as it stages them, half the shared-memory bytes of the fp32 staging, and calls
+// store16(i, key, j, v, valid) with v = the eight bf16 values c[i][j .. j+7] (element q in bits
+// 16 (q % 2) of word q / 2), valid = how many of them are inside the tile (1 .. 8): a warp's
+// store covers a whole 512-byte row. Otherwise it behaves as a RowEpilogue with `store`.
+template <class Key, class Store16, class Store>
+struct MixedRows {
+  static constexpr bool kRows = true;
+  static constexpr bool kMixedRows = true;
+  bool bf16;
+  Key key;
+  Store16 store16;
+  Store store;
+};
+template <class Key, class Store16, class Store>
+__device__ __forceinline__ MixedRows<Key, Store16, Store> mixed_rows(bool bf16, Key key, Store16 store16, Store store) {
+  return MixedRows<Key, Store16, Store>{bf16, key, store16, store};
+}
+template <class E>
+inline constexpr bool kIsMixedRows = requires { E::kMixedRows; };
+
 // Bulk row epilogues (sm_90): the tile is staged in the ring as for a row epilogue, then each
 // tile row leaves shared memory as one asynchronous bulk copy (cp.async.bulk, done by the TMA
 // unit) to dst(i), a float* to row i's first column in global memory. The block does not wait
@@ -516,6 +538,12 @@ inline constexpr bool kIsRangedRows = requires { E::kRangedRows; };
 constexpr int kStageRowFloats = 256 + 8;
 constexpr int kStageKeysOffset = kTileM * kStageRowFloats * 4;
 static_assert(kStageKeysOffset + kTileM * 8 <= kRingBytes, "the staged tile and its keys fit in the ring");
+// The bf16 staging of MixedRows: rows of 256 values padded by 8 (528 bytes), so that a warp's
+// 4-byte fragment stores (eight rows, four column pairs) hit 32 different banks; then the keys.
+constexpr int kStageRowHalves = 256 + 8;
+constexpr int kStageKeysOffset16 = kTileM * kStageRowHalves * 2;
+static_assert(kStageKeysOffset16 % 8 == 0 && kStageKeysOffset16 + kTileM * 8 <= kRingBytes,
+              "the bf16 staged tile and its keys fit in the ring");
 
 // Stores four fp32 values (valid of them) at p: one 16-byte store when all four are valid and p is
 // 16-byte aligned.
@@ -541,6 +569,16 @@ __device__ __forceinline__ void store4_bf16(uint16_t* p, uint16_t b0, uint16_t b
 __device__ __forceinline__ void store4_rne(uint16_t* p, const float4& v, int valid) {
   store4_bf16(p, spec::bf16_from_f32_rne(v.x), spec::bf16_from_f32_rne(v.y), spec::bf16_from_f32_rne(v.z),
               spec::bf16_from_f32_rne(v.w), valid);
+}
+// Stores eight bf16 bit patterns packed in v (element q in bits 16 (q % 2) of word q / 2), valid of
+// them, at p: one 16-byte store when all eight are valid and p is 16-byte aligned.
+__device__ __forceinline__ void store8_bf16(uint16_t* p, const uint4& v, int valid) {
+  if (valid == 8 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<uint4*>(p) = v;
+    return;
+  }
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int q = 0; q < valid; ++q) p[q] = static_cast<uint16_t>(w[q / 2] >> (16 * (q % 2)));
 }
 // Loads four fp32 values (valid of them; the rest read as 0) from p through the read-only path.
 __device__ __forceinline__ float4 load4_f32(const float* p, int valid) {
@@ -633,6 +671,34 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
         for (int e = 0; e < 4; ++e) in = in & epilogue.in_range(acc[j][e]);
     }
     // The ring is idle: every loaded chunk was consumed and both warpgroups' wgmma are done.
+    if constexpr (kIsMixedRows<Epilogue>) {
+      static_assert(!kDual && kBN == 256, "bf16 rows: one 256-wide B operand");
+      if (epilogue.bf16) {
+        uint16_t* staged16 = reinterpret_cast<uint16_t*>(smem.ring);
+        int64_t* keys16 = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset16);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const int i = warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * c;
+            *reinterpret_cast<uint32_t*>(staged16 + i * kStageRowHalves + jj) =
+                pack2(spec::bf16_from_f32_rne(acc[j][e]), spec::bf16_from_f32_rne(acc[j][e + 1]));
+          }
+        if (threadIdx.x < rows) keys16[threadIdx.x] = epilogue.key(threadIdx.x);
+        __syncthreads();
+        const int j = 8 * lane;
+        if (j < cols) {
+          const int valid = cols - j < 8 ? static_cast<int>(cols - j) : 8;
+#pragma unroll 4
+          for (int64_t i = warp; i < rows; i += kWarps)
+            epilogue.store16(i, keys16[i], j, *reinterpret_cast<const uint4*>(staged16 + i * kStageRowHalves + j),
+                             valid);
+        }
+        // As below: generic-proxy staging before the next tile's TMA loads into the ring.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        return;
+      }
+    }
     float* staged = reinterpret_cast<float*>(smem.ring);
     [[maybe_unused]] int64_t* keys = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset);
 #pragma unroll

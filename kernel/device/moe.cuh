@@ -430,8 +430,9 @@ __device__ __forceinline__ void zero_owner_tally(const LaunchParams& P) {
 }
 
 // The fast engine's phase-2 epilogue (forward down, backward d_x), through shared memory: a
-// routed row goes to its slot row at the token's owner (the row's key is that address), a
-// shared-expert row to this rank's fp32 `shared` rows. Looking up a routed row's key also counts
+// routed row goes to its slot row at the token's owner (the row's key is that address), staged
+// already rounded to bf16 (MixedRows: half the shared-memory bytes, one 16-byte store per lane),
+// a shared-expert row to this rank's fp32 `shared` rows (staged in fp32). Looking up a routed row's key also counts
 // the row in owner_tally() (zeroed by the caller before the GEMM), so that publish_rows need not
 // read the tile's rows again. That relies on gemm_fast calling key(i) exactly once per row, after
 // its first block barrier (mma_tile.cuh, RowEpilogue): an engine that skipped or repeated it
@@ -440,12 +441,16 @@ __device__ __forceinline__ auto slot_row_epilogue(const LaunchParams& P, const R
                                                   uint16_t* PeerBuffers::*slots, bool routed, int64_t p0, int64_t n0,
                                                   float* shared) {
   const int64_t H = P.cfg.hidden;
-  return by_rows(
+  return mixed_rows(
+      routed,
       [&P, &S, slots, routed, p0](int64_t i) {
         if (!routed) return int64_t{0};
         const RowRef row = S.rows[p0 + i];
         atomicAdd(&owner_tally()[row.token_idx / P.cfg.tokens_per_rank], 1u);
         return reinterpret_cast<int64_t>(slot_row_of(P, slots, row));
+      },
+      [n0](int64_t, int64_t key, int j, const uint4& v, int valid) {
+        store8_bf16(reinterpret_cast<uint16_t*>(key) + n0 + j, v, valid);
       },
       [routed, p0, n0, shared, H](int64_t i, int64_t key, int j, const float4& v, int valid) {
         if (routed)

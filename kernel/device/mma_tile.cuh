@@ -676,6 +676,9 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
       if (epilogue.bf16) {
         uint16_t* staged16 = reinterpret_cast<uint16_t*>(smem.ring);
         int64_t* keys16 = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset16);
+        // The keys first (their area does not overlap the staged rows): a key's global load then
+        // has the staging stores to hide behind.
+        if (threadIdx.x < rows) keys16[threadIdx.x] = epilogue.key(threadIdx.x);
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
 #pragma unroll
@@ -684,7 +687,6 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
             *reinterpret_cast<uint32_t*>(staged16 + i * kStageRowHalves + jj) =
                 pack2(spec::bf16_from_f32_rne(acc[j][e]), spec::bf16_from_f32_rne(acc[j][e + 1]));
           }
-        if (threadIdx.x < rows) keys16[threadIdx.x] = epilogue.key(threadIdx.x);
         __syncthreads();
         const int j = 8 * lane;
         if (j < cols) {

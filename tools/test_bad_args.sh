@@ -4,7 +4,7 @@
 # exit 2 with a message naming the option, and --help exits 0. None of it writes a file.
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
 # mok-bench's --transport: a bad value and nccl with --trace exit 2 (as do a bad --gather,
-# --swiglu or --fwd-comm-sms, and a negative --sustain-ms), nccl in a build without NCCL
+# --swiglu or --fwd-comm-sms, and a --sustain-ms below 100 other than 0), nccl in a build without NCCL
 # exits 3 (environment missing), and nccl with more ranks than GPUs exits 2 naming the fix where
 # a GPU is usable, 3 naming the missing GPU where none is (this last case initialises CUDA).
 set -u
@@ -23,6 +23,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--swiglu" --swiglu sideways
   expect_exit "$MOK_BENCH" 2 "--fwd-comm-sms" --fwd-comm-sms many
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms -5
+  expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms 50
   if [[ ${MOK_BENCH_NCCL:-OFF} != ON ]]; then
     expect_exit "$MOK_BENCH" 3 "this build has no NCCL" --transport nccl --preset tiny --R 1
   else

@@ -374,6 +374,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
 // warps 1-3 of warpgroup 0 copy the staged rows to global memory (16 bytes per lane, a row per warp
 // instruction) and hand the half back. Barriers: full / empty per stage (as ws_kernel), and per
 // half of the staging tile `staged` (128 consumer arrivals) and `freed` (one per storing warp).
+// (kHalf: one `staged`, and `freed[cw]` is consumer cw's turn to fill the area.)
 // kHalf: the ring keeps its four stages and the staging area holds 64 rows, which the two
 // consumer warpgroups fill in turn (warpgroup 1, then 2, each waiting until the storers have
 // emptied it); the first consumer goes on with the next tile meanwhile, so the two warpgroups
@@ -467,7 +468,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
             }
           }
           __syncwarp();
-          if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&freed[bar])) : "memory");
+          // Hand the area on: two areas, back to this half's consumer; one area, to the consumer
+          // of the next turn (2t + h + 1), on that consumer's own barrier.
+          const int next = kHalf ? (h + 1) & 1 : h;
+          if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&freed[next])) : "memory");
         }
       }
     }
@@ -505,10 +509,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[last])) : "memory");
       }
       // The storers have emptied the area: this half's previous tile (two areas), or the previous
-      // turn (one area: turn u = 2t + cw waits for turn u - 1).
+      // turn (one area: turn u = 2t + cw waits for turn u - 1). Each consumer waits on its own
+      // `freed` barrier, which completes once per tile for it: its k-th completion lets consumer
+      // 0 into tile k + 1 and consumer 1 into tile k. A barrier is then never more than one phase
+      // ahead of its waiter (a parity wait cannot tell phases two apart).
       const int bar = kHalf ? 0 : cw;
-      const int64_t prev_turn = kHalf ? 2 * t + cw - 1 : t - 1;
-      if (prev_turn >= 0) mbar_wait(&freed[bar], static_cast<uint32_t>(prev_turn & 1));
+      const int64_t k = kHalf && cw == 1 ? t : t - 1;
+      if (k >= 0) mbar_wait(&freed[cw], static_cast<uint32_t>(k & 1));
 #pragma unroll
       for (int j = 0; j < NJ; ++j)
 #pragma unroll

@@ -591,7 +591,8 @@ __device__ __forceinline__ float4 load4_f32(const float* p, int valid) {
 // Fast engine: C[128 x kBN] = A[128 x K] * B[K x kBN] (and C2 = A * B2 when kDual, kBN = 128), then
 // epilogue(i, j, c[i][j], c[i][j+1]) (or with c2's pair appended) for every even j < cols and
 // i < rows, relative to the tile (cols must be even), or, for a RowEpilogue, its stores of four
-// columns at a time (a MixedRows staged in bf16: eight) (above). TA / TB: A / B MN-major. All threads of the block must call it.
+// columns at a time (a MixedRows staged in bf16: eight) (above). TA / TB: A / B MN-major. All
+// threads of the block must call it.
 template <int TA, int TB, bool kDual, int kBN, class Epilogue>
 __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const FastOperand& A,
                           const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {

@@ -432,11 +432,12 @@ __device__ __forceinline__ void zero_owner_tally(const LaunchParams& P) {
 // The fast engine's phase-2 epilogue (forward down, backward d_x), through shared memory: a
 // routed row goes to its slot row at the token's owner (the row's key is that address), staged
 // already rounded to bf16 (MixedRows: half the shared-memory bytes, one 16-byte store per lane),
-// a shared-expert row to this rank's fp32 `shared` rows (staged in fp32). Looking up a routed row's key also counts
-// the row in owner_tally() (zeroed by the caller before the GEMM), so that publish_rows need not
-// read the tile's rows again. That relies on gemm_fast calling key(i) exactly once per row, after
-// its first block barrier (mma_tile.cuh, RowEpilogue): an engine that skipped or repeated it
-// would miscount the rows and the owner's combine would wait for good.
+// a shared-expert row to this rank's fp32 `shared` rows (staged in fp32). Looking up a routed
+// row's key also counts the row in owner_tally() (zeroed by the caller before the GEMM), so that
+// publish_rows need not read the tile's rows again. That relies on gemm_fast calling key(i)
+// exactly once per row, after its first block barrier (mma_tile.cuh, RowEpilogue): an engine
+// that skipped or repeated it would miscount the rows and the owner's combine would wait for
+// good.
 __device__ __forceinline__ auto slot_row_epilogue(const LaunchParams& P, const RankState& S,
                                                   uint16_t* PeerBuffers::*slots, bool routed, int64_t p0, int64_t n0,
                                                   float* shared) {

@@ -429,8 +429,12 @@ int main(int argc, char** argv) {
     // baselines (a board just out of a second at its power cap would slow them).
     const int n = 8192;
     void *A = zeros(size_t{2} * n * n), *B = zeros(size_t{2} * n * n), *C = zeros(size_t{2} * n * n);
-    cublasHandle_t h;
+    cublasHandle_t h = nullptr;
     const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&] {
+      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
+                   CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
     {
       std::vector<uint16_t> fill(size_t{n} * n);
       mok::ref::Rng rng(7);
@@ -438,10 +442,7 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(A, fill.data(), fill.size() * 2, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(B, fill.data(), fill.size() * 2, cudaMemcpyHostToDevice));
       if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw mok::Error("cublasCreate failed", mok::ErrorKind::kInternal);
-      burst_ms = median_of([&] {
-        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
-                     CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      });
+      burst_ms = median_of(gemm);
       peak_tflops = 2.0 * n * n * double(n) / (burst_ms * 1e-3) / 1e12;
       const size_t bytes = size_t{1} << 31;
       void *src = zeros(bytes), *dst = zeros(bytes);
@@ -460,8 +461,7 @@ int main(int argc, char** argv) {
         for (auto& e : ev) CK(cudaEventCreate(&e));
         CK(cudaEventRecord(ev[0]));
         for (int i = 0; i < count; ++i) {
-          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
-                       CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          gemm();
           CK(cudaEventRecord(ev[static_cast<size_t>(i) + 1]));
         }
         CK(cudaEventSynchronize(ev.back()));

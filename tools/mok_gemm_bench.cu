@@ -252,6 +252,37 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
 // back by "empty" mbarriers (one arrival per consumer warpgroup), not by block barriers.
 constexpr int kWsThreads = 384;
 
+#if defined(MOK_WGMMA)
+// The warp-specialised variants' loader (one thread): every tile of this block in turn, each
+// chunk into the next stage of the ring once both consumer warpgroups have handed it back.
+template <int TA, int TB, bool kDual, int kBN, int kStages>
+__device__ __forceinline__ void ws_load(const Args& a, uint8_t* ring, uint64_t* full, uint64_t* empty, int64_t chunks) {
+  constexpr int kStageBytes = kUnitsPerStage<kDual, kBN> * kOperandBytes;
+  const int64_t total = a.row_tiles * a.col_tiles;
+  const TensorMapBytes* mp = a.maps;
+  int64_t it = 0;
+  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    int64_t rt, ct;
+    grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+    const int64_t m0 = rt * kTileM, n0 = ct * kBN;
+    const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+    const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
+    const FastOperand B2 = kmajor(mp + 2, n0);
+    for (int64_t c = 0; c < chunks; ++c, ++it) {
+      const int st = static_cast<int>(it % kStages);
+      mbar_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
+                   "r"(kStageBytes)
+                   : "memory");
+      uint8_t* sp = ring + st * kStageBytes;
+      fast_load(sp, A, c * kChunkK, &full[st], kTileM);
+      fast_load(sp + kOperandBytes, B, c * kChunkK, &full[st], kBN);
+      if constexpr (kDual) fast_load(sp + 2 * kOperandBytes, B2, c * kChunkK, &full[st], 128);
+    }
+  }
+}
+#endif
+
 template <int kMode>
 __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
 #if defined(MOK_WGMMA)
@@ -278,32 +309,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
   __syncthreads();
   const int64_t total = a.row_tiles * a.col_tiles;
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
-  const TensorMapBytes* mp = a.maps;
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x == 0) {
-      int64_t it = 0;
-      for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-        int64_t rt, ct;
-        grouped(item, a.row_tiles, a.col_tiles, rt, ct);
-        const int64_t m0 = rt * kTileM, n0 = ct * kBN;
-        const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
-        const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
-        const FastOperand B2 = kmajor(mp + 2, n0);
-        for (int64_t c = 0; c < chunks; ++c, ++it) {
-          const int st = static_cast<int>(it % kStages);
-          mbar_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
-                       "r"(kStageBytes)
-                       : "memory");
-          uint8_t* sp = ring + st * kStageBytes;
-          fast_load(sp, A, c * kChunkK, &full[st], kTileM);
-          fast_load(sp + kOperandBytes, B, c * kChunkK, &full[st], kBN);
-          if constexpr (kDual) fast_load(sp + 2 * kOperandBytes, B2, c * kChunkK, &full[st], 128);
-        }
-      }
-    }
+    if (threadIdx.x == 0) ws_load<TA, TB, kDual, kBN, kStages>(a, ring, full, empty, chunks);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - 1;
@@ -424,29 +433,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
   __syncthreads();
   const int64_t total = a.row_tiles * a.col_tiles;
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
-  const TensorMapBytes* mp = a.maps;
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {  // the loader
-      int64_t it = 0;
-      for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-        int64_t rt, ct;
-        grouped(item, a.row_tiles, a.col_tiles, rt, ct);
-        const FastOperand A = kmajor(mp, rt * kTileM);
-        const FastOperand B = TB ? mnmajor(mp + 1, 0, ct * kBN) : kmajor(mp + 1, ct * kBN);
-        for (int64_t c = 0; c < chunks; ++c, ++it) {
-          const int st = static_cast<int>(it % kStages);
-          mbar_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
-                       "r"(kStageBytes)
-                       : "memory");
-          uint8_t* sp = ring + st * kStageBytes;
-          fast_load(sp, A, c * kChunkK, &full[st], kTileM);
-          fast_load(sp + kOperandBytes, B, c * kChunkK, &full[st], kBN);
-        }
-      }
+      ws_load<TA, TB, false, kBN, kStages>(a, ring, full, empty, chunks);
     } else if (warp >= 1) {  // the storers: warps 1-3
       int64_t t = 0;
       for (int64_t item = blockIdx.x; item < total; item += gridDim.x, ++t) {

@@ -453,11 +453,9 @@ __device__ __forceinline__ auto slot_row_epilogue(const LaunchParams& P, const R
       [n0](int64_t, int64_t key, int j, const uint4& v, int valid) {
         store8_bf16(reinterpret_cast<uint16_t*>(key) + n0 + j, v, valid);
       },
-      [routed, p0, n0, shared, H](int64_t i, int64_t key, int j, const float4& v, int valid) {
-        if (routed)
-          store4_rne(reinterpret_cast<uint16_t*>(key) + n0 + j, v, valid);
-        else
-          store4_f32(shared + (p0 + i) * H + n0 + j, v, valid);
+      // fp32 staging: only a shared-expert tile (a routed one always takes the bf16 form above)
+      [p0, n0, shared, H](int64_t i, int64_t, int j, const float4& v, int valid) {
+        store4_f32(shared + (p0 + i) * H + n0 + j, v, valid);
       });
 }
 

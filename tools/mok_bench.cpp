@@ -211,6 +211,12 @@ int main(int argc, char** argv) {
                      ", where it measured faster); the same bits either way")
       ->check(CLI::IsMember({"auto", "fragments", "staged"}))
       ->capture_default_str();
+  int group_rows = 8;
+  app.add_option("--group-rows", group_rows,
+                 "GEMM work items go in groups of this many row tiles, column-major inside a group, so that blocks "
+                 "running together share A rows and weight columns in L2 (1..64; the order changes no bit)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_flag("--trace", trace,
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
                "memory while it runs): per-block marks and sums of waiting, GEMM and publishing time "
@@ -305,6 +311,7 @@ int main(int argc, char** argv) {
                 : swiglu == "fragments" ? mok::kernel::SwigluEpilogue::kFragments
                                         : mok::kernel::SwigluEpilogue::kAuto;
     ko.forward_comm_blocks_per_rank = fwd_comm;
+    ko.group_rows = group_rows;
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
     ko.row_capacity = std::max<int64_t>(1, mok::kernel::rows_per_rank(cfg, tk));  // workspace for this routing
     int64_t rows = 0;
@@ -549,7 +556,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# mok-bench %s%s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
-                "(%d comm), TMA %s, SwiGLU epilogue %s, median of %d after %d warm-up\n",
+                "(%d comm), TMA %s, SwiGLU epilogue %s, item groups of %d row tiles, median of %d after %d warm-up\n",
                 nccl ? (std::to_string(gpus) + " x ").c_str() : "", prop.name, (long long)G, (long long)Hc,
                 (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc, (long long)Rn, (long long)rows,
                 blocks_per_rank, comm_per_rank, tma_on ? "on" : "off",
@@ -557,7 +564,7 @@ int main(int argc, char** argv) {
                 : mok::kernel::resolve_swiglu(ko.swiglu, Hc) == mok::kernel::SwigluEpilogue::kStaged
                     ? (swiglu == "auto" ? "staged (auto)" : "staged")
                     : (swiglu == "auto" ? "fragments (auto)" : "fragments"),
-                reps, warmup);
+                group_rows, reps, warmup);
     if (!nccl)
       std::printf("# transport virtual: the %lld ranks share one GPU in one launch per pass; fused times are the median "
                   "over reps of each pass\n",

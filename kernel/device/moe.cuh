@@ -710,16 +710,17 @@ __device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S,
   return RowTile{-1, rt * kTileM, min(static_cast<int64_t>(kTileM), P.cfg.tokens_per_rank - rt * kTileM), index};
 }
 
-// Item i of a GEMM phase over `rows` row tiles x `cols` column tiles, in groups of kGroupRows
-// row tiles, column-major inside a group: blocks that run at the same time share a few A row
-// tiles and a few B (weight) column tiles in L2, instead of one A tile and every column tile of
-// an expert's weights (which, with 16 blocks per rank at R = 8, streamed the weights from DRAM
-// once per row tile).
-inline constexpr int64_t kGroupRows = 8;
-__device__ __forceinline__ void grouped_tile(int64_t i, int64_t rows, int64_t cols, int64_t& rt, int64_t& col) {
-  const int64_t g = i / (kGroupRows * cols), in = i % (kGroupRows * cols);
-  const int64_t n = min(kGroupRows, rows - g * kGroupRows);  // row tiles in this group
-  rt = g * kGroupRows + in % n;
+// Item i of a GEMM phase over `rows` row tiles x `cols` column tiles, in groups of `group`
+// (LaunchParams::group_rows, default 8) row tiles, column-major inside a group: blocks that run
+// at the same time share a few A row tiles and a few B (weight) column tiles in L2, instead of
+// one A tile and every column tile of an expert's weights (which, with 16 blocks per rank at
+// R = 8, streamed the weights from DRAM once per row tile). The order changes no bit: every
+// item's result is a function of its tile alone.
+__device__ __forceinline__ void grouped_tile(int64_t i, int64_t rows, int64_t cols, int64_t group, int64_t& rt,
+                                             int64_t& col) {
+  const int64_t g = i / (group * cols), in = i % (group * cols);
+  const int64_t n = min(group, rows - g * group);  // row tiles in this group
+  rt = g * group + in % n;
   col = in / n;
 }
 
@@ -744,15 +745,15 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
     if (item < p1) {
       int64_t rt, col;
       if (item < p1_routed) {
-        grouped_tile(item, rr, c1r, rt, col);
+        grouped_tile(item, rr, c1r, P.group_rows, rt, col);
       } else {
-        grouped_tile(item - p1_routed, rs, c1s, rt, col);
+        grouped_tile(item - p1_routed, rs, c1s, P.group_rows, rt, col);
         rt += rr;
       }
       if (!phase1(row_tile_at(P, S, table, rt), col * NT1)) return false;
     } else {
       int64_t rt, col;
-      grouped_tile(item - p1, rr + rs, c2, rt, col);
+      grouped_tile(item - p1, rr + rs, c2, P.group_rows, rt, col);
       const int64_t n0 = col * NT2;
       const RowTile t = row_tile_at(P, S, table, rt);
       const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
@@ -1445,7 +1446,7 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
     // Tiles of one gradient in grouped_tile order (as the phases: blocks running together share
     // a few A and B column blocks of the expert's rows in L2).
     int64_t mt, nt;
-    grouped_tile(t, (M + kTileM - 1) / kTileM, (N + NT - 1) / NT, mt, nt);
+    grouped_tile(t, (M + kTileM - 1) / kTileM, (N + NT - 1) / NT, P.group_rows, mt, nt);
     const int64_t m0 = mt * kTileM, n0 = nt * NT;
     if (routed) {
       int64_t r0 = S.expert_offsets[e], nr = S.expert_offsets[e + 1] - r0;

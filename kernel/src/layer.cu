@@ -141,6 +141,10 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   host_.fast = fast_ ? 1 : 0;
   host_.bulk_gather = fast_ && options_.bulk_gather && !system_scope ? 1 : 0;
   host_.staged_swiglu = fast_ && resolve_swiglu(options_.swiglu, cfg.hidden) == SwigluEpilogue::kStaged ? 1 : 0;
+  if (options_.group_rows < 1 || options_.group_rows > 64)
+    throw Error("kernel: group_rows must be 1..64 (row tiles per group of GEMM items; 8 is the default), got " +
+                std::to_string(options_.group_rows));
+  host_.group_rows = options_.group_rows;
   if (options_.forward_comm_blocks_per_rank == 0)
     options_.forward_comm_blocks_per_rank = host_.bulk_gather
                                                 ? std::min(kDefaultBulkGatherBlocks, options_.comm_blocks_per_rank)

@@ -140,6 +140,7 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
     for (int blocks : {0, 3})
       for (int variant : {0, 1, 2}) {  // bulk gather, fragment SwiGLU; thread gather; staged SwiGLU
         const bool bulk = variant != 1, staged = variant == 2;
+        const int group = variant == 0 ? 8 : variant == 1 ? 3 : 1;  // item groups: default, partial, none
         spec::LayerConfig cfg = base;
         cfg.num_ranks = R;
         cfg.tokens_per_rank = base.num_tokens() / R;
@@ -147,12 +148,14 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
         o.blocks_per_rank = blocks;
         o.bulk_gather = bulk;
         o.swiglu = staged ? kernel::SwigluEpilogue::kStaged : kernel::SwigluEpilogue::kFragments;
+        o.group_rows = group;
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         if (R > 1)
           for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
         expect_bitwise(want, got, cfg,
                        "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks) +
-                           (bulk ? "" : " thread gather") + (staged ? " staged SwiGLU" : ""));
+                           (bulk ? "" : " thread gather") + (staged ? " staged SwiGLU" : "") + " item groups of " +
+                           std::to_string(group));
       }
 }
 
@@ -236,12 +239,14 @@ void check_determinism(const spec::LayerConfig& base) {
         o.swiglu = run == 2 ? kernel::SwigluEpilogue::kStaged    // that time with the gate/up epilogue through
                             : kernel::SwigluEpilogue::kFragments;  // shared memory,
         if (run == 0) o.forward_comm_blocks_per_rank = 6 - comm;  // and the forward's own gathering count once
+        if (run == 3) o.group_rows = 2 + comm;                     // and other item groups (3, 5, 7)
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         // Shared-expert weight gradients are per rank by contract: compare the rest.
         for (const char* p : {"grads/d_w_shared_gate", "grads/d_w_shared_up", "grads/d_w_shared_down"}) got.erase(p);
         const std::string name = "R=" + std::to_string(R) + " comm=" + std::to_string(comm) + " run=" + std::to_string(run) +
                                  (o.disable_tma ? " (no TMA)" : "") + (o.forward_comm_blocks_per_rank ? " (forward comm=" + std::to_string(o.forward_comm_blocks_per_rank) + ")" : "") +
-                                 (o.bulk_gather ? "" : " (thread gather)") + (o.swiglu == kernel::SwigluEpilogue::kStaged ? " (staged SwiGLU)" : "");
+                                 (o.bulk_gather ? "" : " (thread gather)") + (o.swiglu == kernel::SwigluEpilogue::kStaged ? " (staged SwiGLU)" : "") +
+                                 (o.group_rows != 8 ? " (item groups of " + std::to_string(o.group_rows) + ")" : "");
         if (first.empty()) {
           first = got;
           first_name = name;
@@ -361,6 +366,11 @@ TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   EXPECT_THROW(kernel::Layer(cfg, o), Error);
   o.forward_comm_blocks_per_rank = -2;
   EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  o.forward_comm_blocks_per_rank = 0;
+  for (int bad : {0, -1, 65}) {  // row tiles per item group
+    o.group_rows = bad;
+    EXPECT_THROW(kernel::Layer(cfg, o), Error) << "group_rows " << bad;
+  }
 }
 
 }  // namespace

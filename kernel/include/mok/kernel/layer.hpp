@@ -48,6 +48,8 @@ struct KernelOptions {
   SwigluEpilogue swiglu = SwigluEpilogue::kAuto;  // fast engine: how the forward's gate/up epilogue runs
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing
+  int group_rows = 8;            // GEMM items go in groups of this many row tiles, column-major inside a group
+                                 // (grouped_tile; 1..64): blocks running together share A and weight tiles in L2
   bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp);
                                  // the virtual rack (Layer) only: NcclLayer has no reader for it
 };

@@ -853,9 +853,10 @@ __device__ inline void dispatch_combine(const LaunchParams& P, const Role& role,
 // ---------------------------------------------------------------------------------------------
 // Forward.
 
-// gate/up of one column tile: silu(g), silu'(g) and u fp32 and act = swiglu(g, u) bf16. The
-// backward reads silu(g) and silu'(g) instead of recomputing them from g: its phase-1 epilogue
-// then has no exp and no division (kernel/README.md, "Backward phase 1").
+// gate/up of one column tile: g and u fp32 and act = swiglu(g, u) bf16. The backward derives
+// silu(g) and silu'(g) from g with the same code, so the same bits (kernel/README.md, "Backward
+// phase 1": from the fifth to the sixteenth session the forward stored silu(g) and silu'(g)
+// instead of g, 4 bytes more per element, while the backward's epilogue ran on the fragments).
 // Its stores stay in the fragment layout: through shared memory (a RowEpilogue) this tile took
 // 5% longer on the dsv3 forward (2026-12-03, kernel/notes/bench_v6_rows.txt), where the other
 // GEMMs' epilogues gained.
@@ -872,8 +873,7 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
   trace_add(P, kTrWaitRows, t0);
   t0 = trace_now(P);
   const int64_t N = routed ? c.intermediate : c.shared_intermediate;
-  float* gsilu = routed ? S.gate_silu : S.shared_gate_silu;
-  float* gdsilu = routed ? S.gate_dsilu : S.shared_gate_dsilu;
+  float* gate = routed ? S.gate : S.shared_gate;
   float* up = routed ? S.up : S.shared_up;
   uint16_t* act = routed ? S.act : S.shared_act;
   const uint16_t* a_src = routed ? S.xd : P.peers[role.rank].x;
@@ -898,8 +898,7 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
       return [&](int64_t i, int64_t j, float g0, float g1, float u0, float u1) {
         const int64_t idx = (p0 + i) * N + n0 + j;
         const spec::SiluPair s0 = silu_pair(normal, g0), s1 = silu_pair(normal, g1);
-        *reinterpret_cast<float2*>(gsilu + idx) = make_float2(s0.silu, s1.silu);
-        *reinterpret_cast<float2*>(gdsilu + idx) = make_float2(s0.grad, s1.grad);
+        *reinterpret_cast<float2*>(gate + idx) = make_float2(g0, g1);
         *reinterpret_cast<float2*>(up + idx) = make_float2(u0, u1);
         *reinterpret_cast<uint32_t*>(act + idx) =
             pack2(spec::swiglu_act_pre(s0.silu, u0), spec::swiglu_act_pre(s1.silu, u1));
@@ -913,18 +912,11 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
       auto swiglu4 = [&](auto normal) {
         return [&](int64_t, int64_t key, int j, const float4& g, const float4& u, int valid) {
           const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
-          float sv[4], dv[4];
           uint16_t av[4];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const spec::SiluPair sp = silu_pair(normal, gv[q]);
-            sv[q] = sp.silu;
-            dv[q] = sp.grad;
-            av[q] = spec::swiglu_act_pre(sp.silu, uv[q]);
-          }
+          for (int q = 0; q < 4; ++q) av[q] = spec::swiglu_act_pre(silu_pair(normal, gv[q]).silu, uv[q]);
           const int64_t idx = key + j;
-          store4_f32(gsilu + idx, make_float4(sv[0], sv[1], sv[2], sv[3]), valid);
-          store4_f32(gdsilu + idx, make_float4(dv[0], dv[1], dv[2], dv[3]), valid);
+          store4_f32(gate + idx, g, valid);
           store4_f32(up + idx, u, valid);
           store4_bf16(act + idx, av[0], av[1], av[2], av[3], valid);
         };
@@ -940,17 +932,13 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
   } else {
     auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
     gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wg[col * H + k]; },
-              [&](int64_t m, int64_t col, float g) {
-                const spec::SiluPair s = spec::silu_and_grad_f32(g);
-                gsilu[(p0 + m) * N + col] = s.silu;
-                gdsilu[(p0 + m) * N + col] = s.grad;
-              });
-    // The same thread holds (m, col) in both tiles: it reads back its own silu(g).
+              [&](int64_t m, int64_t col, float g) { gate[(p0 + m) * N + col] = g; });
+    // The same thread holds (m, col) in both tiles: it reads back its own g.
     gemm_slow(smem, n, N, H, 0, n0, load_a, [&](int64_t k, int64_t col) { return wu[col * H + k]; },
               [&](int64_t m, int64_t col, float u) {
                 const int64_t idx = (p0 + m) * N + col;
                 up[idx] = u;
-                act[idx] = spec::swiglu_act_pre(gsilu[idx], u);
+                act[idx] = spec::swiglu_act_pre(spec::silu_and_grad_f32(gate[idx]).silu, u);
               });
   }
   trace_add(P, kTrPhase1, t0);
@@ -1086,7 +1074,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchPa
 // Backward.
 
 // d_act of one column tile: da = dy . W_down (routed) or d_output . W_shared_down, then
-// d_gate, d_up (bf16) from the forward's silu(g), silu'(g) and u.
+// d_gate, d_up (bf16) from the forward's g and u (silu(g) and silu'(g) recomputed from g).
 __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, uint8_t* smem, const RowTile& t,
                                        int64_t n0) {
   const spec::LayerConfig& c = P.cfg;
@@ -1100,23 +1088,25 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   trace_add(P, kTrWaitRows, t0);
   t0 = trace_now(P);
   const int64_t N = routed ? c.intermediate : c.shared_intermediate;
-  const float* gsilu = routed ? S.gate_silu : S.shared_gate_silu;
-  const float* gdsilu = routed ? S.gate_dsilu : S.shared_gate_dsilu;
+  const float* gate = routed ? S.gate : S.shared_gate;
   const float* up = routed ? S.up : S.shared_up;
   uint16_t* dg = routed ? S.d_gate : S.shared_d_gate;
   uint16_t* du = routed ? S.d_up : S.shared_d_up;
   const uint16_t* a_src = routed ? S.dy : P.peers[role.rank].d_output;
   const uint16_t* wd = routed ? W.w_routed_down + t.e * H * N : W.w_shared_down;  // [H, N]
+  // silu(g) and silu'(g) come from the forward's g by the forward's code: the same bits as the
+  // values the forward's act used (in spec::silu_normal_range the branch-free form: same bits).
   auto epi = [&](int64_t m, int64_t col, float da) {
     const int64_t j = (p0 + m) * N + col;
-    dg[j] = spec::swiglu_grad_gate_pre(da, up[j], gdsilu[j]);
-    du[j] = spec::swiglu_grad_up_pre(da, gsilu[j]);
+    const spec::SiluPair s = spec::silu_and_grad_f32(gate[j]);
+    dg[j] = spec::swiglu_grad_gate_pre(da, up[j], s.grad);
+    du[j] = spec::swiglu_grad_up_pre(da, s.silu);
   };
   // ORDER: dot-chain over H.
   if (P.fast) {
     const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
-    // The forward's silu(g), silu'(g) and u of the tile are asked into L2 near the end of the
+    // The forward's g and u of the tile are asked into L2 near the end of the
     // main loop and read through the read-only path (this pass never writes them).
     const int64_t cols = min(static_cast<int64_t>(kTileNWide), N - n0);
     gemm_fast<0, 1, false, kTileNWide>(smem, H, n, cols, A, B, B,
@@ -1124,19 +1114,34 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
                                NoKey{},
                                [&](int64_t i, int64_t, int j, const float4& da, int valid) {
                                  const int64_t idx = (p0 + i) * N + n0 + j;
-                                 const float4 s = load4_f32(gsilu + idx, valid), ds = load4_f32(gdsilu + idx, valid),
-                                              u = load4_f32(up + idx, valid);
-                                 store4_bf16(dg + idx, spec::swiglu_grad_gate_pre(da.x, u.x, ds.x),
-                                             spec::swiglu_grad_gate_pre(da.y, u.y, ds.y),
-                                             spec::swiglu_grad_gate_pre(da.z, u.z, ds.z),
-                                             spec::swiglu_grad_gate_pre(da.w, u.w, ds.w), valid);
-                                 store4_bf16(du + idx, spec::swiglu_grad_up_pre(da.x, s.x), spec::swiglu_grad_up_pre(da.y, s.y),
-                                             spec::swiglu_grad_up_pre(da.z, s.z), spec::swiglu_grad_up_pre(da.w, s.w),
-                                             valid);
+                                 const float4 g = load4_f32(gate + idx, valid), u = load4_f32(up + idx, valid);
+                                 // One range test for the four (lanes past `valid` hold 0, in range): in
+                                 // the common case four branch-free chains the compiler can interleave.
+                                 const bool normal = spec::silu_normal_range(g.x) && spec::silu_normal_range(g.y) &&
+                                                     spec::silu_normal_range(g.z) && spec::silu_normal_range(g.w);
+                                 spec::SiluPair s0, s1, s2, s3;
+                                 if (normal) {
+                                   s0 = spec::silu_and_grad_f32_normal(g.x);
+                                   s1 = spec::silu_and_grad_f32_normal(g.y);
+                                   s2 = spec::silu_and_grad_f32_normal(g.z);
+                                   s3 = spec::silu_and_grad_f32_normal(g.w);
+                                 } else {
+                                   s0 = spec::silu_and_grad_f32(g.x);
+                                   s1 = spec::silu_and_grad_f32(g.y);
+                                   s2 = spec::silu_and_grad_f32(g.z);
+                                   s3 = spec::silu_and_grad_f32(g.w);
+                                 }
+                                 store4_bf16(dg + idx, spec::swiglu_grad_gate_pre(da.x, u.x, s0.grad),
+                                             spec::swiglu_grad_gate_pre(da.y, u.y, s1.grad),
+                                             spec::swiglu_grad_gate_pre(da.z, u.z, s2.grad),
+                                             spec::swiglu_grad_gate_pre(da.w, u.w, s3.grad), valid);
+                                 store4_bf16(du + idx, spec::swiglu_grad_up_pre(da.x, s0.silu),
+                                             spec::swiglu_grad_up_pre(da.y, s1.silu), spec::swiglu_grad_up_pre(da.z, s2.silu),
+                                             spec::swiglu_grad_up_pre(da.w, s3.silu), valid);
                                },
                                [&] {
-                                 const float* src[3] = {gsilu, gdsilu, up};
-                                 for (int q = threadIdx.x; q < 3 * kTileM; q += kThreads) {
+                                 const float* src[2] = {gate, up};
+                                 for (int q = threadIdx.x; q < 2 * kTileM; q += kThreads) {
                                    const int64_t r = q % kTileM;
                                    if (r < n)
                                      prefetch_l2(src[q / kTileM] + (p0 + r) * N + n0,

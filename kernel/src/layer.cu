@@ -190,15 +190,13 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     s.tiles_done = control_ + int64_t{L} * 8 + 1 + int64_t{r - first_rank} * tile_counters;
     s.expert_counts = control_ + int64_t{L} * 8 + 1 + int64_t{L} * tile_counters + int64_t{r - first_rank} * El;
     s.xd = device_alloc<uint16_t>(owned_, cap * H);
-    s.gate_silu = device_alloc<float>(owned_, cap * I);
-    s.gate_dsilu = device_alloc<float>(owned_, cap * I);
+    s.gate = device_alloc<float>(owned_, cap * I);
     s.up = device_alloc<float>(owned_, cap * I);
     s.act = device_alloc<uint16_t>(owned_, cap * I);
     s.dy = device_alloc<uint16_t>(owned_, cap * H);
     s.d_gate = device_alloc<uint16_t>(owned_, cap * I);
     s.d_up = device_alloc<uint16_t>(owned_, cap * I);
-    s.shared_gate_silu = device_alloc<float>(owned_, T * Is);
-    s.shared_gate_dsilu = device_alloc<float>(owned_, T * Is);
+    s.shared_gate = device_alloc<float>(owned_, T * Is);
     s.shared_up = device_alloc<float>(owned_, T * Is);
     s.shared_act = device_alloc<uint16_t>(owned_, T * Is);
     s.shared_out = device_alloc<float>(owned_, T * H);

@@ -90,15 +90,14 @@ struct RankState {
   uint32_t* tiles_done;       // [row tiles + shared tiles]: column tiles of a row tile's first GEMM finished
                               // (zeroed before every pass; the second GEMM of the row tile waits on it)
   uint16_t* xd;               // [capacity, H] gathered x rows
-  float* gate_silu;           // [capacity, I] silu(g) of the forward's gate g (fp32)
-  float* gate_dsilu;          // [capacity, I] silu'(g): the backward's SwiGLU gradients need no exp
+  float* gate;                // [capacity, I] the forward's gate g (fp32): the backward derives silu(g) and
+                              // silu'(g) from it with the forward's code (spec::silu_and_grad_f32, same bits)
   float* up;                  // [capacity, I]
   uint16_t* act;              // [capacity, I]
   uint16_t* dy;               // [capacity, H] gathered d_output rows scaled by their router weight
   uint16_t* d_gate;           // [capacity, I]
   uint16_t* d_up;             // [capacity, I]
-  float* shared_gate_silu;    // [T, Is]
-  float* shared_gate_dsilu;   // [T, Is]
+  float* shared_gate;         // [T, Is]
   float* shared_up;           // [T, Is]
   uint16_t* shared_act;       // [T, Is]
   float* shared_out;          // [T, H]

@@ -60,7 +60,8 @@ MOK_HD float silu_grad_from_sigmoid(float x, float s) { return fmul(s, ffma(x, f
 MOK_HD float silu_grad_f32(float x) { return silu_grad_from_sigmoid(x, sigmoid_f32(x)); }
 
 // silu(x) and silu'(x) from one sigmoid: the same bits as silu_f32 and silu_grad_f32. The
-// kernel's forward stores both, so the backward needs no exp or division (kernel/README.md).
+// kernel's forward computes the pair for act and stores g; its backward computes the pair again
+// from g with this code, so both passes see the same bits (kernel/README.md, "Backward phase 1").
 struct SiluPair {
   float silu;
   float grad;
@@ -71,8 +72,9 @@ MOK_HD SiluPair silu_and_grad_f32(float x) {
 }
 
 // The same functions for |x| <= 87 without a range test or branch (the device's forward
-// epilogue runs them on a whole tile at once when every gate value is in that range, so the
-// compiler can interleave the elements' chains; kernel/README.md, "Forward phase 1"). In that
+// epilogue runs them on a whole tile at once when every gate value is in that range, the
+// backward's on four values at once, so the compiler can interleave the elements' chains;
+// kernel/README.md, "Forward phase 1"). In that
 // range exp_f32(-x) takes no early return and 2^n is normal (|x * log2(e)| <= 125.6, so n lies in
 // [-126, 126]), and 1 + exp(-x) <= 1 + e^87 < 2^126, where frcp_ge1 takes its first branch: every
 // operation is the one the general form performs, on the same values, so the bits are the same

@@ -382,7 +382,7 @@ __device__ __forceinline__ void fast_chunk(float (&acc)[NJ][4], float (&acc2)[16
 }
 #endif
 
-// An epilogue that reads memory (backward: the forward's silu(g), silu'(g) and u) can ask for it
+// An epilogue that reads memory (backward: the forward's g and u) can ask for it
 // early: gemm_fast calls its prefetch() on every thread kPrefetchLead chunks before the main loop
 // ends, so the reads hit L2 instead of DRAM (RowEpilogue's pre()).
 inline constexpr int64_t kPrefetchLead = 12;

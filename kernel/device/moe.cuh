@@ -856,7 +856,8 @@ __device__ inline void dispatch_combine(const LaunchParams& P, const Role& role,
 // gate/up of one column tile: g and u fp32 and act = swiglu(g, u) bf16. The backward derives
 // silu(g) and silu'(g) from g with the same code, so the same bits (kernel/README.md, "Backward
 // phase 1": from the fifth to the sixteenth session the forward stored silu(g) and silu'(g)
-// instead of g, 4 bytes more per element, while the backward's epilogue ran on the fragments).
+// instead of g, 4 bytes more per element; that was chosen when the backward's epilogue ran on the
+// fragments with the accumulators live, as it no longer does).
 // Its stores stay in the fragment layout: through shared memory (a RowEpilogue) this tile took
 // 5% longer on the dsv3 forward (2026-12-03, kernel/notes/bench_v6_rows.txt), where the other
 // GEMMs' epilogues gained.

@@ -54,9 +54,10 @@ RC_GTEST_PROP(SpecMath, SiluAndGradAccurate, ()) {
             16 * 0x1.0p-24 * (std::fabs(s) + std::fabs(s * x * (1 - s)) + std::fabs(x) * s * s) + 1e-37);
 }
 
-// The kernel stores silu(g) and silu'(g) from one sigmoid in the forward and feeds them to the
-// _pre forms in the backward: every fp32 bit pattern (NaN, Inf, subnormal included) must give
-// the bits of the one-function-at-a-time definitions.
+// The kernel computes silu(g) and silu'(g) from one sigmoid (the forward for act, the backward
+// again from the stored g) and feeds them to the _pre forms in the backward: every fp32 bit
+// pattern (NaN, Inf, subnormal included) must give the bits of the one-function-at-a-time
+// definitions.
 RC_GTEST_PROP(SpecMath, SiluPairAndPreFormsGiveTheDefinitionsBits, ()) {
   const float g = f32_from_bits(*rc::gen::arbitrary<uint32_t>());
   const float u = f32_from_bits(*rc::gen::arbitrary<uint32_t>());

@@ -63,13 +63,14 @@ struct Args {
   float* out_f32[3];
   uint16_t* out_bf16;
   bool store;
-  int fwd1_stores;  // fwd1 with `store`: bit 0 the fp32 silu(g), silu'(g), u; bit 1 act (bf16); the math always runs
+  int fwd1_stores;  // fwd1 with `store`: bit 0 the fp32 g and u; bit 1 act (bf16); the math always runs
   int64_t stagger_ns;  // odd-numbered blocks wait this long before their first tile
-  bool layer;  // bwd1: the layer's epilogue (reads fp32 silu(g), silu'(g), u from out_f32[0..2]; writes d_gate, d_up bf16)
+  bool layer;  // bwd1: the layer's epilogue (reads fp32 g, u from out_f32[0..1], derives silu(g) and silu'(g); writes
+              // d_gate, d_up bf16)
 };
 
 [[maybe_unused]] __device__ __forceinline__ void grouped(int64_t i, int64_t rows, int64_t cols, int64_t& rt, int64_t& ct) {
-  constexpr int64_t kGroup = 8;  // as the layer's grouped_tile
+  constexpr int64_t kGroup = 8;  // as the layer's grouped_tile with its default KernelOptions::group_rows
   const int64_t g = i / (kGroup * cols), in = i % (kGroup * cols);
   const int64_t n = min(kGroup, rows - g * kGroup);
   rt = g * kGroup + in % n;
@@ -90,7 +91,7 @@ template <int kMode>
     a.out_f32[0][0] = v0;
   }
 }
-// fwd1: silu(g), silu'(g) and u in fp32 and act in bf16, as the layer's phase 1 (a.fwd1_stores
+// fwd1: g and u in fp32 and act in bf16, as the layer's phase 1 (a.fwd1_stores
 // leaves out some of the stores; the values are computed either way and kept alive).
 template <bool kNormal = false>
 [[maybe_unused]] __device__ __forceinline__ void store_gate_up(const Args& a, int64_t idx, float g0, float g1, float u0, float u1) {
@@ -99,10 +100,9 @@ template <bool kNormal = false>
                               s1 = kNormal ? mok::spec::silu_and_grad_f32_normal(g1) : mok::spec::silu_and_grad_f32(g1);
     const uint32_t act = pack2(mok::spec::swiglu_act_pre(s0.silu, u0), mok::spec::swiglu_act_pre(s1.silu, u1));
     if (a.fwd1_stores & 1) {
-      *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(s0.silu, s1.silu);
-      *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(s0.grad, s1.grad);
-      *reinterpret_cast<float2*>(a.out_f32[2] + idx) = make_float2(u0, u1);
-    } else if (s0.silu + s1.silu + s0.grad + s1.grad == -1.25e30f) {
+      *reinterpret_cast<float2*>(a.out_f32[0] + idx) = make_float2(g0, g1);
+      *reinterpret_cast<float2*>(a.out_f32[1] + idx) = make_float2(u0, u1);
+    } else if (g0 + g1 + u0 + u1 == -1.25e30f) {
       a.out_f32[0][0] = g0;
     }
     if (a.fwd1_stores & 2)
@@ -123,13 +123,21 @@ template <int kMode>
     if (v.x + v.y + v.z + v.w == -1.25e30f) a.out_f32[0][0] = v.x;
   } else if constexpr (kMode == kWgrad) {
     store4_f32(a.out_f32[0] + idx, v, valid);
-  } else if (kMode == kBwd1 && a.layer) {
-    const float4 sg = load4_f32(a.out_f32[0] + idx, valid), ds = load4_f32(a.out_f32[1] + idx, valid),
-                 u = load4_f32(a.out_f32[2] + idx, valid);
-    store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, ds.x), swiglu_grad_gate_pre(v.y, u.y, ds.y),
-                swiglu_grad_gate_pre(v.z, u.z, ds.z), swiglu_grad_gate_pre(v.w, u.w, ds.w), valid);
-    store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, sg.x), swiglu_grad_up_pre(v.y, sg.y),
-                swiglu_grad_up_pre(v.z, sg.z), swiglu_grad_up_pre(v.w, sg.w), valid);
+  } else if (kMode == kBwd1 && a.layer) {  // as the layer's: one range test per four values
+    const float4 g = load4_f32(a.out_f32[0] + idx, valid), u = load4_f32(a.out_f32[1] + idx, valid);
+    const bool normal =
+        silu_normal_range(g.x) && silu_normal_range(g.y) && silu_normal_range(g.z) && silu_normal_range(g.w);
+    SiluPair s0, s1, s2, s3;
+    if (normal) {
+      s0 = silu_and_grad_f32_normal(g.x), s1 = silu_and_grad_f32_normal(g.y);
+      s2 = silu_and_grad_f32_normal(g.z), s3 = silu_and_grad_f32_normal(g.w);
+    } else {
+      s0 = silu_and_grad_f32(g.x), s1 = silu_and_grad_f32(g.y), s2 = silu_and_grad_f32(g.z), s3 = silu_and_grad_f32(g.w);
+    }
+    store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, s0.grad), swiglu_grad_gate_pre(v.y, u.y, s1.grad),
+                swiglu_grad_gate_pre(v.z, u.z, s2.grad), swiglu_grad_gate_pre(v.w, u.w, s3.grad), valid);
+    store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, s0.silu), swiglu_grad_up_pre(v.y, s1.silu),
+                swiglu_grad_up_pre(v.z, s2.silu), swiglu_grad_up_pre(v.w, s3.silu), valid);
   } else {
     store4_rne(a.out_bf16 + idx, v, valid);
   }
@@ -144,10 +152,9 @@ template <int kMode>
   const SiluPair s0 = silu_and_grad_f32(g.x), s1 = silu_and_grad_f32(g.y), s2 = silu_and_grad_f32(g.z),
                  s3 = silu_and_grad_f32(g.w);
   if (a.fwd1_stores & 1) {
-    store4_f32(a.out_f32[0] + idx, make_float4(s0.silu, s1.silu, s2.silu, s3.silu), valid);
-    store4_f32(a.out_f32[1] + idx, make_float4(s0.grad, s1.grad, s2.grad, s3.grad), valid);
-    store4_f32(a.out_f32[2] + idx, u, valid);
-  } else if (s0.silu + s1.silu + s2.grad + s3.grad == -1.25e30f) {
+    store4_f32(a.out_f32[0] + idx, g, valid);
+    store4_f32(a.out_f32[1] + idx, u, valid);
+  } else if (g.x + g.y + u.z + u.w == -1.25e30f) {
     a.out_f32[0][0] = g.x;
   }
   const uint16_t h0 = swiglu_act_pre(s0.silu, u.x), h1 = swiglu_act_pre(s1.silu, u.y), h2 = swiglu_act_pre(s2.silu, u.z),
@@ -223,14 +230,16 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
       const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
       gemm_fast<TA, TB, false, kTileNWide>(smem, a.K, rows, cols, A, B, B, [&](int64_t i, int64_t j, float v0, float v1) {
         const int64_t idx = (m0 + i) * a.N + n0 + j;
-        if (kMode == kBwd1 && a.layer) {  // as the layer's backward phase 1
-          const float2 sg = __ldg(reinterpret_cast<const float2*>(a.out_f32[0] + idx));
-          const float2 ds = __ldg(reinterpret_cast<const float2*>(a.out_f32[1] + idx));
-          const float2 u = __ldg(reinterpret_cast<const float2*>(a.out_f32[2] + idx));
-          *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::swiglu_grad_gate_pre(v0, u.x, ds.x),
-                                                                 mok::spec::swiglu_grad_gate_pre(v1, u.y, ds.y));
+        if (kMode == kBwd1 && a.layer) {  // as the layer's backward phase 1, from the fragments
+          const float2 g = __ldg(reinterpret_cast<const float2*>(a.out_f32[0] + idx));
+          const float2 u = __ldg(reinterpret_cast<const float2*>(a.out_f32[1] + idx));
+          const bool normal = mok::spec::silu_normal_range(g.x) && mok::spec::silu_normal_range(g.y);
+          const mok::spec::SiluPair s0 = normal ? mok::spec::silu_and_grad_f32_normal(g.x) : mok::spec::silu_and_grad_f32(g.x),
+                                    s1 = normal ? mok::spec::silu_and_grad_f32_normal(g.y) : mok::spec::silu_and_grad_f32(g.y);
+          *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::swiglu_grad_gate_pre(v0, u.x, s0.grad),
+                                                                 mok::spec::swiglu_grad_gate_pre(v1, u.y, s1.grad));
           *reinterpret_cast<uint32_t*>(a.out_bf16 + a.M * a.N + idx) =
-              pack2(mok::spec::swiglu_grad_up_pre(v0, sg.x), mok::spec::swiglu_grad_up_pre(v1, sg.y));
+              pack2(mok::spec::swiglu_grad_up_pre(v0, s0.silu), mok::spec::swiglu_grad_up_pre(v1, s1.silu));
         } else {
           store_pair<kMode>(a, idx, v0, v1);
         }
@@ -635,12 +644,12 @@ int main(int argc, char** argv) {
   app.add_option("--modes", modes, "comma-separated subset of fwd1,fwd2,bwd1,wgrad");
   app.add_option("--epilogue", epi,
                  "store (what the layer writes), none (main loop only), or layer (bwd1 only: also reads the forward's "
-                 "fp32 silu(g), silu'(g) and u and writes the SwiGLU gradients, as the layer's epilogue; the ws bits "
-                 "column then says n/a)")
+                 "fp32 g and u, derives silu(g) and silu'(g) and writes the SwiGLU gradients, as the layer's epilogue; "
+                 "the ws bits column then says n/a)")
       ->check(CLI::IsMember({"store", "none", "layer"}));
   app.add_option("--fwd1-stores", fwd1_stores,
-                 "with --epilogue store, which of fwd1's stores to write: all (the layer's: fp32 silu(g), silu'(g), u and "
-                 "bf16 act), f32 (the three fp32 arrays), act, or none; the SwiGLU math runs in every case, so none "
+                 "with --epilogue store, which of fwd1's stores to write: all (the layer's: fp32 g and u and bf16 act), "
+                 "f32 (the two fp32 arrays), act, or none; the SwiGLU math runs in every case, so none "
                  "against all separates the epilogue's arithmetic from its stores")
       ->check(CLI::IsMember({"all", "f32", "act", "none"}));
   app.add_option("--stagger-us", stagger_us,
@@ -742,11 +751,12 @@ int main(int argc, char** argv) {
     args.stagger_ns = static_cast<int64_t>(stagger_us * 1000.0);
     args.fwd1_stores = fwd1_stores == "all" ? 3 : fwd1_stores == "f32" ? 1 : fwd1_stores == "act" ? 2 : 0;
     CK(cudaMalloc(&args.out_f32[0], GM * GN * 4));
-    for (float** f : {&args.out_f32[1], &args.out_f32[2]}) CK(cudaMalloc(f, mode == kFwd1 || args.layer ? GM * GN * 4 : 4));
+    CK(cudaMalloc(&args.out_f32[1], mode == kFwd1 || args.layer ? GM * GN * 4 : 4));  // fwd1 and layer: u
+    CK(cudaMalloc(&args.out_f32[2], 4));  // unused since the layer keeps g (seventeenth session)
     // cuBLAS writes 2N columns for fwd1; the layer epilogue of bwd1 writes two bf16 arrays
     CK(cudaMalloc(&args.out_bf16, GM * GN * (mode == kFwd1 || args.layer ? 4 : 2)));
-    if (args.layer)  // random fp32 silu(g), silu'(g), u (pairs of random halves: finite, about [-1, 1])
-      for (int q = 0; q < 3; ++q) {
+    if (args.layer)  // random fp32 g and u (pairs of random halves: finite, about [-1, 1])
+      for (int q = 0; q < 2; ++q) {
         fill_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(args.out_f32[q]), GM * GN * 2, 31 + q);
         CK(cudaGetLastError());
       }
@@ -771,12 +781,12 @@ int main(int argc, char** argv) {
     for (auto* f : {ws_store_kernel<kFwd2, true>, ws_store_kernel<kBwd1, true>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsStoreSmem<true>)));
     // Every variant must store the same bits (same chain order, same epilogue math); checked with
-    // the stores on, over everything the mode writes: fwd1 silu(g), silu'(g), u (fp32) and act
+    // the stores on, over everything the mode writes: fwd1 g, u (fp32) and act
     // (bf16); wgrad fp32; fwd2 and bwd1 bf16; bwd1 with the layer's epilogue d_gate and d_up (bf16,
     // one array after the other; the warp-specialised variant has no such epilogue: n/a).
     std::vector<std::pair<void*, int64_t>> written;
     if (mode == kFwd1) {
-      for (float* f : args.out_f32) written.emplace_back(f, GM * GN * 4);
+      for (float* f : {args.out_f32[0], args.out_f32[1]}) written.emplace_back(f, GM * GN * 4);
       written.emplace_back(args.out_bf16, GM * GN * 2);
     } else if (mode == kWgrad) {
       written.emplace_back(args.out_f32[0], GM * GN * 4);

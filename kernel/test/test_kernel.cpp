@@ -369,8 +369,15 @@ TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   o.forward_comm_blocks_per_rank = 0;
   for (int bad : {0, -1, 65}) {  // row tiles per item group
     o.group_rows = bad;
-    EXPECT_THROW(kernel::Layer(cfg, o), Error) << "group_rows " << bad;
+    try {
+      kernel::Layer layer(cfg, o);
+      ADD_FAILURE() << "group_rows " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("group_rows"), std::string::npos) << e.what();
+    }
   }
+  o.group_rows = 64;  // the largest allowed
+  EXPECT_NO_THROW(kernel::Layer(cfg, o));
 }
 
 }  // namespace

@@ -124,20 +124,14 @@ template <int kMode>
   } else if constexpr (kMode == kWgrad) {
     store4_f32(a.out_f32[0] + idx, v, valid);
   } else if (kMode == kBwd1 && a.layer) {  // as the layer's: one range test per four values
-    const float4 g = load4_f32(a.out_f32[0] + idx, valid), u = load4_f32(a.out_f32[1] + idx, valid);
-    const bool normal =
-        silu_normal_range(g.x) && silu_normal_range(g.y) && silu_normal_range(g.z) && silu_normal_range(g.w);
-    SiluPair s0, s1, s2, s3;
-    if (normal) {
-      s0 = silu_and_grad_f32_normal(g.x), s1 = silu_and_grad_f32_normal(g.y);
-      s2 = silu_and_grad_f32_normal(g.z), s3 = silu_and_grad_f32_normal(g.w);
-    } else {
-      s0 = silu_and_grad_f32(g.x), s1 = silu_and_grad_f32(g.y), s2 = silu_and_grad_f32(g.z), s3 = silu_and_grad_f32(g.w);
-    }
-    store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, s0.grad), swiglu_grad_gate_pre(v.y, u.y, s1.grad),
-                swiglu_grad_gate_pre(v.z, u.z, s2.grad), swiglu_grad_gate_pre(v.w, u.w, s3.grad), valid);
-    store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, s0.silu), swiglu_grad_up_pre(v.y, s1.silu),
-                swiglu_grad_up_pre(v.z, s2.silu), swiglu_grad_up_pre(v.w, s3.silu), valid);
+    const float4 g4 = load4_f32(a.out_f32[0] + idx, valid), u = load4_f32(a.out_f32[1] + idx, valid);
+    const float g[4] = {g4.x, g4.y, g4.z, g4.w};
+    SiluPair s[4];
+    silu_and_grad_f32_n(g, s);
+    store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, s[0].grad), swiglu_grad_gate_pre(v.y, u.y, s[1].grad),
+                swiglu_grad_gate_pre(v.z, u.z, s[2].grad), swiglu_grad_gate_pre(v.w, u.w, s[3].grad), valid);
+    store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, s[0].silu), swiglu_grad_up_pre(v.y, s[1].silu),
+                swiglu_grad_up_pre(v.z, s[2].silu), swiglu_grad_up_pre(v.w, s[3].silu), valid);
   } else {
     store4_rne(a.out_bf16 + idx, v, valid);
   }
@@ -233,13 +227,13 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
         if (kMode == kBwd1 && a.layer) {  // as the layer's backward phase 1, from the fragments
           const float2 g = __ldg(reinterpret_cast<const float2*>(a.out_f32[0] + idx));
           const float2 u = __ldg(reinterpret_cast<const float2*>(a.out_f32[1] + idx));
-          const bool normal = mok::spec::silu_normal_range(g.x) && mok::spec::silu_normal_range(g.y);
-          const mok::spec::SiluPair s0 = normal ? mok::spec::silu_and_grad_f32_normal(g.x) : mok::spec::silu_and_grad_f32(g.x),
-                                    s1 = normal ? mok::spec::silu_and_grad_f32_normal(g.y) : mok::spec::silu_and_grad_f32(g.y);
-          *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::swiglu_grad_gate_pre(v0, u.x, s0.grad),
-                                                                 mok::spec::swiglu_grad_gate_pre(v1, u.y, s1.grad));
+          const float gv[2] = {g.x, g.y};
+          mok::spec::SiluPair s[2];
+          mok::spec::silu_and_grad_f32_n(gv, s);
+          *reinterpret_cast<uint32_t*>(a.out_bf16 + idx) = pack2(mok::spec::swiglu_grad_gate_pre(v0, u.x, s[0].grad),
+                                                                 mok::spec::swiglu_grad_gate_pre(v1, u.y, s[1].grad));
           *reinterpret_cast<uint32_t*>(a.out_bf16 + a.M * a.N + idx) =
-              pack2(mok::spec::swiglu_grad_up_pre(v0, s0.silu), mok::spec::swiglu_grad_up_pre(v1, s1.silu));
+              pack2(mok::spec::swiglu_grad_up_pre(v0, s[0].silu), mok::spec::swiglu_grad_up_pre(v1, s[1].silu));
         } else {
           store_pair<kMode>(a, idx, v0, v1);
         }

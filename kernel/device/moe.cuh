@@ -1115,30 +1115,19 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
                                NoKey{},
                                [&](int64_t i, int64_t, int j, const float4& da, int valid) {
                                  const int64_t idx = (p0 + i) * N + n0 + j;
-                                 const float4 g = load4_f32(gate + idx, valid), u = load4_f32(up + idx, valid);
-                                 // One range test for the four (lanes past `valid` hold 0, in range): in
-                                 // the common case four branch-free chains the compiler can interleave.
-                                 const bool normal = spec::silu_normal_range(g.x) && spec::silu_normal_range(g.y) &&
-                                                     spec::silu_normal_range(g.z) && spec::silu_normal_range(g.w);
-                                 spec::SiluPair s0, s1, s2, s3;
-                                 if (normal) {
-                                   s0 = spec::silu_and_grad_f32_normal(g.x);
-                                   s1 = spec::silu_and_grad_f32_normal(g.y);
-                                   s2 = spec::silu_and_grad_f32_normal(g.z);
-                                   s3 = spec::silu_and_grad_f32_normal(g.w);
-                                 } else {
-                                   s0 = spec::silu_and_grad_f32(g.x);
-                                   s1 = spec::silu_and_grad_f32(g.y);
-                                   s2 = spec::silu_and_grad_f32(g.z);
-                                   s3 = spec::silu_and_grad_f32(g.w);
-                                 }
-                                 store4_bf16(dg + idx, spec::swiglu_grad_gate_pre(da.x, u.x, s0.grad),
-                                             spec::swiglu_grad_gate_pre(da.y, u.y, s1.grad),
-                                             spec::swiglu_grad_gate_pre(da.z, u.z, s2.grad),
-                                             spec::swiglu_grad_gate_pre(da.w, u.w, s3.grad), valid);
-                                 store4_bf16(du + idx, spec::swiglu_grad_up_pre(da.x, s0.silu),
-                                             spec::swiglu_grad_up_pre(da.y, s1.silu), spec::swiglu_grad_up_pre(da.z, s2.silu),
-                                             spec::swiglu_grad_up_pre(da.w, s3.silu), valid);
+                                 const float4 g4 = load4_f32(gate + idx, valid), u = load4_f32(up + idx, valid);
+                                 // One range test for the four (lanes past `valid` hold 0, in range).
+                                 const float g[4] = {g4.x, g4.y, g4.z, g4.w};
+                                 spec::SiluPair s[4];
+                                 spec::silu_and_grad_f32_n(g, s);
+                                 store4_bf16(dg + idx, spec::swiglu_grad_gate_pre(da.x, u.x, s[0].grad),
+                                             spec::swiglu_grad_gate_pre(da.y, u.y, s[1].grad),
+                                             spec::swiglu_grad_gate_pre(da.z, u.z, s[2].grad),
+                                             spec::swiglu_grad_gate_pre(da.w, u.w, s[3].grad), valid);
+                                 store4_bf16(du + idx, spec::swiglu_grad_up_pre(da.x, s[0].silu),
+                                             spec::swiglu_grad_up_pre(da.y, s[1].silu),
+                                             spec::swiglu_grad_up_pre(da.z, s[2].silu),
+                                             spec::swiglu_grad_up_pre(da.w, s[3].silu), valid);
                                },
                                [&] {
                                  const float* src[2] = {gate, up};

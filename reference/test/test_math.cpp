@@ -83,6 +83,24 @@ RC_GTEST_PROP(SpecMath, SiluNormalRangeFormGivesTheGeneralBits, ()) {
   RC_ASSERT(f32_bits(exp_f32_normal(-x)) == f32_bits(exp_f32(-x)));
 }
 
+// The N-value form (one range test for all): the bits of silu_and_grad_f32 on each value, whether
+// the values are all in the normal range (the branch-free path) or any one is not.
+RC_GTEST_PROP(SpecMath, SiluPairOfFourGivesEachValuesBits, ()) {
+  float x[4];
+  for (float& v : x) {
+    const uint32_t mag = *rc::gen::inRange<uint32_t>(0u, 0x42AE0001u);
+    const uint32_t in_range = mag | (*rc::gen::arbitrary<bool>() ? 0x80000000u : 0u);
+    v = f32_from_bits(*rc::gen::arbitrary<bool>() ? in_range : *rc::gen::arbitrary<uint32_t>());
+  }
+  SiluPair s[4];
+  silu_and_grad_f32_n(x, s);
+  for (int q = 0; q < 4; ++q) {
+    const SiluPair want = silu_and_grad_f32(x[q]);
+    RC_ASSERT(f32_bits(s[q].silu) == f32_bits(want.silu));
+    RC_ASSERT(f32_bits(s[q].grad) == f32_bits(want.grad));
+  }
+}
+
 TEST(SpecMath, SiluNormalRangeEdges) {
   for (uint32_t bits = 0x42AD0000u; bits <= 0x42AE0000u; bits += 7) {  // up to 87 itself
     for (float x : {f32_from_bits(bits), -f32_from_bits(bits)}) {

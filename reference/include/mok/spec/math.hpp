@@ -95,5 +95,20 @@ MOK_HD SiluPair silu_and_grad_f32_normal(float x) {
   const float s = frcp_ge1_normal(fadd(1.0f, exp_f32_normal(-x)));
   return {fmul(x, s), silu_grad_from_sigmoid(x, s)};
 }
+// silu_and_grad_f32 of N values with one range test: the branch-free form for all of them when
+// every one is in silu_normal_range, else the general form for each; the bits are
+// silu_and_grad_f32's either way. The kernel's backward epilogue derives silu(g) and silu'(g)
+// from the stored g four at a time with it (kernel/README.md, "Backward phase 1"), so that the
+// compiler can interleave the four chains.
+template <int N>
+MOK_HD void silu_and_grad_f32_n(const float (&x)[N], SiluPair (&s)[N]) {
+  bool normal = true;
+  for (int q = 0; q < N; ++q) normal = normal && silu_normal_range(x[q]);
+  if (normal) {
+    for (int q = 0; q < N; ++q) s[q] = silu_and_grad_f32_normal(x[q]);
+  } else {
+    for (int q = 0; q < N; ++q) s[q] = silu_and_grad_f32(x[q]);
+  }
+}
 
 }  // namespace mok::spec

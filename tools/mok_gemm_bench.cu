@@ -114,6 +114,20 @@ template <bool kNormal = false>
   }
 }
 
+// bwd1's layer epilogue on four columns: d_gate and d_up from the accumulators v and the forward's
+// g and u, one range test per four values, as the layer's backward phase 1.
+[[maybe_unused]] __device__ __forceinline__ void store_layer_bwd1(const Args& a, int64_t idx, const float4& v,
+                                                                  const float4& g4, const float4& u, int valid) {
+  using namespace mok::spec;
+  const float g[4] = {g4.x, g4.y, g4.z, g4.w};
+  SiluPair s[4];
+  silu_and_grad_f32_n(g, s);
+  store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, s[0].grad), swiglu_grad_gate_pre(v.y, u.y, s[1].grad),
+              swiglu_grad_gate_pre(v.z, u.z, s[2].grad), swiglu_grad_gate_pre(v.w, u.w, s[3].grad), valid);
+  store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, s[0].silu), swiglu_grad_up_pre(v.y, s[1].silu),
+              swiglu_grad_up_pre(v.z, s[2].silu), swiglu_grad_up_pre(v.w, s[3].silu), valid);
+}
+
 // The same stores as a row epilogue (gemm_fast stages the tile in shared memory; a warp stores
 // 256-512 contiguous bytes of one row), as the layer does since 2026-12-03.
 template <int kMode>
@@ -123,15 +137,6 @@ template <int kMode>
     if (v.x + v.y + v.z + v.w == -1.25e30f) a.out_f32[0][0] = v.x;
   } else if constexpr (kMode == kWgrad) {
     store4_f32(a.out_f32[0] + idx, v, valid);
-  } else if (kMode == kBwd1 && a.layer) {  // as the layer's: one range test per four values
-    const float4 g4 = load4_f32(a.out_f32[0] + idx, valid), u = load4_f32(a.out_f32[1] + idx, valid);
-    const float g[4] = {g4.x, g4.y, g4.z, g4.w};
-    SiluPair s[4];
-    silu_and_grad_f32_n(g, s);
-    store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, s[0].grad), swiglu_grad_gate_pre(v.y, u.y, s[1].grad),
-                swiglu_grad_gate_pre(v.z, u.z, s[2].grad), swiglu_grad_gate_pre(v.w, u.w, s[3].grad), valid);
-    store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, s[0].silu), swiglu_grad_up_pre(v.y, s[1].silu),
-                swiglu_grad_up_pre(v.z, s[2].silu), swiglu_grad_up_pre(v.w, s[3].silu), valid);
   } else {
     store4_rne(a.out_bf16 + idx, v, valid);
   }
@@ -210,6 +215,27 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
       gemm_fast<1, 1, false, kTileNWide>(smem, a.K, rows, cols, mnmajor(mp, 0, m0), mnmajor(mp + 1, 0, n0),
                                          mnmajor(mp + 1, 0, n0),
                                          bulk_rows_f32([&](int64_t i) { return a.out_f32[0] + (m0 + i) * a.N + n0; }));
+    } else if constexpr (kRows && kMode == kBwd1) {
+      if (a.layer) {  // as the layer's backward phase 1: g and u rows copied into shared memory ahead
+        gemm_fast<0, 1, false, kTileNWide>(
+            smem, a.K, rows, cols, kmajor(mp, m0), mnmajor(mp + 1, 0, n0), mnmajor(mp + 1, 0, n0),
+            loaded_rows(
+                NoKey{},
+                [&](int64_t i) {
+                  const int64_t idx = (m0 + i) * a.N + n0;
+                  return RowSources{a.out_f32[0] + idx, a.out_f32[1] + idx};
+                },
+                [&](int64_t i, int64_t, int j, const float4& v, const float4& g, const float4& u, int valid) {
+                  store_layer_bwd1(a, (m0 + i) * a.N + n0 + j, v, g, u, valid);
+                },
+                NoPrefetch{}));
+      } else {
+        gemm_fast<0, 1, false, kTileNWide>(smem, a.K, rows, cols, kmajor(mp, m0), mnmajor(mp + 1, 0, n0),
+                                           mnmajor(mp + 1, 0, n0),
+                                           by_rows(NoKey{}, [&](int64_t i, int64_t, int j, const float4& v, int valid) {
+                                             store_row4<kMode>(a, (m0 + i) * a.N + n0 + j, v, valid);
+                                           }));
+      }
     } else if constexpr (kRows) {
       constexpr int TA = kMode == kWgrad ? 1 : 0, TB = kMode == kFwd2 ? 0 : 1;
       const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);

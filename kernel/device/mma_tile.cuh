@@ -432,6 +432,42 @@ __device__ __forceinline__ RowEpilogue<Key, Store, Pre> by_rows(Key key, Store s
 }
 template <class E>
 inline constexpr bool kIsRowEpilogue = requires { E::kRows; };
+
+// A row epilogue whose stores also read two fp32 arrays in global memory at the tile's own
+// positions (the backward's phase 1: the forward's g and u): sources(i) gives row i's two
+// pointers to the tile's first column, and store(i, key, j, v, a, b, valid) receives a = the
+// first array's four values at columns j .. j+3 and b = the second's. gemm_fast copies those
+// rows into shared memory beside the staged tile (cp.async, 16 bytes a lane, no registers held)
+// kLoadedRowsDepth rows of a warp ahead of the row it stores, and issues a warp's first rows
+// before it stages the accumulators, so that the reads are in flight behind the staging and
+// the other rows' stores. The columns: every multiple of four below cols (the fast engine's
+// widths are multiples of 64), so each row's pointers must be 16-byte aligned.
+template <class Key, class Sources, class Store, class Pre = NoPrefetch>
+struct LoadedRows {
+  static constexpr bool kRows = true;
+  static constexpr bool kLoadedRows = true;
+  Key key;
+  Sources sources;
+  Store store;
+  Pre pre;
+  __device__ __forceinline__ void prefetch() const
+    requires(!std::is_same_v<Pre, NoPrefetch>)
+  {
+    pre();
+  }
+};
+struct RowSources {
+  const float* a;
+  const float* b;
+};
+template <class Key, class Sources, class Store, class Pre>
+__device__ __forceinline__ LoadedRows<Key, Sources, Store, Pre> loaded_rows(Key key, Sources sources, Store store,
+                                                                           Pre pre) {
+  return LoadedRows<Key, Sources, Store, Pre>{key, sources, store, pre};
+}
+template <class E>
+inline constexpr bool kIsLoadedRows = requires { E::kLoadedRows; };
+inline constexpr int kLoadedRowsDepth = 3;
 // A row epilogue with no per-row value.
 struct NoKey {
   __device__ __forceinline__ int64_t operator()(int64_t) const { return 0; }
@@ -538,6 +574,11 @@ inline constexpr bool kIsRangedRows = requires { E::kRangedRows; };
 constexpr int kStageRowFloats = 256 + 8;
 constexpr int kStageKeysOffset = kTileM * kStageRowFloats * 4;
 static_assert(kStageKeysOffset + kTileM * 8 <= kRingBytes, "the staged tile and its keys fit in the ring");
+// LoadedRows' copies: per warp, kLoadedRowsDepth rows of both arrays (256 floats each), after the
+// staged tile's keys.
+constexpr int kLoadedRowsOffset = kStageKeysOffset + kTileM * 8;
+static_assert(kLoadedRowsOffset % 16 == 0 && kLoadedRowsOffset + kWarps * kLoadedRowsDepth * 2 * 256 * 4 <= kRingBytes,
+              "the loaded rows fit in the ring beside the staged tile");
 // The bf16 staging of MixedRows: rows of 256 values padded by 8 (528 bytes), so that a warp's
 // 4-byte fragment stores (eight rows, four column pairs) hit 32 different banks; then the keys.
 constexpr int kStageRowHalves = 256 + 8;
@@ -587,6 +628,35 @@ __device__ __forceinline__ float4 load4_f32(const float* p, int valid) {
   for (int q = 0; q < valid; ++q) e[q] = __ldg(p + q);
   return make_float4(e[0], e[1], e[2], e[3]);
 }
+
+// 16 bytes from global to shared memory without a register round trip (cp.async, sm_80 and
+// later; a plain copy before that), and the wait for all of a thread's copies.
+__device__ __forceinline__ void copy16_async(void* dst_smem, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst_smem)), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst_smem) = __ldcg(reinterpret_cast<const uint4*>(src));
+#endif
+}
+__device__ __forceinline__ void copy16_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+// Closes the thread's current group of copies; copy16_wait_all_but<N> waits for every group but
+// the N most recent ones (copy16_wait_all_but_last: N = 1).
+__device__ __forceinline__ void copy16_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copy16_wait_all_but() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ void copy16_wait_all_but_last() { copy16_wait_all_but<1>(); }
 
 // Fast engine: C[128 x kBN] = A[128 x K] * B[K x kBN] (and C2 = A * B2 when kDual, kBN = 128), then
 // epilogue(i, j, c[i][j], c[i][j+1]) (or with c2's pair appended) for every even j < cols and
@@ -702,6 +772,34 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
         return;
       }
     }
+    [[maybe_unused]] float* loaded = nullptr;  // LoadedRows: this warp's rows of both arrays
+    [[maybe_unused]] int my_rows = 0;
+    [[maybe_unused]] auto load_row = [&](int r) {
+      if constexpr (kIsLoadedRows<Epilogue>) {
+        const int64_t i = warp + static_cast<int64_t>(r) * kWarps;
+        const RowSources src = epilogue.sources(i);
+        float* dst = loaded + (r % kLoadedRowsDepth) * 2 * kBN;
+#pragma unroll
+        for (int h = 0; h < kBN / 128; ++h) {
+          const int j = h * 128 + 4 * lane;
+          if (j < cols) {
+            copy16_async(dst + j, src.a + j);
+            copy16_async(dst + kBN + j, src.b + j);
+          }
+        }
+      }
+    };
+    if constexpr (kIsLoadedRows<Epilogue>) {
+      // The first rows' copies go out before the staging (they land beside it, past the keys).
+      static_assert(kBN == 256, "loaded rows: the area holds 256-wide rows");
+      loaded = reinterpret_cast<float*>(smem.ring + kLoadedRowsOffset) + warp * kLoadedRowsDepth * 2 * kBN;
+      my_rows = rows > warp ? static_cast<int>((rows - warp + kWarps - 1) / kWarps) : 0;
+#pragma unroll
+      for (int r = 0; r < kLoadedRowsDepth; ++r) {
+        if (r < my_rows) load_row(r);
+        copy16_commit();
+      }
+    }
     float* staged = reinterpret_cast<float*>(smem.ring);
     [[maybe_unused]] int64_t* keys = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset);
 #pragma unroll
@@ -759,6 +857,27 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
           all_rows(epilogue.fast);
         else
           all_rows(epilogue.general);
+      } else if constexpr (kIsLoadedRows<Epilogue>) {
+        static_assert(!kDual, "loaded rows: one B operand");
+        __syncthreads();
+        // ORDER: none across rows (each element's chain is its own); row r of this warp waits
+        // for its own copies only (a lane reads back exactly the 16-byte pieces it copied).
+        for (int r = 0; r < my_rows; ++r) {
+          copy16_wait_all_but<kLoadedRowsDepth - 1>();
+          const int64_t i = warp + static_cast<int64_t>(r) * kWarps;
+          const float* la = loaded + (r % kLoadedRowsDepth) * 2 * kBN;
+#pragma unroll
+          for (int h = 0; h < kBN / 128; ++h) {
+            const int j = h * 128 + 4 * lane;
+            if (j < cols)
+              epilogue.store(i, keys[i], j, *reinterpret_cast<const float4*>(staged + i * kStageRowFloats + j),
+                             *reinterpret_cast<const float4*>(la + j), *reinterpret_cast<const float4*>(la + kBN + j),
+                             cols - j < 4 ? static_cast<int>(cols - j) : 4);
+          }
+          if (r + kLoadedRowsDepth < my_rows) load_row(r + kLoadedRowsDepth);
+          copy16_commit();  // (empty groups keep the count of groups per row fixed)
+        }
+        copy16_wait_all();  // before the next tile's loads reuse the ring
       } else {
         __syncthreads();
         for (int64_t i = warp; i < rows; i += kWarps) row_stores(epilogue.store, i);

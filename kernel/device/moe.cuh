@@ -1107,16 +1107,21 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   if (P.fast) {
     const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
-    // The forward's g and u of the tile are asked into L2 near the end of the
-    // main loop and read through the read-only path (this pass never writes them).
+    // The forward's g and u of the tile are asked into L2 near the end of the main loop, then
+    // copied row by row into shared memory beside the staged tile, a few rows of each warp ahead
+    // of its stores (LoadedRows: no registers held for them; this pass never writes them).
     const int64_t cols = min(static_cast<int64_t>(kTileNWide), N - n0);
     gemm_fast<0, 1, false, kTileNWide>(smem, H, n, cols, A, B, B,
-                           by_rows(
+                           loaded_rows(
                                NoKey{},
-                               [&](int64_t i, int64_t, int j, const float4& da, int valid) {
+                               [&](int64_t i) {
+                                 const int64_t idx = (p0 + i) * N + n0;
+                                 return RowSources{gate + idx, up + idx};
+                               },
+                               [&](int64_t i, int64_t, int j, const float4& da, const float4& g4, const float4& u,
+                                   int valid) {
                                  const int64_t idx = (p0 + i) * N + n0 + j;
-                                 const float4 g4 = load4_f32(gate + idx, valid), u = load4_f32(up + idx, valid);
-                                 // One range test for the four (lanes past `valid` hold 0, in range).
+                                 // One range test for the four (valid is 4: N is a multiple of 64 here).
                                  const float g[4] = {g4.x, g4.y, g4.z, g4.w};
                                  spec::SiluPair s[4];
                                  spec::silu_and_grad_f32_n(g, s);
@@ -1231,33 +1236,6 @@ __device__ __forceinline__ auto wgrad_epilogue(float* out, int64_t N, int64_t m0
   } else {
     return bulk_rows_f32([=](int64_t i) { return out + (m0 + i) * N + n0; });
   }
-}
-
-// 16 bytes from global to shared memory without a register round trip (cp.async, sm_80 and
-// later; a plain copy before that), and the wait for all of a thread's copies.
-__device__ __forceinline__ void copy16_async(void* dst_smem, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst_smem)), "l"(src) : "memory");
-#else
-  *reinterpret_cast<uint4*>(dst_smem) = __ldcg(reinterpret_cast<const uint4*>(src));
-#endif
-}
-__device__ __forceinline__ void copy16_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-// Closes the thread's current group of copies; copy16_wait_all_but_last waits for every group
-// but the most recent one.
-__device__ __forceinline__ void copy16_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void copy16_wait_all_but_last() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
 }
 
 // d_router_weights[s] = sum over h of d_output[t, h] * y[s, h] for every slot s = (t, k) of the

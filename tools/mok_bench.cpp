@@ -217,6 +217,13 @@ int main(int argc, char** argv) {
                  "running together share A rows and weight columns in L2 (1..64; the order changes no bit)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  std::string passes = "both";
+  app.add_option("--passes", passes,
+                 "which passes each repetition times: both (a forward, then a backward of the same inputs, as in "
+                 "training), or forward (forwards back to back: a forward-only change measured without the "
+                 "backward's power and clock between them; the baselines then time their forwards only)")
+      ->check(CLI::IsMember({"both", "forward"}))
+      ->capture_default_str();
   app.add_flag("--trace", trace,
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
                "memory while it runs): per-block marks and sums of waiting, GEMM and publishing time "
@@ -301,7 +308,7 @@ int main(int argc, char** argv) {
     }
     const int64_t G = cfg.num_tokens(), Hc = cfg.hidden, Ic = cfg.intermediate, Isc = cfg.shared_intermediate,
                   Ec = cfg.num_experts, Kc = cfg.top_k, Rn = cfg.num_ranks;
-    const bool backward = in.count("inputs/d_output") > 0;
+    const bool backward = in.count("inputs/d_output") > 0 && passes == "both";
     mok::kernel::KernelOptions ko;
     ko.comm_blocks_per_rank = comm;
     ko.blocks_per_rank = blocks;
@@ -556,7 +563,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# mok-bench %s%s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
-                "(%d comm), TMA %s, SwiGLU epilogue %s, item groups of %d row tiles, median of %d after %d warm-up\n",
+                "(%d comm), TMA %s, SwiGLU epilogue %s, item groups of %d row tiles, median of %d after %d warm-up, "
+                "%s\n",
                 nccl ? (std::to_string(gpus) + " x ").c_str() : "", prop.name, (long long)G, (long long)Hc,
                 (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc, (long long)Rn, (long long)rows,
                 blocks_per_rank, comm_per_rank, tma_on ? "on" : "off",
@@ -564,7 +572,10 @@ int main(int argc, char** argv) {
                 : mok::kernel::resolve_swiglu(ko.swiglu, Hc) == mok::kernel::SwigluEpilogue::kStaged
                     ? (swiglu == "auto" ? "staged (auto)" : "staged")
                     : (swiglu == "auto" ? "fragments (auto)" : "fragments"),
-                group_rows, reps, warmup);
+                group_rows, reps, warmup,
+                backward ? "each repetition a forward then a backward"
+                : passes == "forward" ? "forwards only (--passes forward)"
+                                      : "forwards only (the golden file has no inputs/d_output)");
     if (!nccl)
       std::printf("# transport virtual: the %lld ranks share one GPU in one launch per pass; fused times are the median "
                   "over reps of each pass\n",
@@ -597,7 +608,7 @@ int main(int argc, char** argv) {
     row("unfused forward", base_f, fwd_flops, fwd_bytes);
     row("unfused backward", base_b, bwd_flops, bwd_bytes);
     row("pytorch forward", torch_f, fwd_flops, fwd_bytes);
-    row("pytorch backward", torch_fb > torch_f ? torch_fb - torch_f : 0.0, bwd_flops, bwd_bytes);
+    row("pytorch backward", backward && torch_fb > torch_f ? torch_fb - torch_f : 0.0, bwd_flops, bwd_bytes);
     if (sustained_tflops > 0)
       std::printf("# sustained: bf16 GEMM %.0f TFLOP/s, median of the last %d of %d back-to-back 8192^3 GEMMs (%.0f ms); "
                   "the fused passes against it: forward %.1f%%, backward %.1f%% (%% peak above: the burst rate)\n",
@@ -611,7 +622,7 @@ int main(int argc, char** argv) {
     if (!torch_note.empty()) std::printf("# %s\n", torch_note.c_str());
     if (torch_f > 0)
       std::printf("# fused / PyTorch speed: forward %.2fx, forward+backward %.2fx\n", torch_f / f_ms,
-                  torch_fb > 0 && b_ms > 0 ? torch_fb / (f_ms + b_ms) : 0.0);
+                  backward && torch_fb > 0 && b_ms > 0 ? torch_fb / (f_ms + b_ms) : 0.0);
     return 0;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok-bench: %s\n", e.what());

@@ -4,7 +4,7 @@
 # exit 2 with a message naming the option, and --help exits 0. None of it writes a file.
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
 # mok-bench's --transport: a bad value and nccl with --trace exit 2 (as do a bad --gather,
-# --swiglu, --fwd-comm-sms or --group-rows, and a --sustain-ms below 100 other than 0), nccl in a build without NCCL
+# --swiglu, --fwd-comm-sms, --group-rows or --passes, and a --sustain-ms below 100 other than 0), nccl in a build without NCCL
 # exits 3 (environment missing), and nccl with more ranks than GPUs exits 2 naming the fix where
 # a GPU is usable, 3 naming the missing GPU where none is (this last case initialises CUDA).
 set -u
@@ -24,6 +24,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--fwd-comm-sms" --fwd-comm-sms many
   expect_exit "$MOK_BENCH" 2 "--group-rows" --group-rows 0
   expect_exit "$MOK_BENCH" 2 "--group-rows" --group-rows 65
+  expect_exit "$MOK_BENCH" 2 "--passes" --passes backward
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms -5
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms 50
   if [[ ${MOK_BENCH_NCCL:-OFF} != ON ]]; then

@@ -530,12 +530,12 @@ int main(int argc, char** argv) {
         torch_note = "PyTorch baseline skipped: its script takes uniform or zipf:S routing only";
       } else {
         bool ok = false;
-        const std::string out =
-            run_torch({python, torch_script, "--H", std::to_string(Hc), "--I", std::to_string(Ic), "--Is",
-                       std::to_string(Isc), "--E", std::to_string(Ec), "--K", std::to_string(Kc), "--T",
-                       std::to_string(G), "--routing", routing, "--reps", std::to_string(reps), "--warmup",
-                       std::to_string(warmup)},
-                      &ok);
+        std::vector<std::string> torch_args = {
+            python, torch_script, "--H", std::to_string(Hc), "--I", std::to_string(Ic), "--Is", std::to_string(Isc),
+            "--E", std::to_string(Ec), "--K", std::to_string(Kc), "--T", std::to_string(G), "--routing", routing,
+            "--reps", std::to_string(reps), "--warmup", std::to_string(warmup)};
+        if (!backward) torch_args.push_back("--no-backward");  // --passes forward: its forwards only
+        const std::string out = run_torch(torch_args, &ok);
         try {
           if (!ok) throw std::runtime_error("exit status");
           const auto j = nlohmann::json::parse(out.substr(std::min(out.find('{'), out.size())));

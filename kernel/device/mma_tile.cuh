@@ -621,13 +621,6 @@ __device__ __forceinline__ void store8_bf16(uint16_t* p, const uint4& v, int val
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   for (int q = 0; q < valid; ++q) p[q] = static_cast<uint16_t>(w[q / 2] >> (16 * (q % 2)));
 }
-// Loads four fp32 values (valid of them; the rest read as 0) from p through the read-only path.
-__device__ __forceinline__ float4 load4_f32(const float* p, int valid) {
-  if (valid == 4 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) return __ldg(reinterpret_cast<const float4*>(p));
-  float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int q = 0; q < valid; ++q) e[q] = __ldg(p + q);
-  return make_float4(e[0], e[1], e[2], e[3]);
-}
 
 // 16 bytes from global to shared memory without a register round trip (cp.async, sm_80 and
 // later; a plain copy before that), and the wait for all of a thread's copies.

@@ -18,8 +18,9 @@
 # change (candidate / base - 1) and in how many rounds the candidate was faster, forward and
 # backward. A round counts where both runs succeeded (for the backward: where both printed one).
 #
-# Example (the forward's gate/up epilogue, fragments against staged, qwen3 shapes):
-#   Q="build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 --reps 10 --no-baseline"
+# Example (the forward's gate/up epilogue, fragments against staged, qwen3 shapes; a change to the
+# forward alone, so its forwards are timed back to back, without the backward between them):
+#   Q="build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 --reps 10 --no-baseline --passes forward"
 #   tools/bench-ab.sh -n 3 fragments "$Q" staged "$Q --swiglu staged"
 # Two builds on two shapes, paired:
 #   tools/bench-ab.sh -p q-old "old/mok-bench $QARGS" q-new "new/mok-bench $QARGS" d-old "..." d-new "..."

@@ -114,20 +114,6 @@ template <bool kNormal = false>
   }
 }
 
-// bwd1's layer epilogue on four columns: d_gate and d_up from the accumulators v and the forward's
-// g and u, one range test per four values, as the layer's backward phase 1.
-[[maybe_unused]] __device__ __forceinline__ void store_layer_bwd1(const Args& a, int64_t idx, const float4& v,
-                                                                  const float4& g4, const float4& u, int valid) {
-  using namespace mok::spec;
-  const float g[4] = {g4.x, g4.y, g4.z, g4.w};
-  SiluPair s[4];
-  silu_and_grad_f32_n(g, s);
-  store4_bf16(a.out_bf16 + idx, swiglu_grad_gate_pre(v.x, u.x, s[0].grad), swiglu_grad_gate_pre(v.y, u.y, s[1].grad),
-              swiglu_grad_gate_pre(v.z, u.z, s[2].grad), swiglu_grad_gate_pre(v.w, u.w, s[3].grad), valid);
-  store4_bf16(a.out_bf16 + a.M * a.N + idx, swiglu_grad_up_pre(v.x, s[0].silu), swiglu_grad_up_pre(v.y, s[1].silu),
-              swiglu_grad_up_pre(v.z, s[2].silu), swiglu_grad_up_pre(v.w, s[3].silu), valid);
-}
-
 // The same stores as a row epilogue (gemm_fast stages the tile in shared memory; a warp stores
 // 256-512 contiguous bytes of one row), as the layer does since 2026-12-03.
 template <int kMode>
@@ -226,7 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
                   return RowSources{a.out_f32[0] + idx, a.out_f32[1] + idx};
                 },
                 [&](int64_t i, int64_t, int j, const float4& v, const float4& g, const float4& u, int valid) {
-                  store_layer_bwd1(a, (m0 + i) * a.N + n0 + j, v, g, u, valid);
+                  const int64_t idx = (m0 + i) * a.N + n0 + j;
+                  store4_swiglu_grads(a.out_bf16 + idx, a.out_bf16 + a.M * a.N + idx, v, g, u, valid);
                 },
                 NoPrefetch{}));
       } else {

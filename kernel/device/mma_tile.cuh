@@ -15,6 +15,7 @@
 #include "mok/kernel/params.hpp"
 #include "mok/spec/bf16.hpp"
 #include "mok/spec/config.hpp"
+#include "mok/spec/orders.hpp"
 
 #include <cstdint>
 #include <type_traits>
@@ -610,6 +611,21 @@ __device__ __forceinline__ void store4_bf16(uint16_t* p, uint16_t b0, uint16_t b
 __device__ __forceinline__ void store4_rne(uint16_t* p, const float4& v, int valid) {
   store4_bf16(p, spec::bf16_from_f32_rne(v.x), spec::bf16_from_f32_rne(v.y), spec::bf16_from_f32_rne(v.z),
               spec::bf16_from_f32_rne(v.w), valid);
+}
+// The SwiGLU gradients of four columns, stored as store4_bf16 does: dg = rn(rn(da·u)·silu'(g)) and
+// du = rn(da·silu(g)), silu(g) and silu'(g) derived from the forward's g with one range test for
+// the four (spec::silu_and_grad_f32_n). The layer's backward phase 1 and mok-gemm-bench's model
+// of it both call this.
+__device__ __forceinline__ void store4_swiglu_grads(uint16_t* dg, uint16_t* du, const float4& da, const float4& g4,
+                                                    const float4& u, int valid) {
+  const float g[4] = {g4.x, g4.y, g4.z, g4.w};
+  spec::SiluPair s[4];
+  spec::silu_and_grad_f32_n(g, s);
+  store4_bf16(dg, spec::swiglu_grad_gate_pre(da.x, u.x, s[0].grad), spec::swiglu_grad_gate_pre(da.y, u.y, s[1].grad),
+              spec::swiglu_grad_gate_pre(da.z, u.z, s[2].grad), spec::swiglu_grad_gate_pre(da.w, u.w, s[3].grad),
+              valid);
+  store4_bf16(du, spec::swiglu_grad_up_pre(da.x, s[0].silu), spec::swiglu_grad_up_pre(da.y, s[1].silu),
+              spec::swiglu_grad_up_pre(da.z, s[2].silu), spec::swiglu_grad_up_pre(da.w, s[3].silu), valid);
 }
 // Stores eight bf16 bit patterns packed in v (element q in bits 16 (q % 2) of word q / 2), valid of
 // them, at p: one 16-byte store when all eight are valid and p is 16-byte aligned.

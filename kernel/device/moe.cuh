@@ -1121,18 +1121,8 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
                                [&](int64_t i, int64_t, int j, const float4& da, const float4& g4, const float4& u,
                                    int valid) {
                                  const int64_t idx = (p0 + i) * N + n0 + j;
-                                 // One range test for the four (valid is 4: N is a multiple of 64 here).
-                                 const float g[4] = {g4.x, g4.y, g4.z, g4.w};
-                                 spec::SiluPair s[4];
-                                 spec::silu_and_grad_f32_n(g, s);
-                                 store4_bf16(dg + idx, spec::swiglu_grad_gate_pre(da.x, u.x, s[0].grad),
-                                             spec::swiglu_grad_gate_pre(da.y, u.y, s[1].grad),
-                                             spec::swiglu_grad_gate_pre(da.z, u.z, s[2].grad),
-                                             spec::swiglu_grad_gate_pre(da.w, u.w, s[3].grad), valid);
-                                 store4_bf16(du + idx, spec::swiglu_grad_up_pre(da.x, s[0].silu),
-                                             spec::swiglu_grad_up_pre(da.y, s[1].silu),
-                                             spec::swiglu_grad_up_pre(da.z, s[2].silu),
-                                             spec::swiglu_grad_up_pre(da.w, s[3].silu), valid);
+                                 // valid is 4: N is a multiple of 64 here.
+                                 store4_swiglu_grads(dg + idx, du + idx, da, g4, u, valid);
                                },
                                [&] {
                                  const float* src[2] = {gate, up};

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""ncu-phases: where a persistent kernel's warps spend their time, by phase and by source line.
+
+Nsight Compute's warp-state sampling (section SourceCounters) counts, per SASS instruction, how
+often a warp was found there and why it was not issuing. For a persistent kernel such as
+moe_forward_kernel that is one long list; this tool folds it into the kernel's own phases:
+
+  * every instruction is placed at its source line and the chain of inlined calls above it
+    (nvdisasm -gi of a -lineinfo build);
+  * the outermost frame of the chain is a line of the kernel's body, and the body's
+    `trace_mark(P, kTrX)` calls cut it into segments (start..Planned, Planned..Gathered, ...);
+  * inside a segment, the innermost frame that is still a line of the body tells apart the calls
+    the segment makes (the forward's phase-1 and phase-2 lambdas, say).
+
+It prints, per kernel: the share of samples and the leading stall reasons of each segment and
+call, then the lines that hold the most samples inside each of them. Samples are warps found
+at an instruction, so a share is a share of warp time (all 8 warps of a block live for the whole
+kernel here, which makes it a share of the kernel's time too).
+
+Inputs (see --help): the source page of an ncu report as CSV, and the SASS of the same binary
+with inlining line info. Typical use, binary built with -lineinfo
+(cmake ... -DCMAKE_CUDA_FLAGS=-lineinfo):
+
+  ncu --clock-control none -k regex:'moe_(forward|backward)_kernel' -c 2 --section SourceCounters \\
+      -o rep build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 \\
+      --reps 1 --warmup 0 --no-baseline --sustain-ms 0
+  ncu -i rep.ncu-rep --page source --csv --print-source sass > rep.csv
+  cuobjdump -xelf all build/tools/mok-bench        # writes mok-bench.N.sm_90a.cubin
+  nvdisasm -gi -c mok-bench.2.sm_90a.cubin > layer.sass   # the cubin holding the kernels
+  tools/ncu-phases.py --csv rep.csv --sass layer.sass
+
+Exit status: 0 on success, 2 on bad input (the message names the file and the fix).
+"""
+
+import argparse
+import collections
+import csv
+import os
+import re
+import sys
+
+STALL_PREFIX = "stall_"
+SAMPLES_COLUMN = "Warp Stall Sampling (All Samples)"
+
+
+class InputError(Exception):
+    pass
+
+
+def parse_sass(path):
+    """Returns {function name: {offset: chain}}, chain = ((file, line), ...) innermost first."""
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read().splitlines()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the SASS file ({e.strerror}); make it with nvdisasm -gi -c FILE.cubin")
+    funcs = {}
+    cur = None
+    chain = []
+    closed = False  # the chain was attached to an instruction; the next //## line starts a new one
+    any_line_info = False
+    loc_re = re.compile(r'//## File "([^"]+)", line (\d+)')
+    label_re = re.compile(r"^\.text\.(\S+):$")
+    insn_re = re.compile(r"^\s+/\*([0-9a-fA-F]{4,})\*/")
+    for raw in text:
+        s = raw.strip()
+        m = label_re.match(s)
+        if m:
+            cur = funcs.setdefault(m.group(1), {})
+            chain, closed = [], False
+            continue
+        m = loc_re.search(raw)
+        if m:
+            any_line_info = True
+            if closed:
+                chain, closed = [], False
+            chain.append((m.group(1), int(m.group(2))))
+            continue
+        m = insn_re.match(raw)
+        if m and cur is not None:
+            cur[int(m.group(1), 16)] = tuple(chain)
+            closed = True
+    if not funcs:
+        raise InputError(f"{path}: no function found (expected nvdisasm output with '.text.NAME:' labels; "
+                         "run nvdisasm -gi -c on the cubin that holds the kernels)")
+    if not any_line_info:
+        raise InputError(f"{path}: no line information ('//## File ...' lines): build the binary with -lineinfo "
+                         "(-DCMAKE_CUDA_FLAGS=-lineinfo) and disassemble with nvdisasm -gi")
+    return funcs
+
+
+def parse_csv(path):
+    """Returns [(kernel display name, [(offset, samples, {reason: samples})])] in file order."""
+    try:
+        rows = list(csv.reader(open(path, encoding="utf-8", errors="replace")))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the CSV file ({e.strerror}); export it with "
+                         "ncu -i REPORT --page source --csv --print-source sass")
+    kernels = []
+    header = None
+    base = None
+    for r in rows:
+        if not r:
+            continue
+        if r[0] == "Kernel Name":
+            kernels.append((r[1] if len(r) > 1 else "?", []))
+            header, base = None, None
+            continue
+        if r[0] == "Address":
+            if not kernels:
+                continue
+            header = r
+            if SAMPLES_COLUMN not in header:
+                raise InputError(f"{path}: no '{SAMPLES_COLUMN}' column: profile with --section SourceCounters")
+            continue
+        if header is None or not kernels:
+            continue
+        try:
+            addr = int(r[0], 16)
+        except ValueError:
+            continue
+        if base is None:
+            base = addr
+        rec = dict(zip(header, r))
+        samples = int(rec.get(SAMPLES_COLUMN, "0") or 0)
+        reasons = {}
+        for h, v in rec.items():
+            if h.startswith(STALL_PREFIX) and "(Not Issued)" not in h and v.isdigit() and int(v):
+                reasons[h[len(STALL_PREFIX):]] = int(v)
+        kernels[-1][1].append((addr - base, samples, reasons))
+    if not kernels:
+        raise InputError(f"{path}: no 'Kernel Name' row: export the source page with "
+                         "ncu -i REPORT --page source --csv --print-source sass")
+    return kernels
+
+
+def match_function(display, funcs):
+    """The mangled name in the SASS whose demangled base name appears in ncu's display name."""
+    base = kernel_base(display)
+    hits = [f for f in funcs if base in f]
+    if len(hits) != 1:
+        raise InputError(f"kernel '{display}': {len(hits)} functions of the SASS file match '{base}' "
+                         f"(functions: {', '.join(sorted(funcs)[:6])}...); disassemble the cubin that holds it")
+    return hits[0]
+
+
+def kernel_base(display):
+    m = re.search(r"(\w+)\s*\(", display)
+    return m.group(1) if m else display
+
+
+def body_of(chains, base):
+    """The kernel's body: (file, first line, last line) of its __global__ definition, found in the
+    files the outermost frames name (the definition line, then matching braces)."""
+    files = collections.Counter(c[-1][0] for c in chains if c)
+    for f, _ in files.most_common():
+        src = read_lines(f)
+        if src is None:
+            continue
+        for n, text in enumerate(src, start=1):
+            if "__global__" in text and re.search(r"\b" + re.escape(base) + r"\s*\(", text):
+                depth, opened = 0, False
+                for m in range(n, len(src) + 1):
+                    for ch in src[m - 1]:
+                        if ch == "{":
+                            depth, opened = depth + 1, True
+                        elif ch == "}":
+                            depth -= 1
+                    if opened and depth <= 0:
+                        return f, n, m
+                return f, n, len(src)
+    return None, 0, -1
+
+
+def read_lines(path):
+    try:
+        return open(path, encoding="utf-8", errors="replace").read().splitlines()
+    except OSError:
+        return None
+
+
+def segments(src_lines, first, last):
+    """[(line, mark)] of trace_mark(P, kTrX) calls in the body's span, in order."""
+    marks = []
+    if src_lines is None:
+        return marks
+    for n in range(first, min(last, len(src_lines)) + 1):
+        m = re.search(r"trace_mark\(\s*\w+\s*,\s*kTr(\w+)\s*\)", src_lines[n - 1])
+        if m:
+            marks.append((n, m.group(1)))
+    return marks
+
+
+def segment_name(line, marks):
+    prev = "entry"
+    for n, name in marks:
+        if line <= n:
+            return f"{prev}..{name}"
+        prev = name
+    return f"{prev}..end"
+
+
+def snippet(src_lines, line, width=70):
+    if src_lines is None or line - 1 >= len(src_lines):
+        return ""
+    s = " ".join(src_lines[line - 1].split())
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def short(fl):
+    return f"{os.path.basename(fl[0])}:{fl[1]}"
+
+
+def top_reasons(counter, total, n=3):
+    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in counter.most_common(n) if v) if total else ""
+
+
+def analyse(kernel, records, fmap, top_lines, out):
+    chains = [fmap.get(off, ()) for off, _, _ in records]
+    body_file, first, last = body_of(chains, kernel_base(kernel))
+    src = read_lines(body_file) if body_file else None
+    marks = segments(src, first, last)
+    total = sum(s for _, s, _ in records)
+    seg_samples = collections.Counter()
+    seg_reasons = collections.defaultdict(collections.Counter)
+    call_samples = collections.Counter()
+    call_reasons = collections.defaultdict(collections.Counter)
+    line_samples = collections.defaultdict(collections.Counter)
+    unplaced = 0
+    for (off, s, reasons), chain in zip(records, chains):
+        if not s:
+            continue
+        if not chain:
+            unplaced += s
+            continue
+        outer = chain[-1]
+        in_body = outer[0] == body_file and first <= outer[1] <= last
+        seg = segment_name(outer[1], marks) if in_body else "functions called, not inlined"
+        # the innermost frame that is a line of the body: the call the segment makes
+        call = next((fl for fl in chain if fl[0] == body_file and first <= fl[1] <= last), outer)
+        seg_samples[seg] += s
+        seg_reasons[seg].update(reasons)
+        call_samples[(seg, call)] += s
+        call_reasons[(seg, call)].update(reasons)
+        line_samples[(seg, call)][chain[0]] += s
+    print(f"## {kernel}: {total} samples", file=out)
+    if total == 0:
+        print("   (no samples: was the kernel profiled with --section SourceCounters?)", file=out)
+        return
+    if src is None:
+        print("   (the kernel's __global__ definition was not found in the files the line information names: "
+              "run where they exist; no segments)", file=out)
+    if unplaced:
+        print(f"   {100 * unplaced / total:.1f}% of samples at instructions without line information", file=out)
+    print(f"   body: {os.path.basename(body_file or '?')} lines {first}-{last}; segments cut at its trace_mark calls",
+          file=out)
+    print("   share   segment / call (body line)                                                    stall reasons",
+          file=out)
+    for seg, v in seg_samples.most_common():
+        print(f"  {100 * v / total:5.1f}%  {seg:78s} {top_reasons(seg_reasons[seg], v)}", file=out)
+        calls = [(k, c) for k, c in call_samples.items() if k[0] == seg]
+        calls.sort(key=lambda kc: -kc[1])
+        for (sg, call), c in calls:
+            if c < 0.005 * total:
+                continue
+            label = f"{short(call)}  {snippet(src, call[1]) if call[0] == body_file else ''}"
+            print(f"  {100 * c / total:5.1f}%    {label:76s} {top_reasons(call_reasons[(sg, call)], c)}", file=out)
+            if top_lines:
+                for fl, lv in line_samples[(sg, call)].most_common(top_lines):
+                    print(f"  {100 * lv / total:5.1f}%        {short(fl)}", file=out)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(
+        prog="ncu-phases",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="The kernel's source file is read from the path its line information names: run the tool "
+        "where that path exists (the build machine), not where the profile was taken.",
+    )
+    ap.add_argument("--csv", required=True, help="ncu -i REPORT --page source --csv --print-source sass > FILE")
+    ap.add_argument("--sass", required=True, help="nvdisasm -gi -c KERNELS.cubin > FILE (binary built with -lineinfo)")
+    ap.add_argument("--lines", type=int, default=3, metavar="N",
+                    help="also list the N source lines with the most samples under each call (default 3; 0: none)")
+    ap.add_argument("--kernel", default="", help="only kernels whose name contains this text")
+    args = ap.parse_args(argv)
+    if args.lines < 0:
+        print("ncu-phases: --lines must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        funcs = parse_sass(args.sass)
+        kernels = parse_csv(args.csv)
+        chosen = [(k, r) for k, r in kernels if args.kernel in k]
+        if not chosen:
+            raise InputError(f"{args.csv}: no kernel name contains '{args.kernel}' "
+                             f"(kernels: {', '.join(k for k, _ in kernels)})")
+        for name, records in chosen:
+            analyse(name, records, funcs[match_function(name, funcs)], args.lines, sys.stdout)
+    except InputError as e:
+        print(f"ncu-phases: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

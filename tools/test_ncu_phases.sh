@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# test_ncu_phases.sh NCU_PHASES: tools/ncu-phases.py on a made-up kernel (no GPU, no ncu): a
+# source file whose __global__ body has two trace marks and two calls inside a segment, its SASS
+# with inlining line info (chains of //## lines per instruction, a non-inlined helper outside the
+# body), and ncu's CSV source page for it and a second kernel. Checks the segment and call shares,
+# the stall reasons, the per-line listing and the kernel filter; then bad inputs: exit 2, the
+# file named.
+set -u
+tool=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Line numbers matter: the kernel's body is lines 5-12, its trace marks are on lines 7 and 10.
+cat > "$work/k.cuh" <<'SRC'
+// line 1
+__device__ void helper() {}   // line 2
+__device__ int phase_a() { return 1; }  // line 3
+__device__ int phase_b() { return 2; }  // line 4
+__global__ void toy_kernel(const int* p) {
+  int x = p[0];
+  trace_mark(P, kTrLoaded);
+  run([&] { return phase_a(); },
+      [&] { return phase_b(); });
+  trace_mark(P, kTrDone);
+  store(x);
+}
+__global__ void other_kernel() {}
+SRC
+f="$work/k.cuh"
+cat > "$work/k.sass" <<SASS
+//--------------------- .text._Z10toy_kernelPKi --------------------------
+.text._Z10toy_kernelPKi:
+	//## File "$f", line 6
+        /*0000*/                   LDG.E R2, desc[UR4][R2.64] ;
+	//## File "$f", line 3 inlined at "$f", line 8
+	//## File "$f", line 8
+        /*0010*/                   IMAD R4, R2, R2, RZ ;
+        /*0020*/                   IMAD R5, R4, R2, RZ ;
+	//## File "$f", line 4 inlined at "$f", line 9
+	//## File "$f", line 9 inlined at "$f", line 8
+	//## File "$f", line 8
+        /*0030*/                   IADD3 R6, R5, 0x1, RZ ;
+	//## File "$f", line 11
+        /*0040*/                   STG.E desc[UR4][R2.64], R6 ;
+	//## File "$f", line 2
+        /*0050*/                   RET.REL.NODEC R20 0x0 ;
+.text._Z12other_kernelv:
+	//## File "$f", line 13
+        /*0000*/                   EXIT ;
+SASS
+hdr='"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)","# Samples","stall_long_sb","stall_wait","stall_barrier","stall_long_sb (Not Issued)"'
+cat > "$work/k.csv" <<CSV
+"Kernel Name","toy_kernel(const int *)",
+$hdr
+"0x7f0000001000","      LDG.E R2, desc[UR4][R2.64] ;","10","10","10","10","0","0","10"
+"0x7f0000001010","      IMAD R4, R2, R2, RZ ;","30","30","30","0","30","0","0"
+"0x7f0000001020","      IMAD R5, R4, R2, RZ ;","20","20","20","0","10","10","0"
+"0x7f0000001030","      IADD3 R6, R5, 0x1, RZ ;","25","25","25","0","0","25","0"
+"0x7f0000001040","      STG.E desc[UR4][R2.64], R6 ;","10","10","10","10","0","0","10"
+"0x7f0000001050","      RET.REL.NODEC R20 0x0 ;","5","5","5","0","5","0","0"
+"Kernel Name","other_kernel()",
+$hdr
+"0x7f0000002000","      EXIT ;","4","4","4","0","4","0","0"
+CSV
+
+out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass" --lines 2 2>&1)
+rc=$?
+[[ $rc -eq 0 ]] || fail "good input: exit $rc: $out"
+grep -q "^## toy_kernel(const int \*): 100 samples" <<< "$out" || fail "toy kernel's 100 samples: $out"
+grep -q "body: k.cuh lines 5-12" <<< "$out" || fail "the body is lines 5-12: $out"
+# Segments: line 6 (10) before kTrLoaded; lines 8-9 (75) between the marks; line 11 (10) after.
+grep -Eq "^ +10\.0%  entry\.\.Loaded +long_sb 100%" <<< "$out" || fail "entry..Loaded 10%: $out"
+grep -Eq "^ +75\.0%  Loaded\.\.Done +wait 53%, barrier 47%" <<< "$out" || fail "Loaded..Done 75%, wait 40 / barrier 35: $out"
+grep -Eq "^ +10\.0%  Done\.\.end " <<< "$out" || fail "Done..end 10%: $out"
+grep -Eq "^ +5\.0%  functions called, not inlined" <<< "$out" || fail "the helper outside the body: $out"
+# Calls inside Loaded..Done: the innermost body line of each chain (line 8: 50, line 9: 25).
+grep -Eq "^ +50\.0%    k\.cuh:8  run\(\[&\] \{ return phase_a\(\); \}," <<< "$out" || fail "call at line 8, 50%: $out"
+grep -Eq "^ +25\.0%    k\.cuh:9  \[&\] \{ return phase_b\(\); \}\);" <<< "$out" || fail "call at line 9, 25%: $out"
+grep -Eq "^ +50\.0%        k\.cuh:3$" <<< "$out" || fail "line 3 (phase_a) holds line 8's samples: $out"
+grep -Eq "^ +25\.0%        k\.cuh:4$" <<< "$out" || fail "line 4 (phase_b) holds line 9's samples: $out"
+grep -q "^## other_kernel(): 4 samples" <<< "$out" || fail "second kernel: $out"
+out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass" --kernel other --lines 0 2>&1)
+grep -q "toy_kernel" <<< "$out" && fail "--kernel other still shows toy_kernel: $out"
+grep -q "^## other_kernel" <<< "$out" || fail "--kernel other: $out"
+
+# Bad inputs: exit 2, the file and the fix named.
+expect2() {  # expect2 WHAT PATTERN ARGS...
+  local what=$1 pat=$2; shift 2
+  local o rc
+  o=$(python3 "$tool" "$@" 2>&1); rc=$?
+  [[ $rc -eq 2 ]] || fail "$what: exit $rc, expected 2: $o"
+  grep -q -- "$pat" <<< "$o" || fail "$what: message should match '$pat': $o"
+}
+expect2 "missing CSV" "nope.csv: cannot read" --csv "$work/nope.csv" --sass "$work/k.sass"
+expect2 "missing SASS" "nope.sass: cannot read" --csv "$work/k.csv" --sass "$work/nope.sass"
+sed 's/Warp Stall Sampling (All Samples)/Something Else/' "$work/k.csv" > "$work/nosamples.csv"
+expect2 "no samples column" "nosamples.csv: .*--section SourceCounters" --csv "$work/nosamples.csv" --sass "$work/k.sass"
+grep -v "//##" "$work/k.sass" > "$work/noline.sass"
+expect2 "no line info" "noline.sass: no line information.*-lineinfo" --csv "$work/k.csv" --sass "$work/noline.sass"
+expect2 "no matching kernel" "no kernel name contains 'absent'" --csv "$work/k.csv" --sass "$work/k.sass" --kernel absent
+echo '"Address","Source"' > "$work/nokernel.csv"
+expect2 "no kernel rows" "nokernel.csv: no 'Kernel Name' row" --csv "$work/nokernel.csv" --sass "$work/k.sass"
+expect2 "negative --lines" "--lines must be 0 or more" --csv "$work/k.csv" --sass "$work/k.sass" --lines -1
+expect2 "missing --sass" "required" --csv "$work/k.csv"
+echo "ok"

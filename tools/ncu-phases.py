@@ -214,59 +214,94 @@ def top_reasons(counter, total, n=3):
     return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in counter.most_common(n) if v) if total else ""
 
 
-def analyse(kernel, records, fmap, top_lines, out):
-    chains = [fmap.get(off, ()) for off, _, _ in records]
-    body_file, first, last = body_of(chains, kernel_base(kernel))
-    src = read_lines(body_file) if body_file else None
-    marks = segments(src, first, last)
-    total = sum(s for _, s, _ in records)
-    seg_samples = collections.Counter()
-    seg_reasons = collections.defaultdict(collections.Counter)
-    call_samples = collections.Counter()
-    call_reasons = collections.defaultdict(collections.Counter)
-    line_samples = collections.defaultdict(collections.Counter)
-    unplaced = 0
-    for (off, s, reasons), chain in zip(records, chains):
-        if not s:
-            continue
-        if not chain:
-            unplaced += s
-            continue
-        outer = chain[-1]
-        in_body = outer[0] == body_file and first <= outer[1] <= last
-        seg = segment_name(outer[1], marks) if in_body else "functions called, not inlined"
-        # the innermost frame that is a line of the body: the call the segment makes
-        call = next((fl for fl in chain if fl[0] == body_file and first <= fl[1] <= last), outer)
-        seg_samples[seg] += s
-        seg_reasons[seg].update(reasons)
-        call_samples[(seg, call)] += s
-        call_reasons[(seg, call)].update(reasons)
-        line_samples[(seg, call)][chain[0]] += s
-    print(f"## {kernel}: {total} samples", file=out)
-    if total == 0:
-        print("   (no samples: was the kernel profiled with --section SourceCounters?)", file=out)
-        return
-    if src is None:
+class Fold:
+    """One kernel's samples folded by segment, call and innermost line."""
+
+    def __init__(self, kernel, records, fmap):
+        chains = [fmap.get(off, ()) for off, _, _ in records]
+        self.body_file, self.first, self.last = body_of(chains, kernel_base(kernel))
+        self.src = read_lines(self.body_file) if self.body_file else None
+        marks = segments(self.src, self.first, self.last)
+        self.total = sum(s for _, s, _ in records)
+        self.seg = collections.Counter()
+        self.seg_reasons = collections.defaultdict(collections.Counter)
+        self.call = collections.Counter()
+        self.call_reasons = collections.defaultdict(collections.Counter)
+        self.line = collections.defaultdict(collections.Counter)
+        self.unplaced = 0
+        for (off, s, reasons), chain in zip(records, chains):
+            if not s:
+                continue
+            if not chain:
+                self.unplaced += s
+                continue
+            outer = chain[-1]
+            in_body = outer[0] == self.body_file and self.first <= outer[1] <= self.last
+            seg = segment_name(outer[1], marks) if in_body else "functions called, not inlined"
+            # the innermost frame that is a line of the body: the call the segment makes
+            call = next((fl for fl in chain if fl[0] == self.body_file and self.first <= fl[1] <= self.last), outer)
+            self.seg[seg] += s
+            self.seg_reasons[seg].update(reasons)
+            self.call[(seg, call)] += s
+            self.call_reasons[(seg, call)].update(reasons)
+            self.line[(seg, call)][chain[0]] += s
+
+    def label(self, call):
+        return f"{short(call)}  {snippet(self.src, call[1]) if call[0] == self.body_file else ''}"
+
+
+def header(kernel, f, out):
+    print(f"## {kernel}: {f.total} samples", file=out)
+    if f.src is None:
         print("   (the kernel's __global__ definition was not found in the files the line information names: "
               "run where they exist; no segments)", file=out)
-    if unplaced:
-        print(f"   {100 * unplaced / total:.1f}% of samples at instructions without line information", file=out)
-    print(f"   body: {os.path.basename(body_file or '?')} lines {first}-{last}; segments cut at its trace_mark calls",
+    if f.unplaced and f.total:
+        print(f"   {100 * f.unplaced / f.total:.1f}% of samples at instructions without line information", file=out)
+    print(f"   body: {os.path.basename(f.body_file or '?')} lines {f.first}-{f.last}; segments cut at its trace_mark calls",
           file=out)
+
+
+def analyse(kernel, f, top_lines, out):
+    header(kernel, f, out)
+    if f.total == 0:
+        print("   (no samples: was the kernel profiled with --section SourceCounters?)", file=out)
+        return
     print("   share   segment / call (body line)                                                    stall reasons",
           file=out)
-    for seg, v in seg_samples.most_common():
-        print(f"  {100 * v / total:5.1f}%  {seg:78s} {top_reasons(seg_reasons[seg], v)}", file=out)
-        calls = [(k, c) for k, c in call_samples.items() if k[0] == seg]
-        calls.sort(key=lambda kc: -kc[1])
+    for seg, v in f.seg.most_common():
+        print(f"  {100 * v / f.total:5.1f}%  {seg:78s} {top_reasons(f.seg_reasons[seg], v)}", file=out)
+        calls = sorted(((k, c) for k, c in f.call.items() if k[0] == seg), key=lambda kc: -kc[1])
         for (sg, call), c in calls:
-            if c < 0.005 * total:
+            if c < 0.005 * f.total:
                 continue
-            label = f"{short(call)}  {snippet(src, call[1]) if call[0] == body_file else ''}"
-            print(f"  {100 * c / total:5.1f}%    {label:76s} {top_reasons(call_reasons[(sg, call)], c)}", file=out)
+            print(f"  {100 * c / f.total:5.1f}%    {f.label(call):76s} {top_reasons(f.call_reasons[(sg, call)], c)}",
+                  file=out)
             if top_lines:
-                for fl, lv in line_samples[(sg, call)].most_common(top_lines):
-                    print(f"  {100 * lv / total:5.1f}%        {short(fl)}", file=out)
+                for fl, lv in f.line[(sg, call)].most_common(top_lines):
+                    print(f"  {100 * lv / f.total:5.1f}%        {short(fl)}", file=out)
+
+
+def compare(kernel, base, f, top_lines, out):
+    """Samples of f against base (another profile of the same binary): per segment and call, and
+    the lines whose samples grew most."""
+    header(kernel, f, out)
+    change = f"{100 * (f.total / base.total - 1):+.1f}%" if base.total else "n/a"
+    print(f"   against the base profile: {base.total} -> {f.total} samples ({change}); "
+          "columns: base, this, difference", file=out)
+    for seg in sorted(set(base.seg) | set(f.seg), key=lambda k: -abs(f.seg[k] - base.seg[k])):
+        print(f"  {base.seg[seg]:9d} {f.seg[seg]:9d} {f.seg[seg] - base.seg[seg]:+9d}  {seg}", file=out)
+        calls = sorted({k for k in set(base.call) | set(f.call) if k[0] == seg},
+                       key=lambda k: -abs(f.call[k] - base.call[k]))
+        for key in calls:
+            d = f.call[key] - base.call[key]
+            if abs(d) < 0.002 * max(f.total, 1):
+                continue
+            print(f"  {base.call[key]:9d} {f.call[key]:9d} {d:+9d}    {f.label(key[1])}", file=out)
+            if top_lines:
+                lines = set(base.line[key]) | set(f.line[key])
+                for fl in sorted(lines, key=lambda x: -abs(f.line[key][x] - base.line[key][x]))[:top_lines]:
+                    print(f"  {base.line[key][fl]:9d} {f.line[key][fl]:9d} {f.line[key][fl] - base.line[key][fl]:+9d}"
+                          f"        {short(fl)}", file=out)
 
 
 def main(argv):
@@ -282,6 +317,9 @@ def main(argv):
     ap.add_argument("--lines", type=int, default=3, metavar="N",
                     help="also list the N source lines with the most samples under each call (default 3; 0: none)")
     ap.add_argument("--kernel", default="", help="only kernels whose name contains this text")
+    ap.add_argument("--base", default="", metavar="CSV",
+                    help="a second profile of the same binary (say R = 1 against R = 8): print, per segment, call and "
+                    "line, its samples, this profile's and the difference, largest first")
     args = ap.parse_args(argv)
     if args.lines < 0:
         print("ncu-phases: --lines must be 0 or more", file=sys.stderr)
@@ -293,8 +331,15 @@ def main(argv):
         if not chosen:
             raise InputError(f"{args.csv}: no kernel name contains '{args.kernel}' "
                              f"(kernels: {', '.join(k for k, _ in kernels)})")
+        base = dict(parse_csv(args.base)) if args.base else None
         for name, records in chosen:
-            analyse(name, records, funcs[match_function(name, funcs)], args.lines, sys.stdout)
+            fmap = funcs[match_function(name, funcs)]
+            if base is None:
+                analyse(name, Fold(name, records, fmap), args.lines, sys.stdout)
+            elif name not in base:
+                raise InputError(f"{args.base}: no kernel '{name}' (kernels: {', '.join(base)})")
+            else:
+                compare(name, Fold(name, base[name], fmap), Fold(name, records, fmap), args.lines, sys.stdout)
     except InputError as e:
         print(f"ncu-phases: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,8 @@
 # source file whose __global__ body has two trace marks and two calls inside a segment, its SASS
 # with inlining line info (chains of //## lines per instruction, a non-inlined helper outside the
 # body), and ncu's CSV source page for it and a second kernel. Checks the segment and call shares,
-# the stall reasons, the per-line listing and the kernel filter; then bad inputs: exit 2, the
-# file named.
+# the stall reasons, the per-line listing, the kernel filter and the comparison with a base
+# profile (--base); then bad inputs: exit 2, the file named.
 set -u
 tool=$1
 work=$(mktemp -d)
@@ -84,6 +84,17 @@ out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass" --kernel other -
 grep -q "toy_kernel" <<< "$out" && fail "--kernel other still shows toy_kernel: $out"
 grep -q "^## other_kernel" <<< "$out" || fail "--kernel other: $out"
 
+# --base: a second profile of the same binary; per segment, call and line: base, this, difference.
+sed -e 's/"0x7f0000001010","      IMAD R4, R2, R2, RZ ;","30"/"0x7f0000001010","      IMAD R4, R2, R2, RZ ;","70"/' "$work/k.csv" > "$work/k2.csv"
+out=$(python3 "$tool" --csv "$work/k2.csv" --base "$work/k.csv" --sass "$work/k.sass" --kernel toy --lines 1 2>&1)
+rc=$?
+[[ $rc -eq 0 ]] || fail "--base: exit $rc: $out"
+grep -q "against the base profile: 100 -> 140 samples (+40.0%)" <<< "$out" || fail "--base totals: $out"
+grep -Eq "^ +75 +115 +\+40  Loaded\.\.Done$" <<< "$out" || fail "--base segment line: $out"
+grep -Eq "^ +50 +90 +\+40    k\.cuh:8 " <<< "$out" || fail "--base call line: $out"
+grep -Eq "^ +50 +90 +\+40        k\.cuh:3$" <<< "$out" || fail "--base source line: $out"
+grep -Eq "^ +10 +10 +\+0  entry\.\.Loaded$" <<< "$out" || fail "--base unchanged segment: $out"
+
 # Bad inputs: exit 2, the file and the fix named.
 expect2() {  # expect2 WHAT PATTERN ARGS...
   local what=$1 pat=$2; shift 2
@@ -103,4 +114,7 @@ echo '"Address","Source"' > "$work/nokernel.csv"
 expect2 "no kernel rows" "nokernel.csv: no 'Kernel Name' row" --csv "$work/nokernel.csv" --sass "$work/k.sass"
 expect2 "negative --lines" "--lines must be 0 or more" --csv "$work/k.csv" --sass "$work/k.sass" --lines -1
 expect2 "missing --sass" "required" --csv "$work/k.csv"
+grep -v "other_kernel\|EXIT" "$work/k.csv" > "$work/onlytoy.csv"
+expect2 "--base without the kernel" "onlytoy.csv: no kernel 'other_kernel()'" --csv "$work/k.csv" --base "$work/onlytoy.csv" --sass "$work/k.sass"
+expect2 "missing --base" "nope2.csv: cannot read" --csv "$work/k.csv" --base "$work/nope2.csv" --sass "$work/k.sass"
 echo "ok"

@@ -25,8 +25,9 @@ with inlining line info. Typical use, binary built with -lineinfo
       -o rep build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 \\
       --reps 1 --warmup 0 --no-baseline --sustain-ms 0
   ncu -i rep.ncu-rep --page source --csv --print-source sass > rep.csv
-  cuobjdump -xelf all build/tools/mok-bench        # writes mok-bench.N.sm_90a.cubin
-  nvdisasm -gi -c mok-bench.2.sm_90a.cubin > layer.sass   # the cubin holding the kernels
+  cuobjdump -xelf all build/tools/mok-bench   # one .cubin per object or image: layer.sm_90a.cubin,
+                                              # or mok-bench.N.sm_90a.cubin (then the largest)
+  nvdisasm -gi -c layer.sm_90a.cubin > layer.sass   # the cubin holding the kernels
   tools/ncu-phases.py --csv rep.csv --sass layer.sass
 
 Exit status: 0 on success, 2 on bad input (the message names the file and the fix).
@@ -37,6 +38,7 @@ import collections
 import csv
 import os
 import re
+import signal
 import sys
 
 STALL_PREFIX = "stall_"
@@ -121,11 +123,15 @@ def parse_csv(path):
         if base is None:
             base = addr
         rec = dict(zip(header, r))
-        samples = int(rec.get(SAMPLES_COLUMN, "0") or 0)
         reasons = {}
-        for h, v in rec.items():
-            if h.startswith(STALL_PREFIX) and "(Not Issued)" not in h and v.isdigit() and int(v):
-                reasons[h[len(STALL_PREFIX):]] = int(v)
+        try:
+            samples = int(rec.get(SAMPLES_COLUMN, "0") or 0)
+            for h, v in rec.items():
+                if h.startswith(STALL_PREFIX) and "(Not Issued)" not in h and v not in ("", "-") and int(v):
+                    reasons[h[len(STALL_PREFIX):]] = int(v)
+        except ValueError:
+            raise InputError(f"{path}: address {r[0]}: a sample count that is not an integer; export the CSV "
+                             "again without --print-units or number formatting")
         kernels[-1][1].append((addr - base, samples, reasons))
     if not kernels:
         raise InputError(f"{path}: no 'Kernel Name' row: export the source page with "
@@ -160,14 +166,18 @@ def body_of(chains, base):
             if "__global__" in text and re.search(r"\b" + re.escape(base) + r"\s*\(", text):
                 depth, opened = 0, False
                 for m in range(n, len(src) + 1):
-                    for ch in src[m - 1]:
+                    for ch in src[m - 1].split("//")[0]:
+                        if ch == ";" and not opened:
+                            break  # a declaration, not the definition
                         if ch == "{":
                             depth, opened = depth + 1, True
                         elif ch == "}":
                             depth -= 1
-                    if opened and depth <= 0:
-                        return f, n, m
-                return f, n, len(src)
+                    else:
+                        if opened and depth <= 0:
+                            return f, n, m
+                        continue
+                    break
     return None, 0, -1
 
 
@@ -220,7 +230,12 @@ class Fold:
     def __init__(self, kernel, records, fmap):
         chains = [fmap.get(off, ()) for off, _, _ in records]
         self.body_file, self.first, self.last = body_of(chains, kernel_base(kernel))
-        self.src = read_lines(self.body_file) if self.body_file else None
+        if self.body_file is None:
+            files = sorted({c[-1][0] for c in chains if c})
+            raise InputError(f"kernel '{kernel}': its __global__ definition is in none of the files its line "
+                             f"information names ({', '.join(files[:4]) or 'none'}): run the tool where those "
+                             "paths exist (the build machine)")
+        self.src = read_lines(self.body_file)
         marks = segments(self.src, self.first, self.last)
         self.total = sum(s for _, s, _ in records)
         self.seg = collections.Counter()
@@ -237,7 +252,7 @@ class Fold:
                 continue
             outer = chain[-1]
             in_body = outer[0] == self.body_file and self.first <= outer[1] <= self.last
-            seg = segment_name(outer[1], marks) if in_body else "functions called, not inlined"
+            seg = segment_name(outer[1], marks) if in_body else "outside the body (no inlining chain back to it)"
             # the innermost frame that is a line of the body: the call the segment makes
             call = next((fl for fl in chain if fl[0] == self.body_file and self.first <= fl[1] <= self.last), outer)
             self.seg[seg] += s
@@ -252,9 +267,6 @@ class Fold:
 
 def header(kernel, f, out):
     print(f"## {kernel}: {f.total} samples", file=out)
-    if f.src is None:
-        print("   (the kernel's __global__ definition was not found in the files the line information names: "
-              "run where they exist; no segments)", file=out)
     if f.unplaced and f.total:
         print(f"   {100 * f.unplaced / f.total:.1f}% of samples at instructions without line information", file=out)
     print(f"   body: {os.path.basename(f.body_file or '?')} lines {f.first}-{f.last}; segments cut at its trace_mark calls",
@@ -288,10 +300,11 @@ def compare(kernel, base, f, top_lines, out):
     change = f"{100 * (f.total / base.total - 1):+.1f}%" if base.total else "n/a"
     print(f"   against the base profile: {base.total} -> {f.total} samples ({change}); "
           "columns: base, this, difference", file=out)
-    for seg in sorted(set(base.seg) | set(f.seg), key=lambda k: -abs(f.seg[k] - base.seg[k])):
+    # largest difference first; ties by the larger count, then by name (the same order every run)
+    for seg in sorted(set(base.seg) | set(f.seg), key=lambda k: (-abs(f.seg[k] - base.seg[k]), -f.seg[k], k)):
         print(f"  {base.seg[seg]:9d} {f.seg[seg]:9d} {f.seg[seg] - base.seg[seg]:+9d}  {seg}", file=out)
         calls = sorted({k for k in set(base.call) | set(f.call) if k[0] == seg},
-                       key=lambda k: -abs(f.call[k] - base.call[k]))
+                       key=lambda k: (-abs(f.call[k] - base.call[k]), -f.call[k], k[1]))
         for key in calls:
             d = f.call[key] - base.call[key]
             if abs(d) < 0.002 * max(f.total, 1):
@@ -299,7 +312,7 @@ def compare(kernel, base, f, top_lines, out):
             print(f"  {base.call[key]:9d} {f.call[key]:9d} {d:+9d}    {f.label(key[1])}", file=out)
             if top_lines:
                 lines = set(base.line[key]) | set(f.line[key])
-                for fl in sorted(lines, key=lambda x: -abs(f.line[key][x] - base.line[key][x]))[:top_lines]:
+                for fl in sorted(lines, key=lambda x: (-abs(f.line[key][x] - base.line[key][x]), -f.line[key][x], x))[:top_lines]:
                     print(f"  {base.line[key][fl]:9d} {f.line[key][fl]:9d} {f.line[key][fl] - base.line[key][fl]:+9d}"
                           f"        {short(fl)}", file=out)
 
@@ -331,7 +344,16 @@ def main(argv):
         if not chosen:
             raise InputError(f"{args.csv}: no kernel name contains '{args.kernel}' "
                              f"(kernels: {', '.join(k for k, _ in kernels)})")
-        base = dict(parse_csv(args.base)) if args.base else None
+        base = None
+        if args.base:
+            base_list = parse_csv(args.base)
+            for path, lst in ((args.base, base_list), (args.csv, chosen)):
+                names = [k for k, _ in lst]
+                repeated = sorted({k for k in names if names.count(k) > 1})
+                if repeated:
+                    raise InputError(f"{path}: kernel '{repeated[0]}' appears more than once; with --base each "
+                                     "profile must hold one launch of each kernel (ncu -c, -k)")
+            base = dict(base_list)
         for name, records in chosen:
             fmap = funcs[match_function(name, funcs)]
             if base is None:
@@ -347,4 +369,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     sys.exit(main(sys.argv[1:]))

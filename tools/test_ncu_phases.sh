@@ -33,6 +33,8 @@ cat > "$work/k.sass" <<SASS
 .text._Z10toy_kernelPKi:
 	//## File "$f", line 6
         /*0000*/                   LDG.E R2, desc[UR4][R2.64] ;
+	//## File "$f", line 7
+        /*0008*/                   CS2R R8, SR_CLOCKLO ;
 	//## File "$f", line 3 inlined at "$f", line 8
 	//## File "$f", line 8
         /*0010*/                   IMAD R4, R2, R2, RZ ;
@@ -53,7 +55,8 @@ hdr='"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling
 cat > "$work/k.csv" <<CSV
 "Kernel Name","toy_kernel(const int *)",
 $hdr
-"0x7f0000001000","      LDG.E R2, desc[UR4][R2.64] ;","10","10","10","10","0","0","10"
+"0x7f0000001000","      LDG.E R2, desc[UR4][R2.64] ;","8","8","8","8","0","0","10"
+"0x7f0000001008","      CS2R R8, SR_CLOCKLO ;","2","2","2","2","0","0","90"
 "0x7f0000001010","      IMAD R4, R2, R2, RZ ;","30","30","30","0","30","0","0"
 "0x7f0000001020","      IMAD R5, R4, R2, RZ ;","20","20","20","0","10","10","0"
 "0x7f0000001030","      IADD3 R6, R5, 0x1, RZ ;","25","25","25","0","0","25","0"
@@ -69,11 +72,13 @@ rc=$?
 [[ $rc -eq 0 ]] || fail "good input: exit $rc: $out"
 grep -q "^## toy_kernel(const int \*): 100 samples" <<< "$out" || fail "toy kernel's 100 samples: $out"
 grep -q "body: k.cuh lines 5-12" <<< "$out" || fail "the body is lines 5-12: $out"
-# Segments: line 6 (10) before kTrLoaded; lines 8-9 (75) between the marks; line 11 (10) after.
-grep -Eq "^ +10\.0%  entry\.\.Loaded +long_sb 100%" <<< "$out" || fail "entry..Loaded 10%: $out"
-grep -Eq "^ +75\.0%  Loaded\.\.Done +wait 53%, barrier 47%" <<< "$out" || fail "Loaded..Done 75%, wait 40 / barrier 35: $out"
+# Segments: lines 6 and 7 (the trace_mark line itself: 8 + 2) up to kTrLoaded; lines 8-9 (75)
+# between the marks; line 11 (10) after. The Not-Issued columns (10 and 90 there) do not count.
+grep -Eq "^ +10\.0%  entry\.\.Loaded +long_sb 100%$" <<< "$out" || fail "entry..Loaded 10%: $out"
+grep -Eq "^ +2\.0%    k\.cuh:7  trace_mark\(P, kTrLoaded\); +long_sb 100%$" <<< "$out" || fail "the mark's own line: $out"
+grep -Eq "^ +75\.0%  Loaded\.\.Done +wait 53%, barrier 47%$" <<< "$out" || fail "Loaded..Done 75%, wait 40 / barrier 35: $out"
 grep -Eq "^ +10\.0%  Done\.\.end " <<< "$out" || fail "Done..end 10%: $out"
-grep -Eq "^ +5\.0%  functions called, not inlined" <<< "$out" || fail "the helper outside the body: $out"
+grep -Eq "^ +5\.0%  outside the body \(no inlining chain back to it\)" <<< "$out" || fail "the helper outside the body: $out"
 # Calls inside Loaded..Done: the innermost body line of each chain (line 8: 50, line 9: 25).
 grep -Eq "^ +50\.0%    k\.cuh:8  run\(\[&\] \{ return phase_a\(\); \}," <<< "$out" || fail "call at line 8, 50%: $out"
 grep -Eq "^ +25\.0%    k\.cuh:9  \[&\] \{ return phase_b\(\); \}\);" <<< "$out" || fail "call at line 9, 25%: $out"
@@ -81,6 +86,8 @@ grep -Eq "^ +50\.0%        k\.cuh:3$" <<< "$out" || fail "line 3 (phase_a) holds
 grep -Eq "^ +25\.0%        k\.cuh:4$" <<< "$out" || fail "line 4 (phase_b) holds line 9's samples: $out"
 grep -q "^## other_kernel(): 4 samples" <<< "$out" || fail "second kernel: $out"
 out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass" --kernel other --lines 0 2>&1)
+rc=$?
+[[ $rc -eq 0 ]] || fail "--kernel other: exit $rc: $out"
 grep -q "toy_kernel" <<< "$out" && fail "--kernel other still shows toy_kernel: $out"
 grep -q "^## other_kernel" <<< "$out" || fail "--kernel other: $out"
 
@@ -94,6 +101,9 @@ grep -Eq "^ +75 +115 +\+40  Loaded\.\.Done$" <<< "$out" || fail "--base segment 
 grep -Eq "^ +50 +90 +\+40    k\.cuh:8 " <<< "$out" || fail "--base call line: $out"
 grep -Eq "^ +50 +90 +\+40        k\.cuh:3$" <<< "$out" || fail "--base source line: $out"
 grep -Eq "^ +10 +10 +\+0  entry\.\.Loaded$" <<< "$out" || fail "--base unchanged segment: $out"
+# largest difference first (Loaded..Done, +40), then ties by the larger count, then by name
+segs=$(grep -E "^ +[0-9]+ +[0-9]+ +[-+][0-9]+  [A-Za-z]" <<< "$out" | awk '{print $4}' | tr '\n' ' ')
+[[ "$segs" == "Loaded..Done Done..end entry..Loaded outside " ]] || fail "--base order: '$segs': $out"
 
 # Bad inputs: exit 2, the file and the fix named.
 expect2() {  # expect2 WHAT PATTERN ARGS...
@@ -117,4 +127,17 @@ expect2 "missing --sass" "required" --csv "$work/k.csv"
 grep -v "other_kernel\|EXIT" "$work/k.csv" > "$work/onlytoy.csv"
 expect2 "--base without the kernel" "onlytoy.csv: no kernel 'other_kernel()'" --csv "$work/k.csv" --base "$work/onlytoy.csv" --sass "$work/k.sass"
 expect2 "missing --base" "nope2.csv: cannot read" --csv "$work/k.csv" --base "$work/nope2.csv" --sass "$work/k.sass"
+cat "$work/k.csv" "$work/k.csv" > "$work/twice.csv"
+expect2 "--base with a kernel twice" "twice.csv: kernel .* appears more than once" --csv "$work/k.csv" --base "$work/twice.csv" --sass "$work/k.sass"
+sed 's/"0x7f0000001040","      STG.E desc\[UR4\]\[R2.64\], R6 ;","10"/"0x7f0000001040","      STG.E desc[UR4][R2.64], R6 ;","1,5"/' "$work/k.csv" > "$work/comma.csv"
+expect2 "non-integer samples" "comma.csv: address 0x7f0000001040: a sample count that is not an integer" --csv "$work/comma.csv" --sass "$work/k.sass"
+sed "s|$f|$work/moved/k.cuh|" "$work/k.sass" > "$work/moved.sass"
+expect2 "sources not where the line info says" "__global__ definition is in none of the files.*moved/k.cuh.*build machine" --csv "$work/k.csv" --sass "$work/moved.sass"
+# a declaration before the definition is not taken for the body
+{ echo "__global__ void toy_kernel(const int* p);"; cat "$work/k.cuh"; } > "$work/k2.cuh"
+sed "s|$f|$work/k2.cuh|; s/line \([0-9]*\)/line \1+1/" "$work/k.sass" | python3 -c '
+import re, sys
+print(re.sub(r"line (\d+)\+1", lambda m: "line %d" % (int(m.group(1)) + 1), sys.stdin.read()), end="")' > "$work/k2.sass"
+out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k2.sass" --kernel toy --lines 0 2>&1)
+grep -q "body: k2.cuh lines 6-13" <<< "$out" || fail "the declaration on line 1 taken for the body: $out"
 echo "ok"

@@ -18,8 +18,8 @@ at an instruction, so a share is a share of warp time (all 8 warps of a block li
 kernel here, which makes it a share of the kernel's time too).
 
 Inputs (see --help): the source page of an ncu report as CSV, and the SASS of the same binary
-with inlining line info. Typical use, binary built with -lineinfo
-(cmake ... -DCMAKE_CUDA_FLAGS=-lineinfo):
+with inlining line info. Typical use, binary built with -lineinfo (`cmake --preset profile &&
+cmake --build build-profile`, or -DCMAKE_CUDA_FLAGS=-lineinfo; paths below as for build/):
 
   ncu --clock-control none -k regex:'moe_(forward|backward)_kernel' -c 2 --section SourceCounters \\
       -o rep build/tools/mok-bench --H 2048 --I 768 --Is 0 --E 128 --K 8 --R 1 --T 16384 \\

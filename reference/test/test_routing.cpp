@@ -37,6 +37,13 @@ RC_GTEST_PROP(RoutingPlan, CanonicalOrderAndCompleteness, ()) {
     }
   }
   for (int64_t i = 0; i < cfg.num_slots(); ++i) RC_ASSERT((slot_row[i] < 0) == (topk[i] < 0));
+  // Without the slot table (a null slot_row, as the simulator builds it): the same offsets and rows.
+  std::vector<int64_t> off2(cfg.num_experts + 1, -7);
+  std::vector<spec::RowRef> rows2(cfg.num_slots(), spec::RowRef{-7, -7});
+  spec::build_routing_plan(cfg, topk, {off2.data(), rows2.data(), nullptr});
+  RC_ASSERT(off2 == off);
+  for (int64_t r = 0; r < off[cfg.num_experts]; ++r)
+    RC_ASSERT(rows2[r].token_idx == rows[r].token_idx && rows2[r].slot_idx == rows[r].slot_idx);
 }
 
 TEST(RoutingValidation, RejectsOutOfRangeAndDuplicates) {

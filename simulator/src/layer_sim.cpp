@@ -264,11 +264,13 @@ class LayerSim {
   // Compute: expert GEMM M-tiles; a tile is ready when every piece holding one of its rows is
   // known. Tiles only feed the GPU's own compute queue, so the queue runs once all of the GPU's
   // dispatch pieces are known (then every tile's ready time is fixed).
-  struct PieceKnown {
-    int64_t known_ns;   // the destination knows the piece is there
-    int64_t signal_ns;  // known - last byte arrived
+  std::vector<int64_t> dispatch_known_ns_;  // per piece: when its destination knows it is there (layer runs only)
+  // Per GPU: the dispatch piece into it with the largest (known time, piece index), the one
+  // that released its last tile, with its last byte's arrival.
+  struct LastPiece {
+    int64_t piece = -1, known_ns = INT64_MIN, data_ns = 0;  // known_ns: below every known time
   };
-  std::vector<PieceKnown> dispatch_known_;    // per piece (layer runs only)
+  std::vector<LastPiece> last_dispatch_piece_;
   std::vector<int64_t> compute_busy_ns_;
   int64_t tile_ns_ = 0, shared_ns_ = 0, reduce_ns_ = 0;
   std::vector<int64_t> last_tile_piece_data_ns_, last_tile_piece_known_ns_, last_tile_source_;
@@ -506,7 +508,8 @@ void LayerSim::build_compute_model() {
                    : 0;
   // Final combine sum on the token owner: read K slot rows and write one output row per token.
   reduce_ns_ = ceil_ns(static_cast<double>(cfg_.tokens_per_rank * (cfg_.top_k + 1) * cfg_.hidden * 2) / topo_.hbm_gbps);
-  dispatch_known_.assign(traffic_.pieces.size(), PieceKnown{0, 0});
+  dispatch_known_ns_.assign(traffic_.pieces.size(), 0);
+  last_dispatch_piece_.assign(R_, LastPiece{});
   chunk_known_.assign(static_cast<size_t>(R_) * num_chunks_, -1);
 }
 
@@ -904,7 +907,13 @@ void LayerSim::mark_known(int ph, int64_t piece, int src, int dst, int64_t data_
   chunk_signal_[ph].add(known_ns - data_ns);
   last_data_ns_[ph][dst] = std::max(last_data_ns_[ph][dst], data_ns);
   if (ph == kDispatch && proto_.phases == Phases::kLayer) {
-    dispatch_known_[piece] = PieceKnown{known_ns, known_ns - data_ns};
+    dispatch_known_ns_[piece] = known_ns;
+    // Pieces come in no particular order, so the test is a coin flip: selects, not a branch.
+    LastPiece& last = last_dispatch_piece_[dst];
+    const bool later = known_ns > last.known_ns || (known_ns == last.known_ns && piece > last.piece);
+    last.piece = later ? piece : last.piece;
+    last.known_ns = later ? known_ns : last.known_ns;
+    last.data_ns = later ? data_ns : last.data_ns;
   }
   if (ph == kCombine && (data_ns > combine_last_data_ns_[dst] ||
                          (data_ns == combine_last_data_ns_[dst] && src > combine_last_source_[dst]))) {
@@ -960,18 +969,12 @@ void LayerSim::run_compute_queue(int gpu, int64_t now) {
   const int64_t T = cfg_.tokens_per_rank, C = proto_.chunk_tokens, NC = num_chunks_, TR = proto_.gemm_tile_rows;
   // The pieces into `gpu` are exactly the (source, chunk) pairs that hold a row of one of its
   // experts (build_traffic() made one per pair with a routed slot), so the last piece, the
-  // largest (known time, piece index) over the rows, is the largest over these pieces.
-  int64_t last_piece = -1, last_known = 0;
+  // largest (known time, piece index) over the rows, is the largest over these pieces, which
+  // mark_known() kept.
   for (int s = 0; s < R_; ++s) {
     const size_t pair = static_cast<size_t>(s) * R_ + gpu;
-    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i) {
-      const int64_t known = dispatch_known_[i].known_ns;
-      chunk_known_[s * NC + traffic_.pieces[i].chunk_idx] = known;
-      if (last_piece < 0 || known > last_known || (known == last_known && i > last_piece)) {
-        last_piece = i;
-        last_known = known;
-      }
-    }
+    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
+      chunk_known_[s * NC + traffic_.pieces[i].chunk_idx] = dispatch_known_ns_[i];
   }
   tile_ready_.clear();
   // Row -> (token owner, chunk) -> its piece's known time. When T is a multiple of C the (owner,
@@ -996,11 +999,12 @@ void LayerSim::run_compute_queue(int gpu, int64_t now) {
       tile_ready_.emplace_back(ready, static_cast<int32_t>(tile_ready_.size()));
     }
   }
-  if (last_piece >= 0) {
-    last_tile_piece_known_ns_[gpu] = dispatch_known_[last_piece].known_ns;
-    last_tile_piece_data_ns_[gpu] = dispatch_known_[last_piece].known_ns - dispatch_known_[last_piece].signal_ns;
+  const LastPiece& last = last_dispatch_piece_[gpu];
+  if (last.piece >= 0) {
+    last_tile_piece_known_ns_[gpu] = last.known_ns;
+    last_tile_piece_data_ns_[gpu] = last.data_ns;
     const auto& off = traffic_.pair_offsets;
-    const size_t pair = static_cast<size_t>(std::upper_bound(off.begin(), off.end(), last_piece) - off.begin()) - 1;
+    const size_t pair = static_cast<size_t>(std::upper_bound(off.begin(), off.end(), last.piece) - off.begin()) - 1;
     last_tile_source_[gpu] = static_cast<int64_t>(pair / R_);
   }
   std::sort(tile_ready_.begin(), tile_ready_.end());

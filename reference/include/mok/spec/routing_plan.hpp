@@ -14,7 +14,8 @@ struct RowRef {
 // Views over caller-owned arrays (host or device memory):
 //   expert_offsets[E+1]: rows of expert e are rows[expert_offsets[e] .. expert_offsets[e+1])
 //   rows[G*K]: filled up to expert_offsets[E] (the number of non-empty slots)
-//   slot_row[G*K]: for slot (g,k), its index in rows, or -1 for an empty slot
+//   slot_row[G*K]: for slot (g,k), its index in rows, or -1 for an empty slot; may be null
+//     when the caller does not need it (then nothing is written there)
 struct RoutingPlanView {
   int64_t* expert_offsets;
   RowRef* rows;
@@ -67,12 +68,12 @@ MOK_HD void build_routing_plan(const LayerConfig& cfg, const int32_t* topk_exper
     for (int64_t k = 0; k < K; ++k) {
       const int32_t e = topk_experts[g * K + k];
       if (e < 0) {
-        plan.slot_row[g * K + k] = -1;
+        if (plan.slot_row) plan.slot_row[g * K + k] = -1;
         continue;
       }
       const int64_t pos = plan.expert_offsets[e]++;
       plan.rows[pos] = RowRef{static_cast<int32_t>(g), static_cast<int32_t>(k)};
-      plan.slot_row[g * K + k] = static_cast<int32_t>(pos);
+      if (plan.slot_row) plan.slot_row[g * K + k] = static_cast<int32_t>(pos);
     }
   }
   // Cursors now hold each expert's end; shift back to get the starts.

@@ -59,11 +59,10 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec
 
 // Storage for generating one workload after another (Monte-Carlo trials): the same workload as
 // generate_workload(cfg, spec), built in `buffers`, whose vectors keep their capacity from one
-// call to the next (an NVL72 layer's routing, plan and slot table are ~75 MB, and fresh pages
-// cost a page fault each). The result lives in buffers.workload until the next call.
+// call to the next (an NVL72 layer's routing and plan are ~50 MB, and fresh pages cost a page
+// fault each). The result lives in buffers.workload until the next call.
 struct WorkloadBuffers {
   Workload workload;
-  std::vector<int32_t> slot_row;  // the routing plan's per-slot table (unused by the simulator)
 };
 const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec, WorkloadBuffers& buffers);
 

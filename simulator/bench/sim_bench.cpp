@@ -30,7 +30,7 @@ mok::spec::LayerConfig layer(int gpus) {
   return cfg;
 }
 
-int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns, bool full) {
+int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns, bool full, int threads) {
   const auto topo = mok::sim::resolve_topology(topo_name);
   mok::sim::RoutingSpec routing;
   routing.kind = mok::sim::RoutingKind::kUniform;
@@ -38,16 +38,18 @@ int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns, bool f
   mok::sim::SimOptions opt;
   opt.rate_quantum_ns = quantum_ns;
   opt.full_rate_recompute = full;
+  opt.threads = threads;
   auto t0 = std::chrono::steady_clock::now();
   const auto work = mok::sim::generate_workload(layer(gpus), routing);
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   const auto r = mok::sim::simulate_layer(topo, work, proto, opt);
   const double t_sim = seconds_since(t0);
-  std::printf("%-14s gpus=%d tokens/gpu=8192 experts=%d top-8 chunk=128 uniform, rate quantum %lld ns%s: "
+  std::printf("%-14s gpus=%d tokens/gpu=8192 experts=%d top-8 chunk=128 uniform, rate quantum %lld ns%s%s: "
               "workload %.3f s, simulate %.3f s, total %.3f s (layer %.1f us, %lld events, %lld rate recomputes, "
               "%lld flows, %lld chunk milestones)\n",
-              topo_name.c_str(), gpus, 4 * gpus, static_cast<long long>(quantum_ns), full ? " (full recomputes)" : "", t_gen, t_sim, t_gen + t_sim, r.layer_ns / 1000.0,
+              topo_name.c_str(), gpus, 4 * gpus, static_cast<long long>(quantum_ns), full ? " (full recomputes)" : "",
+              threads > 1 ? (" (" + std::to_string(threads) + " threads)").c_str() : "", t_gen, t_sim, t_gen + t_sim, r.layer_ns / 1000.0,
               static_cast<long long>(r.num_events), static_cast<long long>(r.num_rate_recomputes),
               static_cast<long long>(r.num_flows), static_cast<long long>(r.num_chunk_milestones));
   return 0;
@@ -74,14 +76,17 @@ int monte_carlo(int trials, int threads) {
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "nvl72";
   const int64_t quantum = argc > 2 ? std::atoll(argv[2]) : 0;
-  const bool full = argc > 3 && std::string(argv[3]) == "full";  // exact rates by full recomputes
-  if (what == "nvl72") return one_layer("gb200-nvl72", 72, quantum, full);
-  if (what == "racks8") return one_layer("multi-rack:8", 576, quantum, full);
+  // Third argument: "full" (exact rates by full recomputes) or a thread count (SimOptions::threads).
+  const std::string third = argc > 3 ? argv[3] : "";
+  const bool full = third == "full";
+  const int threads = !third.empty() && !full ? std::max(1, std::atoi(third.c_str())) : 1;
+  if (what == "nvl72") return one_layer("gb200-nvl72", 72, quantum, full, threads);
+  if (what == "racks8") return one_layer("multi-rack:8", 576, quantum, full, threads);
   if (what.rfind("racks", 0) == 0 && what.size() > 5) {
     const int n = std::atoi(what.c_str() + 5);
-    return one_layer("multi-rack:" + std::to_string(n), 72 * n, quantum, full);
+    return one_layer("multi-rack:" + std::to_string(n), 72 * n, quantum, full, threads);
   }
   if (what == "mc") return monte_carlo(argc > 2 ? std::atoi(argv[2]) : 1000, argc > 3 ? std::atoi(argv[3]) : 2);
-  std::fprintf(stderr, "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS [full]] | mc [TRIALS [THREADS]]\n");
+  std::fprintf(stderr, "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS [full|THREADS]] | mc [TRIALS [THREADS]]\n");
   return 2;
 }

@@ -244,10 +244,18 @@ int FlowNetwork::bottleneck(int flow_idx) const {
   return best;
 }
 
+void FlowNetwork::reserve_changes() {
+  changed_.reserve(active_.size());
+  changed_rate_.reserve(active_.size());
+}
+
 void FlowNetwork::recompute_rates() {
   ++num_recomputes_;
   changed_.clear();
   changed_rate_.clear();
+  // At most one entry per active flow: with reserve_changes() before, no push_back below moves
+  // the storage a consumer on another thread is reading.
+  reserve_changes();
   // A new epoch also ends every admit() choice (admitted_epoch is now stale).
   if (++epoch_ == 0) {  // wrapped: clear the stamps once every 2^32 recomputes
     for (FillMark& m : fill_mark_) m.frozen_epoch = 0;
@@ -286,6 +294,8 @@ void FlowNetwork::recompute_rates() {
       changed_.push_back(idx);
       changed_rate_.push_back(rate);
       set_rate(idx, rate);  // an unchanged rate keeps its key (set_rate keeps it in step)
+      if (publish_ != nullptr && changed_.size() % kPublishEvery == 0)
+        publish_->store(static_cast<int64_t>(changed_.size()), std::memory_order_release);
     }
     m.fresh = 0;
     m.frozen_epoch = epoch_;

@@ -5,11 +5,15 @@
 #include "mok/sim/layer_sim.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <iterator>
+#include <memory>
 #include <queue>
-#include <utility>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include "mok/sim/error.hpp"
 #include "mok/sim/flow_network.hpp"
@@ -144,10 +148,19 @@ struct EventLater {
     return x.time_ns != y.time_ns ? x.time_ns > y.time_ns : x.seq > y.seq;
   }
 };
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 class LayerSim {
  public:
   LayerSim(const Topology& topo, const Workload& work, const ProtocolConfig& proto, const SimOptions& opt)
       : topo_(topo), work_(work), proto_(proto), opt_(opt), cfg_(work.cfg) {}
+  ~LayerSim() { stop_helper(); }
+  LayerSim(const LayerSim&) = delete;
+  LayerSim& operator=(const LayerSim&) = delete;
 
   LayerResult run();
 
@@ -185,6 +198,13 @@ class LayerSim {
   void start_transfer(int agent, int tid, int64_t now);
   void replay_milestones(int flow, int64_t now);
   void set_rate_segment(int flow, double rate_gbps, int64_t now);
+  // set_rate_segment() for changed flows [begin, end) of a rate assignment; entries up to
+  // `known` exist (the prefetches look no further).
+  void apply_rates(const int* flows, const int64_t* rates, size_t begin, size_t end, size_t known, int64_t now);
+  // A full recompute whose changes the helper thread applies as they are published.
+  void recompute_with_helper(int64_t now);
+  void helper_loop();
+  void stop_helper();
   void on_flow_complete(int flow, int64_t now);
   void on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid);
   void mark_known(int phase, int64_t piece, int src, int dst, int64_t data_ns, int64_t known_ns);
@@ -342,6 +362,23 @@ class LayerSim {
   }
   int64_t last_recompute_ns_ = INT64_MIN / 2;
   std::vector<TraceSpan> trace_;
+  // The helper thread (SimOptions::threads): one job per full recompute. The main thread writes
+  // the job's fields, then bumps `job` (release); the network publishes the changed entries'
+  // count in `published` as the filling goes, the main thread the final count in `total`; the
+  // helper sets `done` to the job's number when it has applied them all. While a job runs only
+  // the helper touches the engine's per-flow state and the completion heap, and only the main
+  // thread the network.
+  struct Helper {
+    std::thread thread;
+    std::atomic<uint64_t> job{0}, done{0};
+    std::atomic<int64_t> published{0}, total{-1};
+    std::atomic<bool> stop{false};
+    int64_t now = 0;
+    const int* flows = nullptr;
+    const int64_t* rates = nullptr;
+    std::exception_ptr error;
+  };
+  std::unique_ptr<Helper> helper_;
 };
 
 const char* kResourceKinds[] = {"nvlink_out", "nvlink_in", "nic_out", "nic_in", "hbm", "uplink_out", "uplink_in"};
@@ -780,6 +817,87 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
     fs.key_bound = due;  // the key is now at most due
   }
   fs.due_ns = due;
+}
+
+// Only flows whose rate changed (and new ones) start a new segment; any order will do (ties in
+// the completion heap go by flow index). The flows' segment lines are scattered: each is
+// requested 8 flows ahead. Four flows ahead (by then the segment line has arrived), the line of
+// its piece table that closing the segment reads is requested too, but only when the flow may
+// have reached its next piece's end (the test of set_rate_segment() with a wide margin): most
+// rate changes carry no milestone, and a request for every one of them fetched a line of a 9 MB
+// table (racks8) in vain six times out of seven. A prefetch changes no result.
+void LayerSim::apply_rates(const int* flows, const int64_t* rates, size_t begin, size_t end, size_t known,
+                           int64_t now) {
+  const double now_d = static_cast<double>(now);
+  for (size_t i = begin; i < end; ++i) {
+    if (i + 8 < known) __builtin_prefetch(&flow_state_[flows[i + 8]], 1);
+    if (i + 4 < known) {
+      const FlowState& a = flow_state_[flows[i + 4]];
+      if (a.next_cum != kNoPiece && a.seg_rate > 0 &&
+          a.seg_d0 + a.seg_rate * (now_d - static_cast<double>(a.seg_t0)) >=
+              static_cast<double>(a.next_cum) * (1.0 - 0x1p-20))
+        __builtin_prefetch(a.next_piece, 1);
+    }
+    set_rate_segment(flows[i], units_to_gbps(rates[i]), now);
+  }
+}
+
+void LayerSim::recompute_with_helper(int64_t now) {
+  Helper& h = *helper_;
+  net_.reserve_changes();  // the lists stay where they are through the recompute
+  h.now = now;
+  h.flows = net_.changed_flows().data();
+  h.rates = net_.changed_rates().data();
+  h.published.store(0, std::memory_order_relaxed);
+  h.total.store(-1, std::memory_order_relaxed);
+  const uint64_t job = h.job.load(std::memory_order_relaxed) + 1;
+  h.job.store(job, std::memory_order_release);
+  net_.recompute_rates();  // publishes its changed entries to h.published as it goes
+  h.total.store(static_cast<int64_t>(net_.changed_flows().size()), std::memory_order_release);
+  while (h.done.load(std::memory_order_acquire) != job) cpu_relax();
+  if (h.error) std::rethrow_exception(h.error);
+}
+
+void LayerSim::helper_loop() {
+  Helper& h = *helper_;
+  uint64_t seen = 0;
+  for (;;) {
+    // Between jobs the main thread runs events (tens of microseconds at racks scale): spin a
+    // while, then give the core away.
+    for (int spins = 0; h.job.load(std::memory_order_acquire) == seen; ++spins) {
+      if (h.stop.load(std::memory_order_relaxed)) return;
+      if (spins < 4096) cpu_relax();
+      else std::this_thread::yield();
+    }
+    ++seen;
+    try {
+      size_t applied = 0;
+      for (;;) {
+        // total first: once it is set, every entry is visible; before, `published` entries are.
+        const int64_t total = h.total.load(std::memory_order_acquire);
+        const size_t known = static_cast<size_t>(total >= 0 ? total : h.published.load(std::memory_order_acquire));
+        if (applied < known) {
+          apply_rates(h.flows, h.rates, applied, known, known, h.now);
+          applied = known;
+        } else if (total >= 0) {
+          break;
+        } else {
+          cpu_relax();
+        }
+      }
+    } catch (...) {
+      h.error = std::current_exception();
+    }
+    h.done.store(seen, std::memory_order_release);
+  }
+}
+
+void LayerSim::stop_helper() {
+  if (!helper_) return;
+  helper_->stop.store(true, std::memory_order_relaxed);
+  if (helper_->thread.joinable()) helper_->thread.join();
+  net_.publish_changes_to(nullptr);
+  helper_.reset();
 }
 
 // Every chunk milestone of a completed flow, in piece order: those of its closed segments were
@@ -1288,6 +1406,12 @@ LayerResult LayerSim::run() {
   if (proto_.phases == Phases::kCombine)
     for (int g = 0; g < R_; ++g) ready_visible_ns_[g] = 0;
   for (int agent = 0; agent < static_cast<int>(programs_.size()); ++agent) schedule(0, kAgentStep, agent);
+  if (opt_.threads >= 2 && opt_.rate_quantum_ns > 0 && !opt_.full_rate_recompute &&
+      programs_.size() >= static_cast<size_t>(std::max(1, opt_.helper_min_comm_sms))) {
+    helper_ = std::make_unique<Helper>();
+    net_.publish_changes_to(&helper_->published);
+    helper_->thread = std::thread([this] { helper_loop(); });
+  }
 
   const int64_t kNever = INT64_MAX;
   auto due = [this](int f) { return flow_state_[f].due_ns; };
@@ -1366,35 +1490,20 @@ LayerResult LayerSim::run() {
     if (dirty_) {
       last_recompute_ns_ = now;
       new_flows_.clear();
-      if (opt_.rate_quantum_ns > 0 || opt_.full_rate_recompute) net_.recompute_rates();
-      else net_.update_rates();
-      // Only flows whose rate changed (and new ones) start a new segment; any order will do.
-      // The flows' segment lines are scattered: each is requested 8 flows ahead. Four flows
-      // ahead (by then the segment line has arrived), the line of its piece table that closing
-      // the segment reads is requested too, but only when the flow may have reached its next
-      // piece's end (the test of set_rate_segment() with a wide margin): most rate changes carry
-      // no milestone, and a request for every one of them (as before) fetched a line of a 9 MB
-      // table (racks8) in vain six times out of seven. A prefetch changes no result.
-      const std::vector<int>& changed = net_.changed_flows();
-      const std::vector<int64_t>& changed_rates = net_.changed_rates();
-      const size_t num_changed = changed.size();
-      const double now_d = static_cast<double>(now);
-      for (size_t i = 0; i < num_changed; ++i) {
-        if (i + 8 < num_changed) __builtin_prefetch(&flow_state_[changed[i + 8]], 1);
-        if (i + 4 < num_changed) {
-          const FlowState& a = flow_state_[changed[i + 4]];
-          if (a.next_cum != kNoPiece && a.seg_rate > 0 &&
-              a.seg_d0 + a.seg_rate * (now_d - static_cast<double>(a.seg_t0)) >=
-                  static_cast<double>(a.next_cum) * (1.0 - 0x1p-20))
-            __builtin_prefetch(a.next_piece, 1);
-        }
-        // The new rate from the update's own list: the flow's line in the network is not read.
-        set_rate_segment(changed[i], units_to_gbps(changed_rates[i]), now);
+      if (helper_) {
+        recompute_with_helper(now);
+      } else {
+        if (opt_.rate_quantum_ns > 0 || opt_.full_rate_recompute) net_.recompute_rates();
+        else net_.update_rates();
+        // The new rates from the update's own list: the flows' lines in the network are not read.
+        const size_t n = net_.changed_flows().size();
+        apply_rates(net_.changed_flows().data(), net_.changed_rates().data(), 0, n, n, now);
       }
       if (opt_.signal_queueing) update_port_queues(now);
       dirty_ = false;
     }
   }
+  stop_helper();
   // Consistency: every piece known, every transfer done.
   for (int ph = 0; ph < 2; ++ph) {
     if (!phase_on(ph)) continue;

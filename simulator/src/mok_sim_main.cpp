@@ -183,6 +183,7 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     mok::sim::SimOptions opt = first.options;
     opt.record_trace = !trace_path.empty();
     opt.trace_max_gpus = trace_gpus;
+    opt.threads = threads;  // one layer: a helper thread at racks scale (same output)
     const mok::sim::LayerResult r = mok::sim::simulate_layer(first.topo, w, first.proto, opt);
     nlohmann::json j;
     j["scenario"] = first.name;

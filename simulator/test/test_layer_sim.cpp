@@ -1,6 +1,8 @@
 // Layer simulation: exact analytic cases, conservation of bytes, signaling mechanisms, determinism.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "mok/sim/error.hpp"
 #include "mok/sim/report.hpp"
 #include "sim_test_util.hpp"
@@ -281,6 +283,50 @@ TEST(LayerSim, IncrementalRatesGiveTheSameBytesAsFullRecomputes) {
     EXPECT_EQ(result_to_json(simulate_layer(topo, w, p, inc), true).dump(),
               result_to_json(simulate_layer(topo, w, p, full), true).dump())
         << c.topology << " ranks " << c.ranks;
+  }
+}
+
+// Under a rate quantum, a helper thread that applies each recompute's rate changes while the
+// filling runs (SimOptions::threads) changes no output byte: protocols, signaling with port
+// queueing, several domains, a trace.
+TEST(LayerSim, HelperThreadGivesTheSameBytes) {
+  struct Case {
+    const char* topology;  // "": simple_topology, 4 domains of 4 GPUs connected by NICs
+    int ranks;
+    Direction dispatch;
+    Signaling signaling;
+    bool queueing;
+    int64_t quantum_ns;
+  };
+  for (const Case& c : {Case{"gb200-nvl72", 36, Direction::kPull, Signaling::kFenceFlag, false, 5000},
+                        Case{"gb200-nvl72", 36, Direction::kPush, Signaling::kFenceFlag, true, 2000},
+                        Case{"gb200-nvl72", 18, Direction::kPush, Signaling::kCounter, false, 1000},
+                        Case{"hgx-h200", 8, Direction::kPush, Signaling::kPeerFenceFlag, true, 500},
+                        Case{"", 16, Direction::kPull, Signaling::kFenceFlag, false, 3000},
+                        Case{"", 16, Direction::kPush, Signaling::kFlagInData, false, 700}}) {
+    RoutingSpec s;
+    s.kind = RoutingKind::kPowerLaw;
+    s.exponent = 1.2;
+    s.seed = std::random_device{}();  // fresh routing each run; the messages below name it
+    const Workload w = generate_workload(layer(c.ranks, 256, 2, 4), s);
+    ProtocolConfig p;
+    p.dispatch = c.dispatch;
+    p.signaling = c.signaling;
+    p.comm_sms = 16;
+    p.chunk_tokens = 64;
+    SimOptions one, two;
+    one.signal_queueing = two.signal_queueing = c.queueing;
+    one.rate_quantum_ns = two.rate_quantum_ns = c.quantum_ns;
+    one.record_trace = two.record_trace = true;
+    two.threads = 2;
+    two.helper_min_comm_sms = 1;
+    Topology topo = simple_topology(4);
+    topo.num_domains = 4;
+    if (*c.topology) topo = resolve_topology(c.topology);
+    const LayerResult a = simulate_layer(topo, w, p, one), b = simulate_layer(topo, w, p, two);
+    EXPECT_EQ(result_to_json(a, true).dump(), result_to_json(b, true).dump())
+        << c.topology << " ranks " << c.ranks << " seed " << s.seed;
+    EXPECT_EQ(chrome_trace_json(a), chrome_trace_json(b)) << c.topology << " ranks " << c.ranks << " seed " << s.seed;
   }
 }
 

@@ -3,6 +3,7 @@
 // in full or updated incrementally with the same result bit for bit.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -67,6 +68,14 @@ class FlowNetwork {
   void finish_flow(int flow_idx);
   // Max-min fair rates by a full progressive filling over every active flow.
   void recompute_rates();
+  // For a consumer on another thread that applies changed_flows() while recompute_rates() is
+  // still filling: reserve_changes() gives changed_flows() and changed_rates() room for every
+  // active flow, so that their storage stays where it is (data()) through the next
+  // recompute_rates(); that call then stores the number of entries written so far in `*count`
+  // (release) every kPublishEvery entries. The entries already published never change.
+  static constexpr size_t kPublishEvery = 32;
+  void reserve_changes();
+  void publish_changes_to(std::atomic<int64_t>* count) { publish_ = count; }
   // The same rates as recompute_rates(), bit for bit, re-solving only what the flows started and
   // finished since the last assignment can change (see flow_network.cpp). Requires that the
   // last assignment was recompute_rates() or update_rates() (not admit()).
@@ -135,6 +144,7 @@ class FlowNetwork {
   std::vector<int> pending_resources_;
   std::vector<int> changed_;
   std::vector<int64_t> changed_rate_;
+  std::atomic<int64_t>* publish_ = nullptr;
   // scratch for recompute_rates()
   // A resource's remaining capacity and unfrozen flows, side by side (a freeze updates both).
   struct FillAcct {

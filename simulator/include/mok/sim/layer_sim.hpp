@@ -23,6 +23,14 @@ struct SimOptions {
   // ns at a stale rate per change; VALIDATION.md measures the error (< 1 % at N = 5000 on the
   // NVL72 and 576-GPU reference layers). Needed for hundreds of GPUs (README.md, Speed).
   int64_t rate_quantum_ns = 0;
+  // Threads for one layer. With 2 or more, rate_quantum_ns > 0 and at least helper_min_comm_sms
+  // comm SMs in all, a second thread applies each full recompute's rate changes (segment ends,
+  // chunk milestones, completion times) while the filling is still running, in the filling's
+  // order. Every output is identical; only the time taken changes (576 GPUs at a 5 us quantum:
+  // ~25% less on two cores; README.md, Speed). Below ~2,000 comm SMs (64 GPUs of 32) a
+  // recompute is too short for the hand-over to pay; tests lower the bound.
+  int threads = 1;
+  int helper_min_comm_sms = 2048;
   // Signal writes wait behind queued bytes at congested NVLink ports: a flag or counter atomic
   // (issued after its fence) from s to d waits Q/C at s's out-port and at d's in-port, where Q
   // is the data that window-limited flows bottlenecked at that port keep queued there,

@@ -160,48 +160,122 @@ __device__ __forceinline__ RowCheck check_row(const int32_t* row, int64_t K, int
   return r;
 }
 
-// ORDER: canonical rows of expert e: ascending global token id, then slot (spec routing plan);
-// the block scans tokens in order, kThreads at a time, and places matches by a block-wide prefix
-// count. The checks raise no error inside a row's scan: with a call that may store to global
-// memory between them, the row's loads could not be in flight together: a 256-token step took
-// ~3.6 us, and the qwen3 plan (64 steps per block) 0.26 ms, now 0.12 (bench_v9_run_t.txt).
+// Where expert e sits in a token's row (the last slot holding it, as check_row reports; -1:
+// nowhere), without the checks: the plan's second pass, over rows its first pass checked.
+template <int kRegK>
+__device__ __forceinline__ int find_slot(const int32_t* row, int64_t K, int64_t e) {
+  int slot = -1;
+  if constexpr (kRegK > 0) {
+    int32_t ids[kRegK];
+#pragma unroll
+    for (int k = 0; k < kRegK; ++k) ids[k] = k < K ? row[k] : -1;
+#pragma unroll
+    for (int k = 0; k < kRegK; ++k)
+      if (k < K && ids[k] == e) slot = k;
+  } else {
+    for (int64_t k = 0; k < K; ++k)
+      if (row[k] == e) slot = static_cast<int>(k);
+  }
+  return slot;
+}
+
+// ORDER: canonical rows of expert e: ascending global token id, then slot (spec routing plan).
+// Warp w of the block owns the tokens [w * per, (w + 1) * per) (per: a multiple of 32) and writes
+// their rows in token order after the rows of warps 0 .. w - 1: a first pass counts each warp's
+// matches (and checks the rows), one block-wide exclusive scan of the eight counts places each
+// warp's run, and a second pass writes it, 32 consecutive tokens per step (lane l the l-th; a
+// ballot places the matches). Two block barriers per expert, not three per 256 tokens; no call
+// stores to global memory inside a pass's token loop, so a lane's row loads for kBatch steps
+// stay in flight together; a lane's (rank, token) advances by additions. Measured on the H200
+// (twentieth session, `mok-bench --trace`, "plan built"): qwen3 0.104 ms against 0.124 for the
+// token-at-a-time block scan before, dsv3 0.063 against 0.072. The barriers were not the cost
+// (this form with a 64-bit division per token: 0.118 ms), and runs owned by threads (64 tokens
+// each, 32 rows 2 KiB apart per load instruction) were slower (0.17 ms).
 inline constexpr int kRowCheckRegs = 16;
-__device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
+template <int kRegK, int kBatch>
+__device__ inline void plan_expert(const LaunchParams& P, const Role& role, RankState& S, int64_t e,
+                                   int64_t first_row) {
   const spec::LayerConfig& c = P.cfg;
-  const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_local = c.experts_per_rank();
-  const int64_t E_all = c.num_experts;
-  RankState& S = const_cast<RankState&>(P.state[role.rank]);
-  __shared__ int64_t base;
-  __shared__ int warp_counts[kWarps];
+  const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_all = c.num_experts;
+  __shared__ int64_t warp_sums[kWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // Validation (every rank checks every token it reads): ids in [-1, E), distinct in a row.
+  const int64_t per = ceil_div(G, kWarps * 32) * 32;
+  const int64_t w_lo = min(G, warp * per), w_hi = min(G, w_lo + per);
+  // A lane's tokens advance by 32 a step: its (rank, token) pair follows by additions (the GPU
+  // has no 64-bit divide instruction; g / T and g % T per token were a software division each).
+  struct Cursor {
+    int64_t rank, t;
+  };
+  auto cursor_at = [&](int64_t g) { return Cursor{g / T, g % T}; };
+  auto advance = [&](Cursor& cur, int64_t n) {
+    cur.t += n;
+    while (cur.t >= T) {
+      cur.t -= T;
+      ++cur.rank;
+    }
+  };
+  auto row_at = [&](const Cursor& cur) { return P.peers[cur.rank].topk + cur.t * K; };
+  // Pass 1: this lane's matches, and its first invalid entry (validation: every rank checks
+  // every token it reads; ids in [-1, E), distinct in a row), raised after the loop.
+  int64_t mine = 0, bad_index = -1;
+  int32_t bad_id = 0;
+  Cursor cur = cursor_at(w_lo + lane);
+  for (int64_t g0 = w_lo; g0 < w_hi; g0 += 32 * kBatch) {
+    RowCheck r[kBatch];
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {
+      if (g0 + 32 * q + lane < w_hi) r[q] = check_row<kRegK>(row_at(cur), K, E_all, e);
+      advance(cur, 32);
+    }
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {
+      mine += r[q].slot >= 0;
+      if (bad_index < 0 && r[q].bad >= 0) {
+        bad_index = (g0 + 32 * q + lane) * K + r[q].bad;
+        bad_id = r[q].bad_id;
+      }
+    }
+  }
+  if (bad_index >= 0) raise_error(P, 2, role.rank, kFlagBadRouting, E_all, bad_id, bad_index);
+  // The warp's count, then an exclusive scan over the warps in order.
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) mine += __shfl_xor_sync(0xffffffffu, mine, d);
+  if (lane == 0) warp_sums[warp] = mine;
+  __syncthreads();
+  int64_t base = first_row;
+  for (int w = 0; w < warp; ++w) base += warp_sums[w];
+  __syncthreads();  // warp_sums is read before the next expert's scan writes it
+  // Pass 2: the rows, in token order (a token's slot: where e sits in its row, as pass 1 found).
+  const unsigned below = (1u << lane) - 1u;
+  cur = cursor_at(w_lo + lane);
+  for (int64_t g0 = w_lo; g0 < w_hi; g0 += 32 * kBatch) {
+    int slot[kBatch];
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {
+      slot[q] = g0 + 32 * q + lane < w_hi ? find_slot<kRegK>(row_at(cur), K, e) : -1;
+      advance(cur, 32);
+    }
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {
+      const unsigned hits = __ballot_sync(0xffffffffu, slot[q] >= 0);
+      if (slot[q] >= 0) {
+        const int64_t pos = base + __popc(hits & below);
+        if (pos < P.row_capacity) S.rows[pos] = RowRef{static_cast<int32_t>(g0 + 32 * q + lane), slot[q]};  // bad routing can overflow
+      }
+      base += __popc(hits);
+    }
+  }
+}
+
+__device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
+  const int64_t K = P.cfg.top_k, E_local = P.cfg.experts_per_rank();
+  RankState& S = const_cast<RankState&>(P.state[role.rank]);
   for (int64_t e_local = role.block; e_local < E_local; e_local += P.blocks_per_rank) {
     const int64_t e = role.rank * E_local + e_local;
     const int64_t first_row = rows_before(S, e_local);
-    if (threadIdx.x == 0) base = 0;
-    for (int64_t g0 = 0; g0 < G; g0 += kThreads) {
-      const int64_t g = g0 + threadIdx.x;
-      int slot = -1;
-      if (g < G) {
-        const int32_t* row = P.peers[g / T].topk + (g % T) * K;
-        const RowCheck r = K <= kRowCheckRegs ? check_row<kRowCheckRegs>(row, K, E_all, e) : check_row<0>(row, K, E_all, e);
-        if (r.bad >= 0) raise_error(P, 2, role.rank, kFlagBadRouting, E_all, r.bad_id, g * K + r.bad);
-        slot = r.slot;
-      }
-      const unsigned ballot = __ballot_sync(0xffffffffu, slot >= 0);
-      if (lane == 0) warp_counts[warp] = __popc(ballot);
-      __syncthreads();
-      int64_t before = base;
-      for (int w = 0; w < warp; ++w) before += warp_counts[w];
-      if (slot >= 0) {
-        const int64_t pos = first_row + before + __popc(ballot & ((1u << lane) - 1u));
-        if (pos < P.row_capacity) S.rows[pos] = RowRef{static_cast<int32_t>(g), slot};  // bad routing can overflow
-      }
-      __syncthreads();
-      if (threadIdx.x == 0)
-        for (int w = 0; w < kWarps; ++w) base += warp_counts[w];
-      __syncthreads();
-    }
+    if (K <= 8) plan_expert<8, 4>(P, role, S, e, first_row);
+    else if (K <= kRowCheckRegs) plan_expert<kRowCheckRegs, 1>(P, role, S, e, first_row);
+    else plan_expert<0, 1>(P, role, S, e, first_row);
   }
   // One decision for the whole block: a block whose threads read the flag at different moments
   // would split, and a part without thread 0 would wait forever on its TMA barriers.

@@ -202,19 +202,24 @@ void expect_device_rejects(const spec::LayerConfig& cfg, int64_t token, int64_t 
   for (void* p : owned) cudaFree(p);
 }
 
-// The plan's check of each routing row: rows of up to 16 ids are checked in registers, longer
-// ones id by id (moe.cuh, check_row); both must catch a repeated id and one out of range.
+// The plan's check of each routing row: rows of up to 8 ids are checked in registers four
+// tokens at a time, up to 16 one token at a time, longer ones id by id (moe.cuh, plan_expert and
+// check_row); each must catch a repeated id and one out of range.
 TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
   REQUIRE_GPU();
-  const spec::LayerConfig k2{64, 32, 32, 8, 2, 2, 8}, k20{64, 32, 32, 32, 20, 2, 8};
+  const spec::LayerConfig k2{64, 32, 32, 8, 2, 2, 8}, k12{64, 32, 32, 16, 12, 2, 8}, k20{64, 32, 32, 32, 20, 2, 8};
   const ref::TensorMap in2 = ref::generate_inputs(k2, ref::parse_routing("uniform"), 8);
+  const ref::TensorMap in12 = ref::generate_inputs(k12, ref::parse_routing("uniform"), 8);
   const ref::TensorMap in20 = ref::generate_inputs(k20, ref::parse_routing("uniform"), 8);
   // The same seed regenerates these inputs inside expect_device_rejects; repeat an earlier slot's id.
   const int32_t dup2 = in2.at("inputs/topk_experts").data<int32_t>()[3 * 2 + 0];
+  const int32_t dup12 = in12.at("inputs/topk_experts").data<int32_t>()[9 * 12 + 4];
   const int32_t dup20 = in20.at("inputs/topk_experts").data<int32_t>()[3 * 20 + 2];
   expect_device_rejects(k2, 3, 1, dup2, "token 3 slot 1 (expert id " + std::to_string(dup2) + ",");
   expect_device_rejects(k2, 3, 1, 8, "token 3 slot 1 (expert id 8, E=8)");
   expect_device_rejects(k2, 5, 0, -2, "token 5 slot 0 (expert id -2, E=8)");
+  expect_device_rejects(k12, 9, 11, dup12, "token 9 slot 11 (expert id " + std::to_string(dup12) + ",");
+  expect_device_rejects(k12, 14, 7, 16, "token 14 slot 7 (expert id 16, E=16)");
   expect_device_rejects(k20, 3, 17, dup20, "token 3 slot 17 (expert id " + std::to_string(dup20) + ",");
   expect_device_rejects(k20, 6, 19, 32, "token 6 slot 19 (expert id 32, E=32)");
 }

@@ -286,7 +286,9 @@ int main(int argc, char** argv) {
   run->add_option("--out", out_dir, "Directory for result files (sweeps: runs.csv, summary.csv, plots)");
   run->add_option("--trace", trace_path, "Write a Chrome trace (open in ui.perfetto.dev); single runs only");
   run->add_option("--trace-gpus", trace_gpus, "Trace only GPUs [0, N) (default 8)")->check(CLI::Range(1, 65536));
-  run->add_option("--threads", threads, "Threads for sweeps and trials (results do not depend on it)")
+  run->add_option("--threads", threads,
+                  "Threads for sweeps and trials; a single run with a rate quantum and 2,048+ comm SMs "
+                  "uses a second one to apply rate changes (results never depend on it; default: the cores)")
       ->check(CLI::Range(1, 256));
   run->add_flag("--per-gpu", per_gpu, "Include per-GPU timelines in JSON output");
 

@@ -218,6 +218,9 @@ TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
   expect_device_rejects(k2, 3, 1, dup2, "token 3 slot 1 (expert id " + std::to_string(dup2) + ",");
   expect_device_rejects(k2, 3, 1, 8, "token 3 slot 1 (expert id 8, E=8)");
   expect_device_rejects(k2, 5, 0, -2, "token 5 slot 0 (expert id -2, E=8)");
+  // 400 tokens: a warp owns 64, so token 300 is lane 12 of its warp's second step (q = 1).
+  const spec::LayerConfig k2_long{64, 32, 32, 8, 2, 2, 200};
+  expect_device_rejects(k2_long, 300, 1, 8, "token 300 slot 1 (expert id 8, E=8)");
   expect_device_rejects(k12, 9, 11, dup12, "token 9 slot 11 (expert id " + std::to_string(dup12) + ",");
   expect_device_rejects(k12, 14, 7, 16, "token 14 slot 7 (expert id 16, E=16)");
   expect_device_rejects(k20, 3, 17, dup20, "token 3 slot 17 (expert id " + std::to_string(dup20) + ",");

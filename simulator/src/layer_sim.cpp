@@ -852,10 +852,22 @@ void LayerSim::recompute_with_helper(int64_t now) {
   h.total.store(-1, std::memory_order_relaxed);
   const uint64_t job = h.job.load(std::memory_order_relaxed) + 1;
   h.job.store(job, std::memory_order_release);
-  net_.recompute_rates();  // publishes its changed entries to h.published as it goes
-  h.total.store(static_cast<int64_t>(net_.changed_flows().size()), std::memory_order_release);
+  std::exception_ptr failed;
+  try {
+    net_.recompute_rates();  // publishes its changed entries to h.published as it goes
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  // Even after a failure the job ends (the helper applies what was published), so that the
+  // helper is idle again and the destructor can join it.
+  const bool moved = net_.changed_flows().data() != h.flows;
+  h.total.store(failed || moved ? h.published.load(std::memory_order_relaxed)
+                                : static_cast<int64_t>(net_.changed_flows().size()),
+                std::memory_order_release);
   while (h.done.load(std::memory_order_acquire) != job) cpu_relax();
+  if (failed) std::rethrow_exception(failed);
   if (h.error) std::rethrow_exception(h.error);
+  if (moved) throw Error("internal: the changed-flow list moved during a filling; please report", ErrorKind::kInternal);
 }
 
 void LayerSim::helper_loop() {
@@ -864,10 +876,14 @@ void LayerSim::helper_loop() {
   for (;;) {
     // Between jobs the main thread runs events (tens of microseconds at racks scale): spin a
     // while, then give the core away.
-    for (int spins = 0; h.job.load(std::memory_order_acquire) == seen; ++spins) {
+    for (int spins = 0; h.job.load(std::memory_order_acquire) == seen;) {
       if (h.stop.load(std::memory_order_relaxed)) return;
-      if (spins < 4096) cpu_relax();
-      else std::this_thread::yield();
+      if (spins < 4096) {
+        ++spins;
+        cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
     }
     ++seen;
     try {

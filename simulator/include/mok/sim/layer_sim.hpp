@@ -27,7 +27,8 @@ struct SimOptions {
   // comm SMs in all, a second thread applies each full recompute's rate changes (segment ends,
   // chunk milestones, completion times) while the filling is still running, in the filling's
   // order. Every output is identical; only the time taken changes (576 GPUs at a 5 us quantum:
-  // ~25% less on two cores; README.md, Speed). Below ~2,000 comm SMs (64 GPUs of 32) a
+  // ~25% less on two cores; README.md, Speed). Between fillings the helper spins, then yields,
+  // so it keeps a second core busy for the run. Below ~2,000 comm SMs (64 GPUs of 32) a
   // recompute is too short for the hand-over to pay; tests lower the bound.
   int threads = 1;
   int helper_min_comm_sms = 2048;

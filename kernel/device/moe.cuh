@@ -128,6 +128,13 @@ struct RowCheck {
   int64_t bad = -1;
   int32_t bad_id = 0;
 };
+// A routing row of at most kRegK ids into registers, every load in flight at once (-1 past K).
+template <int kRegK>
+__device__ __forceinline__ void load_ids(const int32_t* row, int64_t K, int32_t (&ids)[kRegK]) {
+#pragma unroll
+  for (int k = 0; k < kRegK; ++k) ids[k] = k < K ? row[k] : -1;
+}
+
 template <int kRegK>
 __device__ __forceinline__ RowCheck check_row(const int32_t* row, int64_t K, int64_t E, int64_t e) {
   RowCheck r;
@@ -138,8 +145,7 @@ __device__ __forceinline__ RowCheck check_row(const int32_t* row, int64_t K, int
   };
   if constexpr (kRegK > 0) {
     int32_t ids[kRegK];
-#pragma unroll
-    for (int k = 0; k < kRegK; ++k) ids[k] = k < K ? row[k] : -1;
+    load_ids(row, K, ids);
 #pragma unroll
     for (int k = 0; k < kRegK; ++k)
       if (k < K)
@@ -167,8 +173,7 @@ __device__ __forceinline__ int find_slot(const int32_t* row, int64_t K, int64_t 
   int slot = -1;
   if constexpr (kRegK > 0) {
     int32_t ids[kRegK];
-#pragma unroll
-    for (int k = 0; k < kRegK; ++k) ids[k] = k < K ? row[k] : -1;
+    load_ids(row, K, ids);
 #pragma unroll
     for (int k = 0; k < kRegK; ++k)
       if (k < K && ids[k] == e) slot = k;

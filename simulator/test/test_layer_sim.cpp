@@ -246,42 +246,54 @@ TEST(LayerSim, RateQuantumApproximationStaysClose) {
   EXPECT_NEAR(static_cast<double>(b.layer_ns), static_cast<double>(a.layer_ns), 0.05 * a.layer_ns);
 }
 
+// A layer for the engine-equivalence tests below: power-law routing over `ranks` GPUs of a
+// preset ("": simple_topology, 4 domains of 4 GPUs connected by NICs), 16 comm SMs, 64-token chunks.
+struct EngineCase {
+  const char* topology;
+  int ranks;
+  Direction dispatch;
+  Signaling signaling;
+  bool queueing;
+  bool row_order;
+  int64_t quantum_ns;
+};
+struct EngineInputs {
+  Topology topo;
+  Workload work;
+  ProtocolConfig proto;
+};
+EngineInputs engine_inputs(const EngineCase& c, uint64_t seed) {
+  RoutingSpec s;
+  s.kind = RoutingKind::kPowerLaw;
+  s.exponent = 1.2;
+  s.seed = seed;
+  EngineInputs in{simple_topology(4), generate_workload(layer(c.ranks, 256, 2, 4), s), ProtocolConfig{}};
+  in.topo.num_domains = 4;
+  if (*c.topology) in.topo = resolve_topology(c.topology);
+  in.proto.dispatch = c.dispatch;
+  in.proto.signaling = c.signaling;
+  in.proto.push_row_order = c.row_order;
+  in.proto.comm_sms = 16;
+  in.proto.chunk_tokens = 64;
+  return in;
+}
+
 // Exact rates: the incremental update and a full progressive filling at every change give the
 // same integers, so every output byte agrees (protocols, signaling, one and several domains).
 TEST(LayerSim, IncrementalRatesGiveTheSameBytesAsFullRecomputes) {
-  struct Case {
-    const char* topology;  // "": simple_topology, 4 domains of 4 GPUs connected by NICs
-    int ranks;
-    Direction dispatch;
-    Signaling signaling;
-    bool queueing;
-    bool row_order;
-  };
-  for (const Case& c : {Case{"gb200-nvl72", 36, Direction::kPull, Signaling::kFenceFlag, false, false},
-                        Case{"gb200-nvl72", 36, Direction::kPush, Signaling::kFenceFlag, true, false},
-                        Case{"gb200-nvl72", 18, Direction::kPush, Signaling::kCounter, false, true},
-                        Case{"hgx-h200", 8, Direction::kPush, Signaling::kPeerFenceFlag, false, false},
-                        Case{"hgx-h200", 8, Direction::kPull, Signaling::kFenceFlag, true, false},
-                        Case{"", 16, Direction::kPull, Signaling::kFenceFlag, false, false},
-                        Case{"", 16, Direction::kPush, Signaling::kFlagInData, false, false}}) {
-    RoutingSpec s;
-    s.kind = RoutingKind::kPowerLaw;
-    s.exponent = 1.2;
-    const Workload w = generate_workload(layer(c.ranks, 256, 2, 4), s);
-    ProtocolConfig p;
-    p.dispatch = c.dispatch;
-    p.signaling = c.signaling;
-    p.push_row_order = c.row_order;
-    p.comm_sms = 16;
-    p.chunk_tokens = 64;
+  for (const EngineCase& c : {EngineCase{"gb200-nvl72", 36, Direction::kPull, Signaling::kFenceFlag, false, false, 0},
+                              EngineCase{"gb200-nvl72", 36, Direction::kPush, Signaling::kFenceFlag, true, false, 0},
+                              EngineCase{"gb200-nvl72", 18, Direction::kPush, Signaling::kCounter, false, true, 0},
+                              EngineCase{"hgx-h200", 8, Direction::kPush, Signaling::kPeerFenceFlag, false, false, 0},
+                              EngineCase{"hgx-h200", 8, Direction::kPull, Signaling::kFenceFlag, true, false, 0},
+                              EngineCase{"", 16, Direction::kPull, Signaling::kFenceFlag, false, false, 0},
+                              EngineCase{"", 16, Direction::kPush, Signaling::kFlagInData, false, false, 0}}) {
+    const EngineInputs in = engine_inputs(c, 1);
     SimOptions inc, full;
     inc.signal_queueing = full.signal_queueing = c.queueing;
     full.full_rate_recompute = true;
-    Topology topo = simple_topology(4);
-    topo.num_domains = 4;
-    if (*c.topology) topo = resolve_topology(c.topology);
-    EXPECT_EQ(result_to_json(simulate_layer(topo, w, p, inc), true).dump(),
-              result_to_json(simulate_layer(topo, w, p, full), true).dump())
+    EXPECT_EQ(result_to_json(simulate_layer(in.topo, in.work, in.proto, inc), true).dump(),
+              result_to_json(simulate_layer(in.topo, in.work, in.proto, full), true).dump())
         << c.topology << " ranks " << c.ranks;
   }
 }
@@ -290,43 +302,25 @@ TEST(LayerSim, IncrementalRatesGiveTheSameBytesAsFullRecomputes) {
 // filling runs (SimOptions::threads) changes no output byte: protocols, signaling with port
 // queueing, several domains, a trace.
 TEST(LayerSim, HelperThreadGivesTheSameBytes) {
-  struct Case {
-    const char* topology;  // "": simple_topology, 4 domains of 4 GPUs connected by NICs
-    int ranks;
-    Direction dispatch;
-    Signaling signaling;
-    bool queueing;
-    int64_t quantum_ns;
-  };
-  for (const Case& c : {Case{"gb200-nvl72", 36, Direction::kPull, Signaling::kFenceFlag, false, 5000},
-                        Case{"gb200-nvl72", 36, Direction::kPush, Signaling::kFenceFlag, true, 2000},
-                        Case{"gb200-nvl72", 18, Direction::kPush, Signaling::kCounter, false, 1000},
-                        Case{"hgx-h200", 8, Direction::kPush, Signaling::kPeerFenceFlag, true, 500},
-                        Case{"", 16, Direction::kPull, Signaling::kFenceFlag, false, 3000},
-                        Case{"", 16, Direction::kPush, Signaling::kFlagInData, false, 700}}) {
-    RoutingSpec s;
-    s.kind = RoutingKind::kPowerLaw;
-    s.exponent = 1.2;
-    s.seed = std::random_device{}();  // fresh routing each run; the messages below name it
-    const Workload w = generate_workload(layer(c.ranks, 256, 2, 4), s);
-    ProtocolConfig p;
-    p.dispatch = c.dispatch;
-    p.signaling = c.signaling;
-    p.comm_sms = 16;
-    p.chunk_tokens = 64;
+  for (const EngineCase& c : {EngineCase{"gb200-nvl72", 36, Direction::kPull, Signaling::kFenceFlag, false, false, 5000},
+                              EngineCase{"gb200-nvl72", 36, Direction::kPush, Signaling::kFenceFlag, true, false, 2000},
+                              EngineCase{"gb200-nvl72", 18, Direction::kPush, Signaling::kCounter, false, false, 1000},
+                              EngineCase{"hgx-h200", 8, Direction::kPush, Signaling::kPeerFenceFlag, true, false, 500},
+                              EngineCase{"", 16, Direction::kPull, Signaling::kFenceFlag, false, false, 3000},
+                              EngineCase{"", 16, Direction::kPush, Signaling::kFlagInData, false, false, 700}}) {
+    const uint64_t seed = std::random_device{}();  // fresh routing each run; the messages below name it
+    const EngineInputs in = engine_inputs(c, seed);
     SimOptions one, two;
     one.signal_queueing = two.signal_queueing = c.queueing;
     one.rate_quantum_ns = two.rate_quantum_ns = c.quantum_ns;
     one.record_trace = two.record_trace = true;
     two.threads = 2;
     two.helper_min_comm_sms = 1;
-    Topology topo = simple_topology(4);
-    topo.num_domains = 4;
-    if (*c.topology) topo = resolve_topology(c.topology);
-    const LayerResult a = simulate_layer(topo, w, p, one), b = simulate_layer(topo, w, p, two);
+    const LayerResult a = simulate_layer(in.topo, in.work, in.proto, one);
+    const LayerResult b = simulate_layer(in.topo, in.work, in.proto, two);
     EXPECT_EQ(result_to_json(a, true).dump(), result_to_json(b, true).dump())
-        << c.topology << " ranks " << c.ranks << " seed " << s.seed;
-    EXPECT_EQ(chrome_trace_json(a), chrome_trace_json(b)) << c.topology << " ranks " << c.ranks << " seed " << s.seed;
+        << c.topology << " ranks " << c.ranks << " seed " << seed;
+    EXPECT_EQ(chrome_trace_json(a), chrome_trace_json(b)) << c.topology << " ranks " << c.ranks << " seed " << seed;
   }
 }
 

@@ -1,4 +1,5 @@
-# CLI checks: --help exits 0, bad input exits 2 and writes nothing, two runs give the same bytes,
+# CLI checks: --help exits 0, bad input exits 2 and writes nothing, two runs give the same bytes
+# (and one run on one thread and on two),
 # golden files (mok-golden v1) as workloads, the engine's rate quantum from a scenario.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -28,6 +29,23 @@ file(SHA256 ${WORK}/trace1.json c)
 file(SHA256 ${WORK}/trace2.json d)
 if(NOT a STREQUAL b OR NOT c STREQUAL d)
   message(FATAL_ERROR "two runs with the same seed gave different bytes")
+endif()
+# A single run on one thread and on two (a rate quantum and 72 x 32 comm SMs: the helper thread
+# applies the rate changes): the same bytes, trace included.
+foreach(t 1 2)
+  execute_process(COMMAND ${MOK_SIM} run --topology gb200-nvl72 --set /layer/tokens_per_rank=512
+                  --set /engine/rate_quantum_ns=2000 --threads ${t} --format json --per-gpu
+                  --trace ${WORK}/qtrace${t}.json OUTPUT_FILE ${WORK}/qrun${t}.json RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "quantum run on ${t} threads failed (rc ${rc})")
+  endif()
+endforeach()
+file(SHA256 ${WORK}/qrun1.json a)
+file(SHA256 ${WORK}/qrun2.json b)
+file(SHA256 ${WORK}/qtrace1.json c)
+file(SHA256 ${WORK}/qtrace2.json d)
+if(NOT a STREQUAL b OR NOT c STREQUAL d)
+  message(FATAL_ERROR "a single run gave different bytes on one thread and on two")
 endif()
 execute_process(COMMAND ${MOK_SIM} run ${SRC}/scenarios/smoke_sweep.json --out ${WORK}/sweep RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/sweep/runs.csv OR NOT EXISTS ${WORK}/sweep/smoke.svg)

@@ -193,7 +193,7 @@ __device__ __forceinline__ int find_slot(const int32_t* row, int64_t K, int64_t 
 // stores to global memory inside a pass's token loop, so a lane's row loads for kBatch steps
 // stay in flight together; a lane's (rank, token) advances by additions. Measured on the H200
 // (twentieth session, `mok-bench --trace`, "plan built"): qwen3 0.104 ms against 0.124 for the
-// token-at-a-time block scan before, dsv3 0.063 against 0.072. The barriers were not the cost
+// token-at-a-time block scan before, dsv3 0.063 against 0.072. The barriers were a small part
 // (this form with a 64-bit division per token: 0.118 ms), and runs owned by threads (64 tokens
 // each, 32 rows 2 KiB apart per load instruction) were slower (0.17 ms).
 inline constexpr int kRowCheckRegs = 16;

@@ -10,6 +10,12 @@ tool=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# run_ok WHAT ARGS...: the tool with ARGS into $out; fails the test, naming WHAT, unless it exits 0.
+run_ok() {
+  local what=$1
+  shift
+  out=$(python3 "$tool" "$@" 2>&1) || fail "$what: exit $?: $out"
+}
 
 # Line numbers matter: the kernel's body is lines 5-12, its trace marks are on lines 7 and 10.
 cat > "$work/k.cuh" <<'SRC'
@@ -67,9 +73,7 @@ $hdr
 "0x7f0000002000","      EXIT ;","4","4","4","0","4","0","0"
 CSV
 
-out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass" --lines 2 2>&1)
-rc=$?
-[[ $rc -eq 0 ]] || fail "good input: exit $rc: $out"
+run_ok "good input" --csv "$work/k.csv" --sass "$work/k.sass" --lines 2
 grep -q "^## toy_kernel(const int \*): 100 samples" <<< "$out" || fail "toy kernel's 100 samples: $out"
 grep -q "body: k.cuh lines 5-12" <<< "$out" || fail "the body is lines 5-12: $out"
 # Segments: lines 6 and 7 (the trace_mark line itself: 8 + 2) up to kTrLoaded; lines 8-9 (75)
@@ -85,17 +89,13 @@ grep -Eq "^ +25\.0%    k\.cuh:9  \[&\] \{ return phase_b\(\); \}\);" <<< "$out" 
 grep -Eq "^ +50\.0%        k\.cuh:3$" <<< "$out" || fail "line 3 (phase_a) holds line 8's samples: $out"
 grep -Eq "^ +25\.0%        k\.cuh:4$" <<< "$out" || fail "line 4 (phase_b) holds line 9's samples: $out"
 grep -q "^## other_kernel(): 4 samples" <<< "$out" || fail "second kernel: $out"
-out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass" --kernel other --lines 0 2>&1)
-rc=$?
-[[ $rc -eq 0 ]] || fail "--kernel other: exit $rc: $out"
+run_ok "--kernel other" --csv "$work/k.csv" --sass "$work/k.sass" --kernel other --lines 0
 grep -q "toy_kernel" <<< "$out" && fail "--kernel other still shows toy_kernel: $out"
 grep -q "^## other_kernel" <<< "$out" || fail "--kernel other: $out"
 
 # --base: a second profile of the same binary; per segment, call and line: base, this, difference.
 sed -e 's/"0x7f0000001010","      IMAD R4, R2, R2, RZ ;","30"/"0x7f0000001010","      IMAD R4, R2, R2, RZ ;","70"/' "$work/k.csv" > "$work/k2.csv"
-out=$(python3 "$tool" --csv "$work/k2.csv" --base "$work/k.csv" --sass "$work/k.sass" --kernel toy --lines 1 2>&1)
-rc=$?
-[[ $rc -eq 0 ]] || fail "--base: exit $rc: $out"
+run_ok "--base" --csv "$work/k2.csv" --base "$work/k.csv" --sass "$work/k.sass" --kernel toy --lines 1
 grep -q "against the base profile: 100 -> 140 samples (+40.0%)" <<< "$out" || fail "--base totals: $out"
 grep -Eq "^ +75 +115 +\+40  Loaded\.\.Done$" <<< "$out" || fail "--base segment line: $out"
 grep -Eq "^ +50 +90 +\+40    k\.cuh:8 " <<< "$out" || fail "--base call line: $out"
@@ -138,6 +138,6 @@ expect2 "sources not where the line info says" "__global__ definition is in none
 sed "s|$f|$work/k2.cuh|; s/line \([0-9]*\)/line \1+1/" "$work/k.sass" | python3 -c '
 import re, sys
 print(re.sub(r"line (\d+)\+1", lambda m: "line %d" % (int(m.group(1)) + 1), sys.stdin.read()), end="")' > "$work/k2.sass"
-out=$(python3 "$tool" --csv "$work/k.csv" --sass "$work/k2.sass" --kernel toy --lines 0 2>&1)
+run_ok "declaration before the body" --csv "$work/k.csv" --sass "$work/k2.sass" --kernel toy --lines 0
 grep -q "body: k2.cuh lines 6-13" <<< "$out" || fail "the declaration on line 1 taken for the body: $out"
 echo "ok"

@@ -145,8 +145,21 @@ int main(int argc, char** argv) {
   std::string preset = "dsv3-mini", file, routing = "uniform", transport = "virtual";
   int reps = 20, warmup = 3, comm = 0, blocks = 0;
   int64_t R = 0, T = 0, H = 0, I = 0, Is = -1, E = 0, K = 0;
-  app.add_option("--preset,-p", preset, "configuration preset (ignored with --file)")->capture_default_str();
-  app.add_option("--file,-f", file, "take config and inputs from a golden file instead");
+  auto* preset_opt =
+      app.add_option("--preset,-p", preset, "configuration preset (ignored with --file)")->capture_default_str();
+  auto* file_opt = app.add_option("--file,-f", file, "take config and inputs from a golden file instead");
+  std::string bench_case;
+  bool show_config = false;
+  app.add_flag("--show-config", show_config,
+               "print the layer the other options describe (H, I, Is, E, K, R, T) and exit, without a GPU");
+  app.add_option("--case", bench_case,
+                 "one of BENCHMARKS.md's cases, instead of a preset: dsv3 (H 7168, I 2048, shared I 2048, 32 experts, "
+                 "top-8, 8192 tokens), qwen3 (H 2048, I 768, no shared expert, 128 experts, top-8, 16384 tokens) or "
+                 "small (dsv3 with 256 tokens). The tokens are the whole layer's: --R N splits them over N virtual ranks "
+                 "(T = tokens / N, as BENCHMARKS.md's R = 8 lines do); --T, --H, --E and the rest still override")
+      ->check(CLI::IsMember({"dsv3", "qwen3", "small"}))
+      ->excludes(preset_opt)
+      ->excludes(file_opt);
   app.add_option("--routing", routing, "routing for generated inputs")->capture_default_str();
   app.add_option("--R", R, "ranks (overrides the preset): virtual ranks on one GPU, or GPUs with --transport nccl");
   app.add_option("--T", T, "tokens per rank (overrides the preset)");
@@ -235,6 +248,56 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mok-bench: %s\n", msg.c_str());
     return mok::cli::kExitBadInput;
   };
+  if (!bench_case.empty()) {
+    struct Case {
+      int64_t H, I, Is, E, K, tokens;
+    };
+    const Case k = bench_case == "qwen3"   ? Case{2048, 768, 0, 128, 8, 16384}
+                   : bench_case == "small" ? Case{7168, 2048, 2048, 32, 8, 256}
+                                           : Case{7168, 2048, 2048, 32, 8, 8192};
+    if (!R) R = 1;
+    if (!T && (R < 1 || k.tokens % R != 0))
+      return usage_error("--case " + bench_case + " has " + std::to_string(k.tokens) + " tokens, which --R " +
+                         std::to_string(R) + " does not divide; choose --R among its divisors (1, 2, 4, 8, ...) or "
+                         "give the tokens per rank with --T");
+    if (!T) T = k.tokens / R;
+    if (!H) H = k.H;
+    if (!I) I = k.I;
+    if (Is < 0) Is = k.Is;
+    if (!E) E = k.E;
+    if (!K) K = k.K;
+  }
+  // The layer of generated inputs: the preset (or --case) with the shape options over it.
+  auto generated_config = [&] {
+    mok::spec::LayerConfig c = bench_case.empty() ? mok::ref::preset_config(preset) : mok::spec::LayerConfig{};
+    if (R) c.num_ranks = R;
+    if (T) c.tokens_per_rank = T;
+    if (H) c.hidden = H;
+    if (I) c.intermediate = I;
+    if (Is >= 0) c.shared_intermediate = Is;
+    if (E) c.num_experts = E;
+    if (K) c.top_k = K;
+    return c;
+  };
+  if (show_config) {  // no GPU needed: what a run with these options would time
+    try {
+      mok::ref::ReadOptions ro;
+      ro.load_intermediates = ro.load_bounds = false;
+      const mok::spec::LayerConfig c = file.empty() ? generated_config() : mok::ref::read_golden(file, ro).cfg;
+      char line[256];
+      std::snprintf(line, sizeof line, "H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld (G=%lld tokens)",
+                    (long long)c.hidden, (long long)c.intermediate, (long long)c.shared_intermediate,
+                    (long long)c.num_experts, (long long)c.top_k, (long long)c.num_ranks, (long long)c.tokens_per_rank,
+                    (long long)c.num_tokens());
+      const mok::spec::Status st = c.validate();
+      if (!st.ok)
+        return usage_error(std::string("the options describe ") + line + ", which is not a valid layer: " + st.message);
+      std::printf("%s\n", line);
+      return 0;
+    } catch (const mok::Error& e) {
+      return usage_error(e.what());
+    }
+  }
   if (nccl && trace)
     return usage_error("--trace profiles the virtual transport only (NcclLayer has no trace reader); drop --trace or "
                        "use --transport virtual");
@@ -293,14 +356,7 @@ int main(int argc, char** argv) {
       in = std::move(g.tensors);
       if (const auto msg = transport_fits(cfg.num_ranks)) return usage_error(*msg);
     } else {
-      cfg = mok::ref::preset_config(preset);
-      if (R) cfg.num_ranks = R;
-      if (T) cfg.tokens_per_rank = T;
-      if (H) cfg.hidden = H;
-      if (I) cfg.intermediate = I;
-      if (Is >= 0) cfg.shared_intermediate = Is;
-      if (E) cfg.num_experts = E;
-      if (K) cfg.top_k = K;
+      cfg = generated_config();
       if (const auto msg = transport_fits(cfg.num_ranks)) return usage_error(*msg);
       const mok::spec::Status st = cfg.validate();
       if (!st.ok) throw mok::Error(st.message);

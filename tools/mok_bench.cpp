@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
   app.add_option("--case", bench_case,
                  "one of BENCHMARKS.md's cases, instead of a preset: dsv3 (H 7168, I 2048, shared I 2048, 32 experts, "
                  "top-8, 8192 tokens), qwen3 (H 2048, I 768, no shared expert, 128 experts, top-8, 16384 tokens) or "
-                 "small (dsv3 with 256 tokens). The tokens are the whole layer's: --R N splits them over N virtual ranks "
-                 "(T = tokens / N, as BENCHMARKS.md's R = 8 lines do); --T, --H, --E and the rest still override")
+                 "small (dsv3 with 256 tokens). The tokens are the whole layer's: --R N splits them over N ranks (virtual, "
+                 "or GPUs with --transport nccl; T = tokens / N, as BENCHMARKS.md's R = 8 lines do); --T, --H, --E and the rest still override")
       ->check(CLI::IsMember({"dsv3", "qwen3", "small"}))
       ->excludes(preset_opt)
       ->excludes(file_opt);
@@ -256,7 +256,8 @@ int main(int argc, char** argv) {
                    : bench_case == "small" ? Case{7168, 2048, 2048, 32, 8, 256}
                                            : Case{7168, 2048, 2048, 32, 8, 8192};
     if (!R) R = 1;
-    if (!T && (R < 1 || k.tokens % R != 0))
+    if (R < 1) return usage_error("--R must be at least 1 (ranks), got " + std::to_string(R));
+    if (!T && k.tokens % R != 0)
       return usage_error("--case " + bench_case + " has " + std::to_string(k.tokens) + " tokens, which --R " +
                          std::to_string(R) + " does not divide; choose --R among its divisors (1, 2, 4, 8, ...) or "
                          "give the tokens per rank with --T");
@@ -279,8 +280,14 @@ int main(int argc, char** argv) {
     if (K) c.top_k = K;
     return c;
   };
-  if (show_config) {  // no GPU needed: what a run with these options would time
+  if (nccl && trace)
+    return usage_error("--trace profiles the virtual transport only (NcclLayer has no trace reader); drop --trace or "
+                       "use --transport virtual");
+  // --show-config: the layer (and the routing spec) a run with these options would time, without a
+  // GPU; what only the machine can say (a usable GPU, NCCL, enough GPUs for --R) is checked by the run.
+  if (show_config) {
     try {
+      if (file.empty()) (void)mok::ref::parse_routing(routing);
       mok::ref::ReadOptions ro;
       ro.load_intermediates = ro.load_bounds = false;
       const mok::spec::LayerConfig c = file.empty() ? generated_config() : mok::ref::read_golden(file, ro).cfg;
@@ -298,9 +305,6 @@ int main(int argc, char** argv) {
       return usage_error(e.what());
     }
   }
-  if (nccl && trace)
-    return usage_error("--trace profiles the virtual transport only (NcclLayer has no trace reader); drop --trace or "
-                       "use --transport virtual");
   if (std::string why; nccl && !mok::kernel::nccl_available(&why)) {  // environment missing: 3, as mok-verify
     std::fprintf(stderr, "mok-bench: --transport nccl: %s; or use --transport virtual (all ranks on one GPU)\n",
                  why.c_str());

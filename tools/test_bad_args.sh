@@ -5,8 +5,9 @@
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
 # mok-bench's --transport: a bad value and nccl with --trace exit 2 (as do a bad --gather,
 # --swiglu, --fwd-comm-sms, --group-rows, --passes or --case, a --case with a preset or with an --R that does
-# not divide its tokens, and a --sustain-ms below 100 other than 0; --show-config prints the cases' layers
-# and exits 0, or 2 for an invalid one), nccl in a build without NCCL
+# not divide its tokens or is below 1, and a --sustain-ms below 100 other than 0; --show-config prints the
+# cases' layers with overrides and exits 0, or 2 for an invalid layer, routing or nccl with --trace), nccl in
+# a build without NCCL
 # exits 3 (environment missing), and nccl with more ranks than GPUs exits 2 naming the fix where
 # a GPU is usable, 3 naming the missing GPU where none is (this last case initialises CUDA).
 set -u
@@ -31,6 +32,8 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms 50
   expect_exit "$MOK_BENCH" 2 "--case" --case dsv4
   expect_exit "$MOK_BENCH" 2 "--case" --case dsv3 --preset tiny
+  expect_exit "$MOK_BENCH" 2 "--case" --case dsv3 --file any.h5
+  expect_exit "$MOK_BENCH" 2 "at least 1" --case dsv3 --R -8
   expect_exit "$MOK_BENCH" 2 "does not divide" --case dsv3 --R 3
   # --show-config resolves the layer without a GPU: the cases, R splitting the tokens, overrides.
   expect_exit "$MOK_BENCH" 0 "H=7168 I=2048 Is=2048 E=32 K=8 R=8 T=1024 (G=8192" --case dsv3 --R 8 --show-config
@@ -38,6 +41,9 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 0 "E=32 K=8 R=1 T=256 (G=256" --case small --show-config
   expect_exit "$MOK_BENCH" 0 "R=8 T=300 (G=2400" --case dsv3 --R 8 --T 300 --show-config
   expect_exit "$MOK_BENCH" 2 "divisible" --case dsv3 --R 8 --E 30 --show-config
+  expect_exit "$MOK_BENCH" 0 "H=4096 I=1024 Is=0 E=32 K=8 R=1 T=8192" --case dsv3 --H 4096 --I 1024 --Is 0 --show-config
+  expect_exit "$MOK_BENCH" 2 "routing" --case dsv3 --routing sideways --show-config
+  expect_exit "$MOK_BENCH" 2 "--trace" --case dsv3 --transport nccl --trace --show-config
   if [[ ${MOK_BENCH_NCCL:-OFF} != ON ]]; then
     expect_exit "$MOK_BENCH" 3 "this build has no NCCL" --transport nccl --preset tiny --R 1
   else

@@ -40,7 +40,7 @@ int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns, bool f
   opt.full_rate_recompute = full;
   opt.threads = threads;
   auto t0 = std::chrono::steady_clock::now();
-  const auto work = mok::sim::generate_workload(layer(gpus), routing);
+  const auto work = mok::sim::generate_workload(layer(gpus), routing, threads);
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   const auto r = mok::sim::simulate_layer(topo, work, proto, opt);

@@ -179,7 +179,7 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   PendingFiles files;
   if (!many) {
     mok::sim::RoutingSpec routing = first.routing;
-    const mok::sim::Workload w = golden ? *golden : mok::sim::generate_workload(first.cfg, routing);
+    const mok::sim::Workload w = golden ? *golden : mok::sim::generate_workload(first.cfg, routing, threads);
     mok::sim::SimOptions opt = first.options;
     opt.record_trace = !trace_path.empty();
     opt.trace_max_gpus = trace_gpus;

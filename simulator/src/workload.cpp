@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "mok/sim/error.hpp"
 #include "mok/sim/rng.hpp"
@@ -17,16 +19,85 @@
 namespace mok::sim {
 
 namespace {
+// Runs fn(i, worker) for i in [0, n) on up to `threads` threads, worker in [0, threads), i dealt
+// round-robin. Each i's work must not depend on the others'. An exception from fn ends its
+// thread's share; after every thread has finished, the one of the smallest i is rethrown, which
+// is the first a serial loop would have met, whatever the timing.
+template <class Fn>
+void parallel_for(int64_t n, int threads, Fn fn) {
+  const int workers = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(n, 1)));
+  if (workers == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(workers);
+  std::vector<int64_t> error_at(workers, -1);
+  auto share = [&](int t) {
+    for (int64_t i = t; i < n; i += workers) {
+      try {
+        fn(i, t);
+      } catch (...) {
+        errors[t] = std::current_exception();
+        error_at[t] = i;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < workers; ++t) pool.emplace_back(share, t);
+  share(0);
+  for (std::thread& th : pool) th.join();
+  int first = -1;
+  for (int t = 0; t < workers; ++t)
+    if (errors[t] && (first < 0 || error_at[t] < error_at[first])) first = t;
+  if (first >= 0) std::rethrow_exception(errors[first]);
+}
+
 // Builds w's routing plan from w.topk_experts, which must be valid (cfg validated too), in w's
 // own vectors, which keep their storage, so a caller that reuses them (Monte-Carlo trials)
 // allocates and first-touches nothing per workload. The spec's per-slot index table (slot_row)
 // is not built: the simulator does not read it (at 576 GPUs it would be 151 MB of fresh pages).
-void build_plan(Workload& w) {
+// With threads > 1 (generated workloads), the same counting sort over token ranges, one per
+// thread: each range's count per expert, then each range scatters its rows from its own cursors,
+// range c's rows of expert e right after those of ranges 0 .. c-1. Ranges are ascending token
+// ids, so every expert's list is the spec's canonical order (tests compare the two).
+void build_plan(Workload& w, int threads = 1) {
   const spec::LayerConfig& cfg = w.cfg;
   w.expert_offsets.assign(cfg.num_experts + 1, 0);
   w.rows.resize(cfg.num_slots());
-  spec::build_routing_plan(cfg, w.topk_experts.data(),
-                           spec::RoutingPlanView{w.expert_offsets.data(), w.rows.data(), nullptr});
+  const int64_t G = cfg.num_tokens(), K = cfg.top_k, E = cfg.num_experts;
+  const int ranges = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(G, 1)));
+  if (ranges == 1) {
+    spec::build_routing_plan(cfg, w.topk_experts.data(),
+                             spec::RoutingPlanView{w.expert_offsets.data(), w.rows.data(), nullptr});
+  } else {
+    const int32_t* topk = w.topk_experts.data();
+    std::vector<int64_t> cursor(static_cast<size_t>(ranges) * E, 0);  // [range][expert]: counts, then cursors
+    auto first_token = [&](int c) { return G * c / ranges; };
+    parallel_for(ranges, ranges, [&](int64_t c, int) {
+      int64_t* count = &cursor[c * E];
+      for (int64_t i = first_token(static_cast<int>(c)) * K; i < first_token(static_cast<int>(c) + 1) * K; ++i)
+        if (topk[i] >= 0) ++count[topk[i]];
+    });
+    int64_t next = 0;  // ORDER: experts ascending, then ranges ascending (token order)
+    for (int64_t e = 0; e < E; ++e) {
+      w.expert_offsets[e] = next;
+      for (int c = 0; c < ranges; ++c) {
+        const int64_t n = cursor[c * E + e];
+        cursor[c * E + e] = next;
+        next += n;
+      }
+    }
+    w.expert_offsets[E] = next;
+    parallel_for(ranges, ranges, [&](int64_t c, int) {
+      int64_t* cur = &cursor[c * E];
+      for (int64_t g = first_token(static_cast<int>(c)); g < first_token(static_cast<int>(c) + 1); ++g)
+        for (int64_t k = 0; k < K; ++k) {
+          const int32_t e = topk[g * K + k];
+          if (e >= 0) w.rows[cur[e]++] = spec::RowRef{static_cast<int32_t>(g), static_cast<int32_t>(k)};
+        }
+    });
+  }
   w.rows.resize(w.expert_offsets[cfg.num_experts]);
 }
 }  // namespace
@@ -371,14 +442,15 @@ void fill_ranks_x4(RankFill st[4], uint64_t seed, uint64_t first_rank, const Ali
 
 }  // namespace
 
-Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s) {
+Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s, int threads) {
   WorkloadBuffers buffers;
-  generate_workload(cfg, s, buffers);
+  generate_workload(cfg, s, buffers, threads);
   buffers.workload.rows.shrink_to_fit();
   return std::move(buffers.workload);
 }
 
-const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s, WorkloadBuffers& buffers) {
+const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& s, WorkloadBuffers& buffers,
+                                  int threads) {
   const spec::Status cfg_status = cfg.validate();
   if (!cfg_status.ok) throw Error(std::string("layer: ") + cfg_status.message);
   if (s.kind == RoutingKind::kTopkFile) {
@@ -403,32 +475,41 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
   // rank): the rank's skew draws (per_rank_skew > 0), then its tokens in order, each token's
   // slots in order 0..K-1, one alias draw per iteration; per finished token, its empty-slot
   // draws. fill_rank() is that loop; without skew and empty slots, ranks go four at a time
-  // (fill_ranks_x4), which draws the same numbers from the same streams.
-  int64_t first_scalar = 0;
-  std::vector<char> taken(4 * E, 0);
+  // (fill_ranks_x4), which draws the same numbers from the same streams. Every rank writes only
+  // its own slots from its own stream, so with threads > 1 the ranks (or groups of four) are
+  // dealt to threads, each with its own taken table: the same routing.
+  const int workers = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(R, 1)));
+  std::vector<char> taken(static_cast<size_t>(workers) * 4 * E, 0);  // [worker][lane][expert]
   if (s.per_rank_skew == 0 && s.empty_slot_fraction == 0) {
     int64_t positive = 0;
     for (double x : p_global) positive += x > 0;
     if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
     const AliasTable table(p_global);
+    int64_t groups = 0;  // ranks 0 .. 4 * groups - 1 go four at a time
 #if MOK_SIM_X4
     // fill_block needs K a power of two and per-rank slot indices below 2^32 (its stamps).
-    if (x4_supported() && (K & (K - 1)) == 0 && T * K < (int64_t{1} << 32)) {
-      for (; first_scalar + 4 <= R; first_scalar += 4) {
+    if (x4_supported() && (K & (K - 1)) == 0 && T * K < (int64_t{1} << 32)) groups = R / 4;
+#endif
+    const int64_t first_scalar = 4 * groups;
+    parallel_for(groups + (R - first_scalar), workers, [&](int64_t i, int worker) {
+      char* mine = &taken[static_cast<size_t>(worker) * 4 * E];
+#if MOK_SIM_X4
+      if (i < groups) {
         RankFill st[4];
         for (int lane = 0; lane < 4; ++lane)
-          st[lane] = RankFill{&topk[(first_scalar + lane) * T * K], T * K, 0, 0, 0, &taken[lane * E]};
-        fill_ranks_x4(st, s.seed, static_cast<uint64_t>(first_scalar), table, p_global, K);
+          st[lane] = RankFill{&topk[(4 * i + lane) * T * K], T * K, 0, 0, 0, mine + lane * E};
+        fill_ranks_x4(st, s.seed, static_cast<uint64_t>(4 * i), table, p_global, K);
+        return;
       }
-    }
 #endif
-    for (int64_t r = first_scalar; r < R; ++r) {
+      const int64_t r = first_scalar + (i - groups);
       Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
-      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
+      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, mine};
       fill_rank(st, rank_rng, table, p_global, K, 0.0);
-    }
+    });
   } else {
-    for (int64_t r = 0; r < R; ++r) {
+    parallel_for(R, workers, [&](int64_t r, int worker) {
+      char* mine = &taken[static_cast<size_t>(worker) * 4 * E];
       Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
       std::vector<double> p = p_global;
       if (s.per_rank_skew > 0) {
@@ -443,14 +524,14 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
       for (double x : p) positive += x > 0;
       if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
       const AliasTable table(p);
-      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
+      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, mine};
       fill_rank(st, rank_rng, table, p, K, s.empty_slot_fraction);
-    }
+    });
   }
   // Valid by construction (K distinct experts in range per row, or -1), so the per-row check of
   // from_topk() is skipped; the workload tests run it on generated routing.
   w.description = routing_spec_to_json(s).dump();
-  build_plan(w);
+  build_plan(w, workers);
   return w;
 }
 

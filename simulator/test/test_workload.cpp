@@ -1,8 +1,11 @@
 // Workload generators and the routing plan: validity, skew ordering, statistics, file input.
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
 
 #include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "mok/sim/error.hpp"
 #include "mok/sim/workload.hpp"
@@ -69,6 +72,62 @@ TEST(Workload, RanksDrawnFourAtATimeMatchRanksDrawnAlone) {
     for (size_t i = 0; i < c.topk_experts.size(); ++i)
       ASSERT_EQ(c.topk_experts[i], d.topk_experts[i]) << "variant " << variant << " slot " << i << " (9 / 12 ranks)";
   }
+}
+
+// generate_workload(..., threads): ranks drawn on several threads and the plan built by token
+// ranges give the same routing and the same plan, byte for byte, as one thread (whose plan is the
+// spec's build_routing_plan): every kind, with and without per-rank skew and empty slots (the
+// two drawing paths), rank counts that are and are not multiples of four (groups of four and
+// single ranks), and more threads than ranks.
+RC_GTEST_PROP(WorkloadProps, ThreadsGiveTheSameWorkload, ()) {
+  const int64_t ranks = *rc::gen::inRange<int64_t>(1, 12);
+  const int64_t tokens = *rc::gen::inRange<int64_t>(1, 300);
+  const int64_t k = *rc::gen::inRange<int64_t>(1, 6);
+  spec::LayerConfig cfg = small_cfg(ranks, tokens);
+  cfg.top_k = k;
+  cfg.num_experts = ranks * *rc::gen::inRange<int64_t>((k + ranks - 1) / ranks, 10);
+  RoutingSpec s;
+  s.kind = *rc::gen::element(RoutingKind::kUniform, RoutingKind::kPowerLaw, RoutingKind::kHot, RoutingKind::kDirichlet);
+  s.exponent = *rc::gen::element(1.01, 1.2, 1.5, 9.0);
+  s.hot_factor = *rc::gen::element(8.0, 1e8);
+  s.alpha = 0.5;
+  s.per_rank_skew = *rc::gen::element(0.0, 0.0, 0.3);
+  s.empty_slot_fraction = *rc::gen::element(0.0, 0.0, 0.05);
+  s.seed = *rc::gen::arbitrary<uint32_t>();
+  const int threads = *rc::gen::inRange(2, 6);
+  const Workload one = generate_workload(cfg, s);
+  const Workload many = generate_workload(cfg, s, threads);
+  RC_ASSERT(many.topk_experts == one.topk_experts);
+  RC_ASSERT(many.expert_offsets == one.expert_offsets);
+  RC_ASSERT(many.rows.size() == one.rows.size());
+  for (size_t i = 0; i < one.rows.size(); ++i) {
+    RC_ASSERT(many.rows[i].token_idx == one.rows[i].token_idx);
+    RC_ASSERT(many.rows[i].slot_idx == one.rows[i].slot_idx);
+  }
+}
+
+// An error inside one rank's draws (here every rank's: one expert with positive popularity,
+// top-2, with empty slots, the per-rank path) reaches the caller with the message one thread
+// gives, whatever the threads.
+TEST(Workload, ThreadsReportTheErrorOneThreadReports) {
+  spec::LayerConfig cfg = small_cfg(6, 64);
+  cfg.top_k = 2;
+  RoutingSpec s;
+  s.kind = RoutingKind::kHot;
+  s.num_hot = cfg.num_experts - 1;
+  s.hot_factor = 0.0;  // the hot experts can never be drawn
+  s.empty_slot_fraction = 0.1;
+  auto message = [&](int threads) {
+    try {
+      generate_workload(cfg, s, threads);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string one = message(1);
+  EXPECT_NE(one.find("fewer than K experts"), std::string::npos) << one;
+  for (int threads : {2, 3, 8}) EXPECT_EQ(message(threads), one) << threads << " threads";
 }
 
 TEST(Workload, PowerLawSkewGrowsWithTheExponent) {

@@ -55,7 +55,9 @@ struct RoutingSpec {
 // Parses {"kind": "power_law", "exponent": 1.2, ...}; origin names the file for errors.
 RoutingSpec routing_spec_from_json(const nlohmann::json& doc, const std::string& origin);
 nlohmann::json routing_spec_to_json(const RoutingSpec& spec);
-Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec);
+// threads > 1: ranks are drawn, and the routing plan built, on that many threads; the same
+// workload, byte for byte (each rank draws from its own stream).
+Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec, int threads = 1);
 
 // Storage for generating one workload after another (Monte-Carlo trials): the same workload as
 // generate_workload(cfg, spec), built in `buffers`, whose vectors keep their capacity from one
@@ -64,7 +66,8 @@ Workload generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec
 struct WorkloadBuffers {
   Workload workload;
 };
-const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec, WorkloadBuffers& buffers);
+const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec, WorkloadBuffers& buffers,
+                                  int threads = 1);
 
 // Load statistics of a set of non-negative counts.
 struct LoadStats {

@@ -1,4 +1,5 @@
-// Fixed-partition parallel-for used by the emulator and oracle (both cores of a CI machine).
+// Fixed-partition parallel-for used by the emulator, the oracle and the simulator's workload
+// generator (both cores of a CI machine).
 #include "mok/reference/parallel.hpp"
 
 #include <algorithm>
@@ -28,17 +29,25 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int6
   }
   std::atomic<int64_t> next{0};
   std::exception_ptr error;
+  int64_t error_chunk = num_chunks;
   std::mutex error_mutex;
+  // Chunks are claimed in increasing order, so when chunk c fails every chunk below c has been
+  // claimed and runs to its end: keeping the failed chunk with the smallest index rethrows the
+  // error a serial loop would have met first, whatever the timing.
   auto work = [&] {
+    int64_t c = 0;
     try {
       for (;;) {
-        const int64_t c = next.fetch_add(1);
+        c = next.fetch_add(1);
         if (c >= num_chunks) break;
         body(c * grain, std::min(n, (c + 1) * grain));
       }
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
+      if (c < error_chunk) {
+        error = std::current_exception();
+        error_chunk = c;
+      }
       next.store(num_chunks);
     }
   };

@@ -3,12 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
 #include <fstream>
 #include <numeric>
 #include <sstream>
-#include <thread>
 
+#include "mok/reference/parallel.hpp"
 #include "mok/sim/error.hpp"
 #include "mok/sim/rng.hpp"
 
@@ -19,40 +18,6 @@
 namespace mok::sim {
 
 namespace {
-// Runs fn(i, worker) for i in [0, n) on up to `threads` threads, worker in [0, threads), i dealt
-// round-robin. Each i's work must not depend on the others'. An exception from fn ends its
-// thread's share; after every thread has finished, the one of the smallest i is rethrown, which
-// is the first a serial loop would have met, whatever the timing.
-template <class Fn>
-void parallel_for(int64_t n, int threads, Fn fn) {
-  const int workers = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(n, 1)));
-  if (workers == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i, 0);
-    return;
-  }
-  std::vector<std::exception_ptr> errors(workers);
-  std::vector<int64_t> error_at(workers, -1);
-  auto share = [&](int t) {
-    for (int64_t i = t; i < n; i += workers) {
-      try {
-        fn(i, t);
-      } catch (...) {
-        errors[t] = std::current_exception();
-        error_at[t] = i;
-        return;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < workers; ++t) pool.emplace_back(share, t);
-  share(0);
-  for (std::thread& th : pool) th.join();
-  int first = -1;
-  for (int t = 0; t < workers; ++t)
-    if (errors[t] && (first < 0 || error_at[t] < error_at[first])) first = t;
-  if (first >= 0) std::rethrow_exception(errors[first]);
-}
-
 // Builds w's routing plan from w.topk_experts, which must be valid (cfg validated too), in w's
 // own vectors, which keep their storage, so a caller that reuses them (Monte-Carlo trials)
 // allocates and first-touches nothing per workload. The spec's per-slot index table (slot_row)
@@ -74,10 +39,12 @@ void build_plan(Workload& w, int threads = 1) {
     const int32_t* topk = w.topk_experts.data();
     std::vector<int64_t> cursor(static_cast<size_t>(ranges) * E, 0);  // [range][expert]: counts, then cursors
     auto first_token = [&](int c) { return G * c / ranges; };
-    parallel_for(ranges, ranges, [&](int64_t c, int) {
-      int64_t* count = &cursor[c * E];
-      for (int64_t i = first_token(static_cast<int>(c)) * K; i < first_token(static_cast<int>(c) + 1) * K; ++i)
-        if (topk[i] >= 0) ++count[topk[i]];
+    ref::parallel_for(ranges, ranges, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        int64_t* count = &cursor[c * E];
+        for (int64_t i = first_token(static_cast<int>(c)) * K; i < first_token(static_cast<int>(c) + 1) * K; ++i)
+          if (topk[i] >= 0) ++count[topk[i]];
+      }
     });
     int64_t next = 0;  // ORDER: experts ascending, then ranges ascending (token order)
     for (int64_t e = 0; e < E; ++e) {
@@ -89,13 +56,15 @@ void build_plan(Workload& w, int threads = 1) {
       }
     }
     w.expert_offsets[E] = next;
-    parallel_for(ranges, ranges, [&](int64_t c, int) {
-      int64_t* cur = &cursor[c * E];
-      for (int64_t g = first_token(static_cast<int>(c)); g < first_token(static_cast<int>(c) + 1); ++g)
-        for (int64_t k = 0; k < K; ++k) {
-          const int32_t e = topk[g * K + k];
-          if (e >= 0) w.rows[cur[e]++] = spec::RowRef{static_cast<int32_t>(g), static_cast<int32_t>(k)};
-        }
+    ref::parallel_for(ranges, ranges, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        int64_t* cur = &cursor[c * E];
+        for (int64_t g = first_token(static_cast<int>(c)); g < first_token(static_cast<int>(c) + 1); ++g)
+          for (int64_t k = 0; k < K; ++k) {
+            const int32_t e = topk[g * K + k];
+            if (e >= 0) w.rows[cur[e]++] = spec::RowRef{static_cast<int32_t>(g), static_cast<int32_t>(k)};
+          }
+      }
     });
   }
   w.rows.resize(w.expert_offsets[cfg.num_experts]);
@@ -477,9 +446,9 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
   // draws. fill_rank() is that loop; without skew and empty slots, ranks go four at a time
   // (fill_ranks_x4), which draws the same numbers from the same streams. Every rank writes only
   // its own slots from its own stream, so with threads > 1 the ranks (or groups of four) are
-  // dealt to threads, each with its own taken table: the same routing.
+  // dealt to threads (ref::parallel_for), each piece of work with its own taken table: the same
+  // routing.
   const int workers = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(R, 1)));
-  std::vector<char> taken(static_cast<size_t>(workers) * 4 * E, 0);  // [worker][lane][expert]
   if (s.per_rank_skew == 0 && s.empty_slot_fraction == 0) {
     int64_t positive = 0;
     for (double x : p_global) positive += x > 0;
@@ -491,41 +460,45 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
     if (x4_supported() && (K & (K - 1)) == 0 && T * K < (int64_t{1} << 32)) groups = R / 4;
 #endif
     const int64_t first_scalar = 4 * groups;
-    parallel_for(groups + (R - first_scalar), workers, [&](int64_t i, int worker) {
-      char* mine = &taken[static_cast<size_t>(worker) * 4 * E];
+    ref::parallel_for(groups + (R - first_scalar), workers, [&](int64_t begin, int64_t end) {
+      std::vector<char> taken(4 * E, 0);  // [lane][expert]; all zero between ranks
+      for (int64_t i = begin; i < end; ++i) {
 #if MOK_SIM_X4
-      if (i < groups) {
-        RankFill st[4];
-        for (int lane = 0; lane < 4; ++lane)
-          st[lane] = RankFill{&topk[(4 * i + lane) * T * K], T * K, 0, 0, 0, mine + lane * E};
-        fill_ranks_x4(st, s.seed, static_cast<uint64_t>(4 * i), table, p_global, K);
-        return;
-      }
+        if (i < groups) {
+          RankFill st[4];
+          for (int lane = 0; lane < 4; ++lane)
+            st[lane] = RankFill{&topk[(4 * i + lane) * T * K], T * K, 0, 0, 0, &taken[lane * E]};
+          fill_ranks_x4(st, s.seed, static_cast<uint64_t>(4 * i), table, p_global, K);
+          continue;
+        }
 #endif
-      const int64_t r = first_scalar + (i - groups);
-      Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
-      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, mine};
-      fill_rank(st, rank_rng, table, p_global, K, 0.0);
+        const int64_t r = first_scalar + (i - groups);
+        Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
+        RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
+        fill_rank(st, rank_rng, table, p_global, K, 0.0);
+      }
     });
   } else {
-    parallel_for(R, workers, [&](int64_t r, int worker) {
-      char* mine = &taken[static_cast<size_t>(worker) * 4 * E];
-      Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
-      std::vector<double> p = p_global;
-      if (s.per_rank_skew > 0) {
-        std::vector<double> local(E);
-        double total = 0;
-        for (int64_t e = 0; e < E; ++e) total += (local[e] = rank_rng.gamma(0.2));
-        for (int64_t e = 0; e < E; ++e)
-          p[e] = (1.0 - s.per_rank_skew) * p_global[e] + s.per_rank_skew * (local[e] / total);
+    ref::parallel_for(R, workers, [&](int64_t begin, int64_t end) {
+      std::vector<char> taken(E, 0);  // all zero between ranks
+      for (int64_t r = begin; r < end; ++r) {
+        Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
+        std::vector<double> p = p_global;
+        if (s.per_rank_skew > 0) {
+          std::vector<double> local(E);
+          double total = 0;
+          for (int64_t e = 0; e < E; ++e) total += (local[e] = rank_rng.gamma(0.2));
+          for (int64_t e = 0; e < E; ++e)
+            p[e] = (1.0 - s.per_rank_skew) * p_global[e] + s.per_rank_skew * (local[e] / total);
+        }
+        // Experts with zero weight can never be drawn; successive sampling needs K positive ones.
+        int64_t positive = 0;
+        for (double x : p) positive += x > 0;
+        if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
+        const AliasTable table(p);
+        RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
+        fill_rank(st, rank_rng, table, p, K, s.empty_slot_fraction);
       }
-      // Experts with zero weight can never be drawn; successive sampling needs K positive ones.
-      int64_t positive = 0;
-      for (double x : p) positive += x > 0;
-      if (positive < K) throw Error("workload: fewer than K experts have positive popularity");
-      const AliasTable table(p);
-      RankFill st{&topk[r * T * K], T * K, 0, 0, 0, mine};
-      fill_rank(st, rank_rng, table, p, K, s.empty_slot_fraction);
     });
   }
   // Valid by construction (K distinct experts in range per row, or -1), so the per-row check of

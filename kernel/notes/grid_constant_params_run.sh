@@ -23,6 +23,8 @@ echo "=== $(date -u +%T) checks of the candidate"
 $G/test_kernel 2>&1 | tail -3
 $G/mok-verify run fixtures/*.h5 --backend cuda 2>&1 | grep -E "PASS|FAIL|rror" | head -12
 $G/mok-verify determinism fixtures/small-zipf.h5 --runs 5 --ranks 1,2,4,8 --comm-sms 1,2 --minibatch 128,64 2>&1 | tail -2
+# The NCCL transport's launch path (one rank, this GPU), as tools/test_bench_nccl.sh runs it.
+$G/mok-bench --transport nccl --preset tiny --R 1 --reps 3 --warmup 1 --torch "" 2>&1 | grep -E "transport|fused (forward|backward)|rror"
 echo "=== $(date -u +%T) traces (qwen3 forward): per-item time outside the GEMM sums"
 for b in binM binG; do
   echo "--- $b"

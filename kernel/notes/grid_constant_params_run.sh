@@ -12,7 +12,7 @@
 #   source gpu-run/gpu-env.sh; export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/cuda/lib64
 #   MOK_FIXTURES_DIR=$PWD/fixtures bash kernel/notes/grid_constant_params_run.sh 2>&1 | tee $OUT/s22.txt
 # What it decides: whether the candidate keeps every bit (test_kernel, the five fixtures, the determinism
-# matrix), launches at all (a 25.7 KB cooperative-launch parameter), and whether it is faster than main on the
+# matrix), launches at all (a 25,504-byte cooperative-launch parameter), and whether it is faster than main on the
 # qwen3 and dsv3 forwards and on both passes (medians over three alternating rounds, tools/bench-ab.sh -p).
 set -u
 M=gpu-run/binM

@@ -30,6 +30,9 @@ for b in binM binG; do
   echo "--- $b"
   gpu-run/$b/mok-bench --case qwen3 --no-baseline --sustain-ms 0 --passes forward --reps 3 --trace 2>&1 |
     grep -E "^mark: (plan|gather|last GEMM|reduction)|^sum: phase|fused forward" | head -12
+  echo "--- $b, R = 8 (peers read through the constant cache: watch the publish sums)"
+  gpu-run/$b/mok-bench --case qwen3 --R 8 --no-baseline --sustain-ms 0 --reps 3 --trace 2>&1 |
+    grep -E "^sum: (phase|publish)|fused (forward|backward)" | head -12
 done
 echo "=== $(date -u +%T) A/B against main, three rounds"
 A="--reps 10 --no-baseline --sustain-ms 0"

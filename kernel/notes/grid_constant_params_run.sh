@@ -1,32 +1,38 @@
 #!/bin/bash
 # Prepared in the twenty-second session (2026-12-04), not yet run: one device call that checks
-# kernel/notes/grid_constant_params.diff and times it against main in the same sitting.
+# kernel/notes/grid_constant_params.diff (binG) and that diff with kernel/notes/smem_space.diff on
+# top (binS), and times binS against main in the same sitting.
 #
 # Build here first (two trees, Release, sm_90a, with the atomics variant as BENCHMARKS.md's runs):
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_ENABLE_CUDA=ON -DMOK_CUDA_ARCHS=90a -DMOK_ATOMICS_VARIANT=ON
 #   ninja -C build-gpu mok-bench mok-verify test_kernel            -> copy the three to gpu-run/binM (main)
 #   git apply kernel/notes/grid_constant_params.diff && ninja -C build-gpu mok-bench mok-verify test_kernel
-#                                                                   -> copy to gpu-run/binG, then git checkout kernel
+#                                                                   -> copy to gpu-run/binG
+#   git apply kernel/notes/smem_space.diff && ninja -C build-gpu mok-bench mok-verify test_kernel
+#                                                                   -> copy to gpu-run/binS, then git checkout kernel
 #   ../shared/tools/gpu-pack gpu-run; rm -f gpu-run/.libs/libcublas*   (keeps the carried tree under 64 MiB)
 # Device call (carry ["gpu-run"], about 9 minutes):
 #   source gpu-run/gpu-env.sh; export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/cuda/lib64
 #   MOK_FIXTURES_DIR=$PWD/fixtures bash kernel/notes/grid_constant_params_run.sh 2>&1 | tee $OUT/s22.txt
-# What it decides: whether the candidate keeps every bit (test_kernel, the five fixtures, the determinism
+# What it decides: whether the candidates keep every bit (test_kernel, the five fixtures, the determinism
 # matrix), launches at all (a 25,504-byte cooperative-launch parameter), and whether it is faster than main on the
 # qwen3 and dsv3 forwards and on both passes (medians over three alternating rounds, tools/bench-ab.sh -p).
+# If binS wins, a later call can split it (binG against binS) before landing one or both.
 set -u
 M=gpu-run/binM
-G=gpu-run/binG
+S=gpu-run/binS   # the candidate timed and fully checked: both diffs
 OUT=${OUT:-/tmp/s22}
 mkdir -p "$OUT"
-echo "=== $(date -u +%T) checks of the candidate"
-$G/test_kernel 2>&1 | tail -3
-$G/mok-verify run fixtures/*.h5 --backend cuda 2>&1 | grep -E "PASS|FAIL|rror" | head -12
-$G/mok-verify determinism fixtures/small-zipf.h5 --runs 5 --ranks 1,2,4,8 --comm-sms 1,2 --minibatch 128,64 2>&1 | tail -2
+echo "=== $(date -u +%T) checks: binG (grid-constant parameters alone), test_kernel only"
+gpu-run/binG/test_kernel 2>&1 | tail -2
+echo "=== $(date -u +%T) checks of the candidate (binS)"
+$S/test_kernel 2>&1 | tail -3
+$S/mok-verify run fixtures/*.h5 --backend cuda 2>&1 | grep -E "PASS|FAIL|rror" | head -12
+$S/mok-verify determinism fixtures/small-zipf.h5 --runs 5 --ranks 1,2,4,8 --comm-sms 1,2 --minibatch 128,64 2>&1 | tail -2
 # The NCCL transport's launch path (one rank, this GPU), as tools/test_bench_nccl.sh runs it.
-$G/mok-bench --transport nccl --preset tiny --R 1 --reps 3 --warmup 1 --torch "" 2>&1 | grep -E "transport|fused (forward|backward)|rror"
+$S/mok-bench --transport nccl --preset tiny --R 1 --reps 3 --warmup 1 --torch "" 2>&1 | grep -E "transport|fused (forward|backward)|rror"
 echo "=== $(date -u +%T) traces (qwen3 forward): per-item time outside the GEMM sums"
-for b in binM binG; do
+for b in binM binS; do
   echo "--- $b"
   gpu-run/$b/mok-bench --case qwen3 --no-baseline --sustain-ms 0 --passes forward --reps 3 --trace 2>&1 |
     grep -E "^mark: (plan|gather|last GEMM|reduction)|^sum: phase|fused forward" | head -12
@@ -37,11 +43,11 @@ done
 echo "=== $(date -u +%T) A/B against main, three rounds"
 A="--reps 10 --no-baseline --sustain-ms 0"
 bash tools/bench-ab.sh -n 3 -p -o "$OUT/ab" \
-  mqf "$M/mok-bench --case qwen3 $A --passes forward" gqf "$G/mok-bench --case qwen3 $A --passes forward" \
-  mdf "$M/mok-bench --case dsv3 $A --passes forward" gdf "$G/mok-bench --case dsv3 $A --passes forward" \
-  mq "$M/mok-bench --case qwen3 $A" gq "$G/mok-bench --case qwen3 $A" \
-  md "$M/mok-bench --case dsv3 $A" gd "$G/mok-bench --case dsv3 $A" 2>&1 | tail -16
+  mqf "$M/mok-bench --case qwen3 $A --passes forward" sqf "$S/mok-bench --case qwen3 $A --passes forward" \
+  mdf "$M/mok-bench --case dsv3 $A --passes forward" sdf "$S/mok-bench --case dsv3 $A --passes forward" \
+  mq "$M/mok-bench --case qwen3 $A" sq "$S/mok-bench --case qwen3 $A" \
+  md "$M/mok-bench --case dsv3 $A" sd "$S/mok-bench --case dsv3 $A" 2>&1 | tail -16
 echo "=== $(date -u +%T) small (latency), both builds, with the baselines once"
-$G/mok-bench --case small --reps 20 2>&1 | tail -12
+$S/mok-bench --case small --reps 20 2>&1 | tail -12
 $M/mok-bench --case small --reps 20 --no-baseline --sustain-ms 0 2>&1 | grep -E "fused"
 echo "=== $(date -u +%T) done"

@@ -1,4 +1,4 @@
-// Fixed-partition parallel-for used by the emulator, the oracle and the simulator's workload
+// Chunked parallel-for (chunks claimed in order by the threads) used by the emulator, the oracle and the simulator's workload
 // generator (both cores of a CI machine).
 #include "mok/reference/parallel.hpp"
 

@@ -1,5 +1,5 @@
-// Chunked parallel-for (chunks claimed in order by the threads) used by the emulator, the oracle and the simulator's workload
-// generator (both cores of a CI machine).
+// Chunked parallel-for (the threads claim chunks in order) used by the emulator, the oracle and
+// the simulator's workload generator (both cores of a CI machine).
 #include "mok/reference/parallel.hpp"
 
 #include <algorithm>

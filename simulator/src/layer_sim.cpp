@@ -18,6 +18,7 @@
 #include "mok/sim/error.hpp"
 #include "mok/sim/flow_network.hpp"
 #include "checkpoint_heap.hpp"
+#include "tile_ready.hpp"
 
 namespace mok::sim {
 
@@ -95,9 +96,18 @@ struct Piece {
   int32_t slots;   // routed slots (y rows unless combine reduces per rank)
 };
 
+// The rows of one piece that go to one expert of the peer: `rows` consecutive rows of that
+// expert's canonical list (they are one token chunk's). A piece's runs add up to its slots.
+struct PieceRun {
+  int32_t expert;  // local to the peer GPU
+  int32_t rows;
+};
+
 struct Traffic {
   std::vector<int64_t> pair_offsets;  // [R*R + 1], owner pair o * R + p
   std::vector<Piece> pieces;
+  std::vector<int64_t> pair_run_offsets;  // [R*R + 1]: each pair's runs, piece by piece
+  std::vector<PieceRun> runs;
   std::vector<int64_t> recv_pieces[2];         // per destination GPU and phase
   std::vector<int64_t> recv_remote_pieces[2];  // the same without the GPU's own chunks
   std::vector<int64_t> recv_payload[2];        // payload bytes per destination GPU and phase
@@ -294,8 +304,9 @@ class LayerSim {
   std::vector<int64_t> compute_busy_ns_;
   int64_t tile_ns_ = 0, shared_ns_ = 0, reduce_ns_ = 0;
   std::vector<int64_t> last_tile_piece_data_ns_, last_tile_piece_known_ns_, last_tile_source_;
-  std::vector<int64_t> chunk_known_;            // scratch: (source, chunk) -> its piece's known time
+  detail::TileReady tiles_;                               // scratch
   std::vector<std::pair<int64_t, int32_t>> tile_ready_;  // scratch: (ready ns, tile)
+  std::vector<int64_t> tile_expert_rows_;                 // scratch: rows per local expert
 
   // Programs
   std::vector<Transfer> transfers_;
@@ -465,7 +476,8 @@ void LayerSim::build_resources() {
 
 // Pieces from the routing: for each token owner o and chunk c, rows per peer GPU p.
 // Dispatch moves o -> p (x rows, once per token and GPU when deduplicated); combine moves p -> o
-// (y rows, once per slot unless reduced per rank).
+// (y rows, once per slot unless reduced per rank). With each piece, its runs: its slots per
+// expert of p, which is all the compute queue needs of the routing (run_compute_queue()).
 void LayerSim::build_traffic() {
   const int64_t T = cfg_.tokens_per_rank, K = cfg_.top_k, C = proto_.chunk_tokens;
   num_chunks_ = ceil_div(T, C);
@@ -477,33 +489,55 @@ void LayerSim::build_traffic() {
   per_token_[kCombine] = proto_.combine_reduce_per_rank;
   auto& off = traffic_.pair_offsets;
   off.assign(static_cast<size_t>(R_) * R_ + 1, 0);
+  auto& run_off = traffic_.pair_run_offsets;
+  run_off.assign(static_cast<size_t>(R_) * R_ + 1, 0);
   for (int ph = 0; ph < 2; ++ph) {
     traffic_.recv_pieces[ph].assign(R_, 0);
     traffic_.recv_remote_pieces[ph].assign(R_, 0);
     traffic_.recv_payload[ph].assign(R_, 0);
   }
-  std::vector<int32_t> rank_of(cfg_.num_experts);
-  for (int64_t e = 0; e < cfg_.num_experts; ++e) rank_of[e] = static_cast<int32_t>(cfg_.owner_rank(e));
+  const int64_t E = cfg_.num_experts;
+  std::vector<int32_t> rank_of(E), local_of(E);
+  for (int64_t e = 0; e < E; ++e) {
+    rank_of[e] = static_cast<int32_t>(cfg_.owner_rank(e));
+    local_of[e] = static_cast<int32_t>(e - cfg_.first_expert(rank_of[e]));
+  }
   std::vector<int32_t> slots(R_, 0), tokens(R_, 0), last_token(R_, -1);
+  std::vector<int32_t> expert_slots(E, 0), touched(E + 1);  // the chunk's slots per expert, experts met
   std::vector<std::pair<int32_t, Piece>> found;  // one owner's pieces, chunk-major
-  std::vector<int64_t> per_peer(R_ + 1);
+  std::vector<std::pair<int32_t, PieceRun>> found_runs;  // one owner's runs, chunk-major
+  std::vector<int64_t> per_peer(R_ + 1), runs_per_peer(R_ + 1);
   traffic_.pieces.clear();
   traffic_.pieces.reserve(static_cast<size_t>(std::min<int64_t>(cfg_.num_slots(), int64_t{R_} * R_ * num_chunks_)));
+  traffic_.runs.clear();
+  traffic_.runs.reserve(static_cast<size_t>(std::min<int64_t>(cfg_.num_slots(), int64_t{R_} * num_chunks_ * E)));
   for (int o = 0; o < R_; ++o) {
     found.clear();
+    found_runs.clear();
     for (int64_t c = 0; c < num_chunks_; ++c) {
       const int64_t t_end = std::min(T, (c + 1) * C);
+      int64_t num_touched = 0;
       for (int64_t t = c * C; t < t_end; ++t) {
         const int32_t* row = &work_.topk_experts[(o * T + t) * K];
         for (int64_t k = 0; k < K; ++k) {
-          if (row[k] < 0) continue;
-          const int p = rank_of[row[k]];
-          ++slots[p];
-          if (last_token[p] != t) {
-            last_token[p] = static_cast<int32_t>(t);
-            ++tokens[p];
-          }
+          const int32_t e = row[k];
+          if (e < 0) continue;
+          // No branch on whether the token or the expert is new: with popular experts on one GPU
+          // both go either way unpredictably.
+          const int p = rank_of[e];
+          tokens[p] += last_token[p] != static_cast<int32_t>(t);
+          last_token[p] = static_cast<int32_t>(t);
+          touched[num_touched] = e;  // kept when e is new to the chunk
+          num_touched += expert_slots[e]++ == 0;
         }
+      }
+      // ORDER: experts in the order the chunk met them; any order would do, for a piece's runs
+      // go to distinct experts.
+      for (int64_t i = 0; i < num_touched; ++i) {
+        const int32_t e = touched[i];
+        found_runs.emplace_back(rank_of[e], PieceRun{local_of[e], expert_slots[e]});
+        slots[rank_of[e]] += expert_slots[e];
+        expert_slots[e] = 0;
       }
       for (int p = 0; p < R_; ++p) {
         if (slots[p] == 0) continue;
@@ -530,6 +564,14 @@ void LayerSim::build_traffic() {
         if (o != p) ++traffic_.recv_remote_pieces[ph][dst];
       }
     }
+    // The runs, regrouped the same way: pair (o, p)'s runs follow its pieces' order.
+    std::fill(runs_per_peer.begin(), runs_per_peer.end(), 0);
+    for (const auto& [p, run] : found_runs) ++runs_per_peer[p + 1];
+    for (int p = 0; p < R_; ++p) runs_per_peer[p + 1] += runs_per_peer[p];
+    const int64_t run_base = static_cast<int64_t>(traffic_.runs.size());
+    for (int p = 0; p < R_; ++p) run_off[static_cast<size_t>(o) * R_ + p + 1] = run_base + runs_per_peer[p + 1];
+    traffic_.runs.resize(run_base + found_runs.size());
+    for (const auto& [p, run] : found_runs) traffic_.runs[run_base + runs_per_peer[p]++] = run;
   }
 }
 
@@ -547,7 +589,6 @@ void LayerSim::build_compute_model() {
   reduce_ns_ = ceil_ns(static_cast<double>(cfg_.tokens_per_rank * (cfg_.top_k + 1) * cfg_.hidden * 2) / topo_.hbm_gbps);
   dispatch_known_ns_.assign(traffic_.pieces.size(), 0);
   last_dispatch_piece_.assign(R_, LastPiece{});
-  chunk_known_.assign(static_cast<size_t>(R_) * num_chunks_, -1);
 }
 
 // Gives the initiator's comm SMs their transfers for one phase. Peers are visited in an order
@@ -1100,39 +1141,27 @@ void LayerSim::on_dst_complete(int ph, int gpu, int64_t now) {
 // by tile index), one at a time. Called when all dispatch data into `gpu` is known, so every
 // tile's ready time is final; the queue's only effect on the rest is its finish time.
 void LayerSim::run_compute_queue(int gpu, int64_t now) {
-  const int64_t T = cfg_.tokens_per_rank, C = proto_.chunk_tokens, NC = num_chunks_, TR = proto_.gemm_tile_rows;
-  // The pieces into `gpu` are exactly the (source, chunk) pairs that hold a row of one of its
-  // experts (build_traffic() made one per pair with a routed slot), so the last piece, the
-  // largest (known time, piece index) over the rows, is the largest over these pieces, which
-  // mark_known() kept.
+  // ORDER: sources ascending, then each pair's pieces (chunks ascending): the GPU's rows in
+  // ascending global token order, so each expert's runs arrive in its canonical row order
+  // (spec::build_routing_plan), which TileReady cuts into tiles as the kernel's GEMM does.
+  const int64_t first_expert = cfg_.first_expert(gpu), num_local = cfg_.experts_per_rank();
+  tile_expert_rows_.resize(static_cast<size_t>(num_local));
+  for (int64_t e = 0; e < num_local; ++e) tile_expert_rows_[e] = work_.expert_rows(first_expert + e);
+  tile_ready_.clear();
+  tiles_.begin(tile_expert_rows_.data(), static_cast<int>(num_local), proto_.gemm_tile_rows, &tile_ready_);
   for (int s = 0; s < R_; ++s) {
     const size_t pair = static_cast<size_t>(s) * R_ + gpu;
-    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
-      chunk_known_[s * NC + traffic_.pieces[i].chunk_idx] = dispatch_known_ns_[i];
-  }
-  tile_ready_.clear();
-  // Row -> (token owner, chunk) -> its piece's known time. When T is a multiple of C the (owner,
-  // chunk) index is g / C, a shift when C is a power of two (the common case; this loop visits
-  // every row).
-  const bool whole_chunks = T % C == 0;
-  const int shift = (C & (C - 1)) == 0 ? __builtin_ctzll(static_cast<uint64_t>(C)) : -1;
-  auto chunk_key = [&](int64_t g) {
-    if (whole_chunks) return shift >= 0 ? g >> shift : g / C;
-    return (g / T) * NC + (g % T) / C;
-  };
-  const int64_t e_begin = cfg_.first_expert(gpu), e_end = e_begin + cfg_.experts_per_rank();
-  for (int64_t e = e_begin; e < e_end; ++e) {
-    // ORDER: canonical rows (ascending global token, then slot) from spec::build_routing_plan;
-    // tile i holds rows [i*TR, (i+1)*TR) of that list, as in the kernel's GEMM, and is ready
-    // when its last piece is known.
-    const int64_t r0 = work_.expert_offsets[e], r1 = work_.expert_offsets[e + 1];
-    for (int64_t t0 = r0; t0 < r1; t0 += TR) {
-      const int64_t t1 = std::min(r1, t0 + TR);
-      int64_t ready = chunk_known_[chunk_key(work_.rows[t0].token_idx)];
-      for (int64_t r = t0 + 1; r < t1; ++r) ready = std::max(ready, chunk_known_[chunk_key(work_.rows[r].token_idx)]);
-      tile_ready_.emplace_back(ready, static_cast<int32_t>(tile_ready_.size()));
+    int64_t run = traffic_.pair_run_offsets[pair];
+    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i) {
+      const int64_t known = dispatch_known_ns_[i];
+      for (int64_t left = traffic_.pieces[i].slots; left > 0; ++run) {
+        const PieceRun& r = traffic_.runs[run];
+        tiles_.add(r.expert, r.rows, known);
+        left -= r.rows;
+      }
     }
   }
+  if (!tiles_.finish()) throw Error("internal: the routing's rows per expert disagree with its pieces");
   const LastPiece& last = last_dispatch_piece_[gpu];
   if (last.piece >= 0) {
     last_tile_piece_known_ns_[gpu] = last.known_ns;

@@ -67,8 +67,9 @@ What it models
   signal (fence_flag, counter, flag_in_data, barrier or peer_fence_flag), and every signal's
   cost is what its mechanism waits for: acknowledgements, flag writes, polling, atomics,
   barrier rounds, fences serialised behind earlier flags.
-  The routing comes from the spec's routing plan (mok::spec::build_routing_plan), generated
-  (uniform, power_law, hot, dirichlet, per-rank skew) or read from a topk file.
+  The routing is generated (uniform, power_law, hot, dirichlet, per-rank skew) or read from a
+  topk file; each expert's rows form GEMM tiles in the spec's routing-plan order
+  (mok::spec::build_routing_plan).
   Time is integer nanoseconds; the same inputs and seed give the same output bytes.
 
 Examples

@@ -1,5 +1,5 @@
-// The simulated workload: layer shapes plus topk_experts, turned into the spec's routing plan
-// (the same per-expert canonical row lists the kernel uses), and the routing generators.
+// The simulated workload: layer shapes plus topk_experts with each expert's row count (the
+// offsets of the spec's routing plan), and the routing generators.
 #pragma once
 
 #include <cstdint>
@@ -13,16 +13,17 @@
 
 namespace mok::sim {
 
-// Built only through from_topk() or generate_workload(), so the plan always matches topk_experts.
+// Built only through from_topk() or generate_workload(), so the offsets always match
+// topk_experts. The plan's canonical row lists are not kept: the engine cuts each expert's rows
+// into GEMM tiles straight from the routing (layer_sim.cpp), in the plan's order.
 struct Workload {
   spec::LayerConfig cfg;
   std::vector<int32_t> topk_experts;      // [G*K], global token order, -1 = empty slot
-  std::vector<int64_t> expert_offsets;    // [E+1], from spec::build_routing_plan
-  std::vector<spec::RowRef> rows;         // canonical rows, expert by expert
+  std::vector<int64_t> expert_offsets;    // [E+1], as spec::build_routing_plan's
   std::string description;
 
   // Validates cfg and routing with the spec's own checks (message names the token and slot)
-  // and builds the routing plan. This is the entry point for golden files: a reader hands over
+  // and counts each expert's rows. This is the entry point for golden files: a reader hands over
   // (cfg, topk_experts) in global token order.
   static Workload from_topk(const spec::LayerConfig& cfg, std::vector<int32_t> topk_experts,
                             std::string description);

@@ -1,4 +1,5 @@
 // mok-sim-bench: wall-clock speed of the simulator on the reference cases.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -55,19 +56,32 @@ int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns, bool f
   return 0;
 }
 
-int monte_carlo(int trials, int threads) {
+// Trials of the NVL72 layer with power-law 1.2 routing (seeds 1, 2, ...). Prints the wall time
+// and, so that exact and quantised runs can be compared from the same output, the mean and the
+// largest layer time over the trials.
+int monte_carlo(int trials, int threads, int64_t quantum_ns) {
   nlohmann::json doc = {
       {"topology", "gb200-nvl72"},
       {"layer", {{"hidden", 7168}, {"intermediate", 2048}, {"shared_intermediate", 2048},
                  {"experts_per_rank", 4}, {"top_k", 8}, {"tokens_per_rank", 8192}}},
       {"workload", {{"kind", "power_law"}, {"exponent", 1.2}, {"seed", 1}}},
+      {"engine", {{"rate_quantum_ns", quantum_ns}}},
       {"trials", trials}};
   const auto points = mok::sim::expand_sweep(doc, "bench");
   const auto t0 = std::chrono::steady_clock::now();
   const auto rows = mok::sim::run_points(points, "bench", threads);
   const double t = seconds_since(t0);
-  std::printf("monte-carlo gb200-nvl72: %d trials on %d threads: %.1f s (%.3f s per trial)\n", trials, threads, t,
-              t / trials);
+  double sum_us = 0, max_us = 0;
+  for (const auto& row : rows)
+    for (const auto& [name, v] : row.metrics)
+      if (name == "layer_us") {
+        sum_us += v;
+        max_us = std::max(max_us, v);
+      }
+  std::printf("monte-carlo gb200-nvl72: %d trials on %d threads, rate quantum %lld ns: %.1f s (%.3f s per trial; "
+              "layer mean %.3f us, max %.3f us)\n",
+              trials, threads, static_cast<long long>(quantum_ns), t, t / trials,
+              rows.empty() ? 0.0 : sum_us / static_cast<double>(rows.size()), max_us);
   return rows.size() == static_cast<size_t>(trials) ? 0 : 1;
 }
 
@@ -86,7 +100,10 @@ int main(int argc, char** argv) {
     const int n = std::atoi(what.c_str() + 5);
     return one_layer("multi-rack:" + std::to_string(n), 72 * n, quantum, full, threads);
   }
-  if (what == "mc") return monte_carlo(argc > 2 ? std::atoi(argv[2]) : 1000, argc > 3 ? std::atoi(argv[3]) : 2);
-  std::fprintf(stderr, "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS [full|THREADS]] | mc [TRIALS [THREADS]]\n");
+  if (what == "mc")
+    return monte_carlo(argc > 2 ? std::atoi(argv[2]) : 1000, argc > 3 ? std::atoi(argv[3]) : 2,
+                       argc > 4 ? std::atoll(argv[4]) : 0);
+  std::fprintf(stderr,
+               "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS [full|THREADS]] | mc [TRIALS [THREADS [RATE_QUANTUM_NS]]]\n");
   return 2;
 }

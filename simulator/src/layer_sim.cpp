@@ -31,6 +31,10 @@ const char* kPhaseName[2] = {"dispatch", "combine"};
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t ceil_ns(double x) { return static_cast<int64_t>(std::ceil(x)); }
 
+[[noreturn]] void internal_error(const std::string& what) {
+  throw Error("internal: layer engine: " + what + "; please report", ErrorKind::kInternal);
+}
+
 // Time for a flow at `rate_gbps` to deliver `need_bytes` more: at least 1 ns when anything is
 // left, 0 when nothing is; kNeverNs when the rate is so small that it would overflow.
 constexpr int64_t kNeverNs = int64_t{1} << 60;
@@ -222,6 +226,7 @@ class LayerSim {
   void on_all_known(int phase, int gpu, int64_t now);
   void on_dst_complete(int phase, int gpu, int64_t now);
   void run_compute_queue(int gpu, int64_t now);
+  void check_tiles(int gpu);
   void on_compute_done(int gpu, int64_t now);
   void on_gpu_barrier(int phase, int gpu, int64_t now);
   void run_peer_flags(int phase, int gpu, int64_t now);
@@ -477,7 +482,8 @@ void LayerSim::build_resources() {
 // Pieces from the routing: for each token owner o and chunk c, rows per peer GPU p.
 // Dispatch moves o -> p (x rows, once per token and GPU when deduplicated); combine moves p -> o
 // (y rows, once per slot unless reduced per rank). With each piece, its runs: its slots per
-// expert of p, which is all the compute queue needs of the routing (run_compute_queue()).
+// expert of p, which is all the compute queue needs of the routing (run_compute_queue()); only
+// a whole layer runs the queue, so only then are they kept.
 void LayerSim::build_traffic() {
   const int64_t T = cfg_.tokens_per_rank, K = cfg_.top_k, C = proto_.chunk_tokens;
   num_chunks_ = ceil_div(T, C);
@@ -509,8 +515,10 @@ void LayerSim::build_traffic() {
   std::vector<int64_t> per_peer(R_ + 1), runs_per_peer(R_ + 1);
   traffic_.pieces.clear();
   traffic_.pieces.reserve(static_cast<size_t>(std::min<int64_t>(cfg_.num_slots(), int64_t{R_} * R_ * num_chunks_)));
+  const bool keep_runs = proto_.phases == Phases::kLayer;
   traffic_.runs.clear();
-  traffic_.runs.reserve(static_cast<size_t>(std::min<int64_t>(cfg_.num_slots(), int64_t{R_} * num_chunks_ * E)));
+  if (keep_runs)
+    traffic_.runs.reserve(static_cast<size_t>(std::min<int64_t>(cfg_.num_slots(), int64_t{R_} * num_chunks_ * E)));
   for (int o = 0; o < R_; ++o) {
     found.clear();
     found_runs.clear();
@@ -535,7 +543,7 @@ void LayerSim::build_traffic() {
       // go to distinct experts.
       for (int64_t i = 0; i < num_touched; ++i) {
         const int32_t e = touched[i];
-        found_runs.emplace_back(rank_of[e], PieceRun{local_of[e], expert_slots[e]});
+        if (keep_runs) found_runs.emplace_back(rank_of[e], PieceRun{local_of[e], expert_slots[e]});
         slots[rank_of[e]] += expert_slots[e];
         expert_slots[e] = 0;
       }
@@ -1152,16 +1160,21 @@ void LayerSim::run_compute_queue(int gpu, int64_t now) {
   for (int s = 0; s < R_; ++s) {
     const size_t pair = static_cast<size_t>(s) * R_ + gpu;
     int64_t run = traffic_.pair_run_offsets[pair];
+    const int64_t run_end = traffic_.pair_run_offsets[pair + 1];
     for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i) {
       const int64_t known = dispatch_known_ns_[i];
-      for (int64_t left = traffic_.pieces[i].slots; left > 0; ++run) {
+      int64_t left = traffic_.pieces[i].slots;
+      for (; left > 0 && run < run_end; ++run) {
         const PieceRun& r = traffic_.runs[run];
         tiles_.add(r.expert, r.rows, known);
         left -= r.rows;
       }
+      if (left != 0) internal_error("a piece's runs do not add up to its slots");
     }
+    if (run != run_end) internal_error("a pair's runs outnumber its pieces' slots");
   }
-  if (!tiles_.finish()) throw Error("internal: the routing's rows per expert disagree with its pieces");
+  if (!tiles_.finish()) internal_error("the routing's rows per expert disagree with its pieces' runs");
+  if (opt_.check_tiles) check_tiles(gpu);
   const LastPiece& last = last_dispatch_piece_[gpu];
   if (last.piece >= 0) {
     last_tile_piece_known_ns_[gpu] = last.known_ns;
@@ -1183,6 +1196,38 @@ void LayerSim::run_compute_queue(int gpu, int64_t now) {
   }
   compute_busy_ns_[gpu] = shared_ns_ + static_cast<int64_t>(tile_ready_.size()) * tile_ns_;
   schedule(std::max(free_ns, now), kComputeDone, 0, gpu);
+}
+
+// SimOptions::check_tiles: the GPU's tiles as the canonical row lists give them, each row's known
+// time looked up through its (token owner, chunk) piece, against tile_ready_ (before sorting).
+void LayerSim::check_tiles(int gpu) {
+  const int64_t T = cfg_.tokens_per_rank, C = proto_.chunk_tokens, NC = num_chunks_, TR = proto_.gemm_tile_rows;
+  std::vector<int64_t> offsets(cfg_.num_experts + 1);
+  std::vector<spec::RowRef> rows(cfg_.num_slots());
+  spec::build_routing_plan(cfg_, work_.topk_experts.data(), spec::RoutingPlanView{offsets.data(), rows.data(), nullptr});
+  std::vector<int64_t> chunk_known(static_cast<size_t>(R_) * NC, INT64_MIN);
+  for (int s = 0; s < R_; ++s) {
+    const size_t pair = static_cast<size_t>(s) * R_ + gpu;
+    for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
+      chunk_known[s * NC + traffic_.pieces[i].chunk_idx] = dispatch_known_ns_[i];
+  }
+  std::vector<std::pair<int64_t, int32_t>> want;
+  for (int64_t e = cfg_.first_expert(gpu); e < cfg_.first_expert(gpu) + cfg_.experts_per_rank(); ++e)
+    for (int64_t r0 = offsets[e]; r0 < offsets[e + 1]; r0 += TR) {
+      int64_t ready = INT64_MIN;
+      for (int64_t r = r0; r < std::min(offsets[e + 1], r0 + TR); ++r) {
+        const int64_t g = rows[r].token_idx;
+        const int64_t known = chunk_known[(g / T) * NC + (g % T) / C];
+        if (known == INT64_MIN) internal_error("check_tiles: a routed row has no dispatch piece");
+        ready = std::max(ready, known);
+      }
+      want.emplace_back(ready, static_cast<int32_t>(want.size()));
+    }
+  std::vector<std::pair<int64_t, int32_t>> got = tile_ready_;
+  std::sort(got.begin(), got.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (got != want)
+    internal_error("check_tiles: gpu" + std::to_string(gpu) + "'s tiles differ from the routing plan's (" +
+                   std::to_string(got.size()) + " against " + std::to_string(want.size()) + " tiles)");
 }
 
 void LayerSim::on_compute_done(int gpu, int64_t now) {

@@ -1,5 +1,6 @@
 // RapidCheck properties: more bandwidth is never slower; pushing more load onto one expert is
-// never faster; a seed fixes the output; thread count does not change sweep results.
+// never faster; a seed fixes the output; thread count does not change sweep results; the
+// engine's GEMM tiles are the routing plan's.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -133,6 +134,35 @@ RC_GTEST_PROP(Properties, HbmLeftOffPathsChangesNoOutput, ()) {
   on.hbm_on_every_path = true;
   RC_ASSERT(result_to_json(simulate_layer(topo, c.work, c.proto, off), true).dump() ==
             result_to_json(simulate_layer(topo, c.work, c.proto, on), true).dump());
+}
+
+// The engine cuts each GPU's GEMM tiles from the runs build_traffic() keeps with the pieces
+// (tile_ready.hpp, walked in token order); SimOptions::check_tiles cuts them again from
+// spec::build_routing_plan's row lists and throws where rows or ready times differ. Random
+// layers: 1-8 ranks, 1-4 experts per rank, top-1 to top-4, chunks that do and do not divide the
+// tokens, tiles of 1-40 rows, empty slots, dedup on and off, push or pull, exact or quantised.
+RC_GTEST_PROP(Properties, TilesFromPieceRunsAreThePlans, ()) {
+  const int ranks = *rc::gen::inRange(1, 9);
+  const int64_t per_rank = *rc::gen::inRange<int64_t>(1, 5);
+  const int64_t k = *rc::gen::inRange<int64_t>(1, std::min<int64_t>(4, ranks * per_rank) + 1);
+  const int64_t tokens = *rc::gen::inRange<int64_t>(1, 300);
+  RoutingSpec s;
+  s.kind = *rc::gen::element(RoutingKind::kUniform, RoutingKind::kPowerLaw, RoutingKind::kHot);
+  s.exponent = 1.2;
+  s.empty_slot_fraction = *rc::gen::element(0.0, 0.1);
+  s.seed = *rc::gen::inRange<uint64_t>(1, 1u << 30);
+  const Workload w = generate_workload(layer(ranks, tokens, per_rank, k), s);
+  ProtocolConfig p;
+  p.chunk_tokens = *rc::gen::inRange<int64_t>(1, 70);
+  p.gemm_tile_rows = *rc::gen::inRange<int64_t>(1, 41);
+  p.dispatch_dedup = *rc::gen::arbitrary<bool>();
+  p.dispatch = *rc::gen::element(Direction::kPush, Direction::kPull);
+  p.comm_sms = *rc::gen::inRange(1, 8);
+  SimOptions o;
+  o.check_tiles = true;
+  o.rate_quantum_ns = *rc::gen::element<int64_t>(0, 2000);
+  const LayerResult r = simulate_layer(simple_topology(ranks), w, p, o);  // throws where tiles differ
+  RC_ASSERT(r.layer_ns > 0);
 }
 
 TEST(Properties, SweepResultsDoNotDependOnThreadCount) {

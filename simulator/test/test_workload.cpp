@@ -24,7 +24,7 @@ spec::LayerConfig small_cfg(int64_t ranks = 4, int64_t tokens = 512) {
   return cfg;
 }
 
-TEST(Workload, GeneratedRoutingIsValidAndThePlanHoldsEverySlot) {
+TEST(Workload, GeneratedRoutingIsValidAndEachExpertsRowsAreCounted) {
   for (auto kind : {RoutingKind::kUniform, RoutingKind::kPowerLaw, RoutingKind::kHot, RoutingKind::kDirichlet}) {
     RoutingSpec s;
     s.kind = kind;
@@ -43,7 +43,8 @@ TEST(Workload, GeneratedRoutingIsValidAndThePlanHoldsEverySlot) {
     // Each expert's rows are counted as the spec's routing plan counts them.
     std::vector<int64_t> offsets(w.cfg.num_experts + 1);
     std::vector<spec::RowRef> rows(w.cfg.num_slots());
-    spec::build_routing_plan(w.cfg, w.topk_experts.data(), spec::RoutingPlanView{offsets.data(), rows.data(), nullptr});
+    spec::build_routing_plan(w.cfg, w.topk_experts.data(),
+                             spec::RoutingPlanView{offsets.data(), rows.data(), nullptr});
     EXPECT_EQ(w.expert_offsets, offsets) << "kind " << static_cast<int>(kind);
   }
 }
@@ -76,9 +77,10 @@ TEST(Workload, RanksDrawnFourAtATimeMatchRanksDrawnAlone) {
 }
 
 // generate_workload(..., threads): ranks drawn on several threads and rows counted by token
-// ranges give the same routing and the same row counts, byte for byte, as one thread: every kind, with and without per-rank skew and empty slots (the
-// two drawing paths), rank counts that are and are not multiples of four (groups of four and
-// single ranks), and more threads than ranks.
+// ranges give the same routing and the same row counts, byte for byte, as one thread: every
+// kind, with and without per-rank skew and empty slots (the two drawing paths), rank counts that
+// are and are not multiples of four (groups of four and single ranks), and more threads than
+// ranks.
 RC_GTEST_PROP(WorkloadProps, ThreadsGiveTheSameWorkload, ()) {
   const int64_t ranks = *rc::gen::inRange<int64_t>(1, 12);
   const int64_t tokens = *rc::gen::inRange<int64_t>(1, 300);

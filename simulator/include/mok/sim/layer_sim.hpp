@@ -44,6 +44,11 @@ struct SimOptions {
   // saturates (the engine leaves it off then, so that rate updates walk shorter paths; that
   // changes no rate). Every output is identical.
   bool hbm_on_every_path = false;
+  // Tests: cut every GPU's GEMM tiles a second time, the plain way (spec::build_routing_plan's
+  // row lists, each row's piece looked up by its token), and stop with an internal error where
+  // the engine's tiles (from the pieces' runs) differ in rows or ready time. Slow; no output
+  // changes.
+  bool check_tiles = false;
 };
 
 // Distribution summary of integer nanoseconds (nearest-rank quantiles, exact).

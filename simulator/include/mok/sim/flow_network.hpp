@@ -132,6 +132,7 @@ class FlowNetwork {
   std::vector<int> active_;        // active flow indices (order: a function of the call sequence)
   std::vector<int> active_pos_;    // flow -> position in active_
   int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0;
+  bool last_fell_back_ = false;  // the last update_rates() ended in a full filling
   // Demand classes: the distinct demand values, ascending; the active flows of each; and a bit
   // per class that has any, so that a recompute visits demands in order without sorting.
   std::vector<int64_t> class_demand_;

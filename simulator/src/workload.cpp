@@ -18,36 +18,34 @@
 namespace mok::sim {
 
 namespace {
-// w.expert_offsets from w.topk_experts (valid; cfg validated too): each expert's routed slots,
-// as an exclusive prefix sum, which is what spec::build_routing_plan gives. The plan's row lists
-// are not built: the engine cuts tiles from per-(chunk, expert) run counts kept with its pieces
-// (layer_sim.cpp), which saves the lists' counting sort over every slot (37.7 M at 576 GPUs, 14 %
-// of an NVL72 Monte-Carlo trial); the runs take nearly as much memory there (~244 MB against the
-// lists' 302 MB). Reused storage (Monte-Carlo trials) keeps its capacity. With threads > 1
-// (generated workloads), counts per token range, summed in range order: integers, so the order
-// changes nothing.
-void count_expert_rows(Workload& w, int threads = 1) {
-  const spec::LayerConfig& cfg = w.cfg;
-  const int64_t G = cfg.num_tokens(), K = cfg.top_k, E = cfg.num_experts;
-  const int ranges = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(G, 1)));
-  const int32_t* topk = w.topk_experts.data();
-  std::vector<int64_t> counts(static_cast<size_t>(ranges) * E, 0);  // [range][expert]
-  ref::parallel_for(ranges, ranges, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      // Bounds in locals: the counters are int64_t, so the compiler would otherwise reload the
-      // captured G and K and redo the division after every increment.
-      int64_t* const count = &counts[c * E];
-      const int64_t first = G * c / ranges * K, last = G * (c + 1) / ranges * K;
-      for (int64_t i = first; i < last; ++i)
-        if (topk[i] >= 0) ++count[topk[i]];
-    }
-  });
+// Adds each expert's slots among slots[0, n) to count[] (-1: empty).
+void count_slots(const int32_t* slots, int64_t n, int32_t* count) {
+  for (int64_t i = 0; i < n; ++i)
+    if (slots[i] >= 0) ++count[slots[i]];
+}
+
+// w.expert_offsets from counts per piece of work (piece-major, E each): each expert's routed
+// slots as an exclusive prefix sum, which is what spec::build_routing_plan's offsets are. Sums of
+// integers, so their order changes nothing. The plan's row lists are not built: the engine cuts
+// tiles from per-(chunk, expert) run counts kept with its pieces (layer_sim.cpp), which saves the
+// lists' counting sort over every slot (37.7 M at 576 GPUs, 14 % of an NVL72 Monte-Carlo trial);
+// the runs take nearly as much memory there (~244 MB against the lists' 302 MB).
+void offsets_from_counts(Workload& w, const std::vector<int32_t>& counts) {
+  const int64_t E = w.cfg.num_experts;
+  const int64_t items = static_cast<int64_t>(counts.size()) / std::max<int64_t>(E, 1);
   w.expert_offsets.assign(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) {
     int64_t n = 0;
-    for (int c = 0; c < ranges; ++c) n += counts[c * E + e];
+    for (int64_t i = 0; i < items; ++i) n += counts[i * E + e];
     w.expert_offsets[e + 1] = w.expert_offsets[e] + n;
   }
+}
+
+// w.expert_offsets from w.topk_experts (valid; cfg validated too).
+void count_expert_rows(Workload& w) {
+  std::vector<int32_t> counts(static_cast<size_t>(w.cfg.num_experts), 0);
+  count_slots(w.topk_experts.data(), w.cfg.num_slots(), counts.data());
+  offsets_from_counts(w, counts);
 }
 }  // namespace
 
@@ -427,6 +425,9 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
   // dealt to threads (ref::parallel_for), each piece of work with its own taken table: the same
   // routing.
   const int workers = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(R, 1)));
+  // Each piece of work also counts its ranks' slots per expert while they are still in cache
+  // (int32: at most R*T*K < 2^31 slots); the sum gives expert_offsets.
+  std::vector<int32_t> item_counts;
   if (s.per_rank_skew == 0 && s.empty_slot_fraction == 0) {
     int64_t positive = 0;
     for (double x : p_global) positive += x > 0;
@@ -438,7 +439,9 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
     if (x4_supported() && (K & (K - 1)) == 0 && T * K < (int64_t{1} << 32)) groups = R / 4;
 #endif
     const int64_t first_scalar = 4 * groups;
-    ref::parallel_for(groups + (R - first_scalar), workers, [&](int64_t begin, int64_t end) {
+    const int64_t items = groups + (R - first_scalar);
+    item_counts.assign(static_cast<size_t>(items * E), 0);
+    ref::parallel_for(items, workers, [&](int64_t begin, int64_t end) {
       std::vector<char> taken(4 * E, 0);  // [lane][expert]; all zero between ranks
       for (int64_t i = begin; i < end; ++i) {
 #if MOK_SIM_X4
@@ -447,6 +450,7 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
           for (int lane = 0; lane < 4; ++lane)
             st[lane] = RankFill{&topk[(4 * i + lane) * T * K], T * K, 0, 0, 0, &taken[lane * E]};
           fill_ranks_x4(st, s.seed, static_cast<uint64_t>(4 * i), table, p_global, K);
+          count_slots(&topk[4 * i * T * K], 4 * T * K, &item_counts[i * E]);
           continue;
         }
 #endif
@@ -454,9 +458,11 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
         Rng rank_rng = Rng::derive(s.seed, 1 + static_cast<uint64_t>(r));
         RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
         fill_rank(st, rank_rng, table, p_global, K, 0.0);
+        count_slots(&topk[r * T * K], T * K, &item_counts[i * E]);
       }
     });
   } else {
+    item_counts.assign(static_cast<size_t>(R * E), 0);
     ref::parallel_for(R, workers, [&](int64_t begin, int64_t end) {
       std::vector<char> taken(E, 0);  // all zero between ranks
       for (int64_t r = begin; r < end; ++r) {
@@ -476,13 +482,14 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
         const AliasTable table(p);
         RankFill st{&topk[r * T * K], T * K, 0, 0, 0, taken.data()};
         fill_rank(st, rank_rng, table, p, K, s.empty_slot_fraction);
+        count_slots(&topk[r * T * K], T * K, &item_counts[r * E]);
       }
     });
   }
   // Valid by construction (K distinct experts in range per row, or -1), so the per-row check of
   // from_topk() is skipped; the workload tests run it on generated routing.
   w.description = routing_spec_to_json(s).dump();
-  count_expert_rows(w, workers);
+  offsets_from_counts(w, item_counts);
   return w;
 }
 

@@ -315,13 +315,19 @@ __attribute__((noinline)) int fill_block(RankFill& st, uint32_t* stamp, const Al
   const int64_t rank_slot_count = st.count;
   int64_t next_slot = st.next_slot;
   int rejected = st.rejected;
+  const int64_t k_mask = (int64_t{1} << k_shift) - 1;
+  // The current token's stamp, kept in a register and advanced by a branch when a token is
+  // complete (about once per K + rejections candidates, so predicted "not yet"): the loop's
+  // carried chain is then next_slot's add alone, where deriving the stamp from next_slot put a
+  // shift, an add and the compare on it. A token's first candidate is never a repeat (no stamp
+  // equals a new token's), so "the accepted candidate filled slot K-1" is the test.
+  uint32_t token = static_cast<uint32_t>(next_slot >> k_shift) + 1;
   int j = 0;
   while (j < count && next_slot < rank_slot_count) {
     const uint64_t i = idx[4 * j + lane];
     const int32_t keep = -static_cast<int32_t>(m[4 * j + lane] < cut[i]);  // as AliasTable::draw
     const int32_t c = (static_cast<int32_t>(i) & keep) | (alias[i] & ~keep);
     ++j;
-    const uint32_t token = static_cast<uint32_t>(next_slot >> k_shift) + 1;
     const int repeat = stamp[c] == token;
     rank_slots[next_slot] = c;
     stamp[c] = token;
@@ -329,6 +335,7 @@ __attribute__((noinline)) int fill_block(RankFill& st, uint32_t* stamp, const Al
     rejected = (rejected + 1) & -repeat;
     if (rejected == 64) [[unlikely]]
       break;
+    if ((next_slot & k_mask) == 0 && !repeat) ++token;
   }
   st.next_slot = next_slot;
   st.filled = next_slot & ((int64_t{1} << k_shift) - 1);

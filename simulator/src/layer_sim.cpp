@@ -31,6 +31,26 @@ const char* kPhaseName[2] = {"dispatch", "combine"};
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t ceil_ns(double x) { return static_cast<int64_t>(std::ceil(x)); }
 
+// Appends one owner o's (peer, item) pairs, found chunk-major, to `table` grouped by peer, each
+// peer's items in their found order (a stable counting sort; `per_peer` is scratch of R + 1),
+// sets pair (o, p)'s end in offsets[o * R + p + 1], and calls placed(index, peer) per item.
+template <class T, class F>
+void append_grouped_by_peer(const std::vector<std::pair<int32_t, T>>& found, int R, int o,
+                            std::vector<int64_t>& per_peer, std::vector<T>& table, std::vector<int64_t>& offsets,
+                            F&& placed) {
+  std::fill(per_peer.begin(), per_peer.end(), 0);
+  for (const auto& [p, item] : found) ++per_peer[p + 1];
+  for (int p = 0; p < R; ++p) per_peer[p + 1] += per_peer[p];
+  const int64_t base = static_cast<int64_t>(table.size());
+  for (int p = 0; p < R; ++p) offsets[static_cast<size_t>(o) * R + p + 1] = base + per_peer[p + 1];
+  table.resize(base + found.size());
+  for (const auto& [p, item] : found) {
+    const int64_t idx = base + per_peer[p]++;
+    table[idx] = item;
+    placed(idx, p);
+  }
+}
+
 [[noreturn]] void internal_error(const std::string& what) {
   throw Error("internal: layer engine: " + what + "; please report", ErrorKind::kInternal);
 }
@@ -512,7 +532,7 @@ void LayerSim::build_traffic() {
   std::vector<int32_t> expert_slots(E, 0), touched(E + 1);  // the chunk's slots per expert, experts met
   std::vector<std::pair<int32_t, Piece>> found;  // one owner's pieces, chunk-major
   std::vector<std::pair<int32_t, PieceRun>> found_runs;  // one owner's runs, chunk-major
-  std::vector<int64_t> per_peer(R_ + 1), runs_per_peer(R_ + 1);
+  std::vector<int64_t> per_peer(R_ + 1);
   traffic_.pieces.clear();
   traffic_.pieces.reserve(static_cast<size_t>(std::min<int64_t>(cfg_.num_slots(), int64_t{R_} * R_ * num_chunks_)));
   const bool keep_runs = proto_.phases == Phases::kLayer;
@@ -555,31 +575,17 @@ void LayerSim::build_traffic() {
         last_token[p] = -1;
       }
     }
-    // Regroup by peer (stable, so chunks stay ascending): pair (o, p) is one contiguous run.
-    std::fill(per_peer.begin(), per_peer.end(), 0);
-    for (const auto& [p, piece] : found) ++per_peer[p + 1];
-    for (int p = 0; p < R_; ++p) per_peer[p + 1] += per_peer[p];
-    const int64_t base = static_cast<int64_t>(traffic_.pieces.size());
-    for (int p = 0; p < R_; ++p) off[static_cast<size_t>(o) * R_ + p + 1] = base + per_peer[p + 1];
-    traffic_.pieces.resize(base + found.size());
-    for (const auto& [p, piece] : found) {
-      const int64_t idx = base + per_peer[p]++;
-      traffic_.pieces[idx] = piece;
+    // Regrouped by peer (stable, so chunks stay ascending): pair (o, p) is one contiguous run of
+    // pieces, and its runs follow its pieces' order.
+    append_grouped_by_peer(found, R_, o, per_peer, traffic_.pieces, off, [&](int64_t idx, int p) {
       for (int ph = 0; ph < 2; ++ph) {
         const int dst = ph == kDispatch ? p : o;
         traffic_.recv_payload[ph][dst] += piece_wire_bytes(ph, idx, false);
         ++traffic_.recv_pieces[ph][dst];
         if (o != p) ++traffic_.recv_remote_pieces[ph][dst];
       }
-    }
-    // The runs, regrouped the same way: pair (o, p)'s runs follow its pieces' order.
-    std::fill(runs_per_peer.begin(), runs_per_peer.end(), 0);
-    for (const auto& [p, run] : found_runs) ++runs_per_peer[p + 1];
-    for (int p = 0; p < R_; ++p) runs_per_peer[p + 1] += runs_per_peer[p];
-    const int64_t run_base = static_cast<int64_t>(traffic_.runs.size());
-    for (int p = 0; p < R_; ++p) run_off[static_cast<size_t>(o) * R_ + p + 1] = run_base + runs_per_peer[p + 1];
-    traffic_.runs.resize(run_base + found_runs.size());
-    for (const auto& [p, run] : found_runs) traffic_.runs[run_base + runs_per_peer[p]++] = run;
+    });
+    append_grouped_by_peer(found_runs, R_, o, per_peer, traffic_.runs, run_off, [](int64_t, int) {});
   }
 }
 

@@ -1181,6 +1181,10 @@ void LayerSim::run_compute_queue(int gpu, int64_t now) {
   }
   if (!tiles_.finish()) internal_error("the routing's rows per expert disagree with its pieces' runs");
   if (opt_.check_tiles) check_tiles(gpu);
+  // The pieces into `gpu` are exactly the (source, chunk) pairs that hold a row of one of its
+  // experts (build_traffic() made one per pair with a routed slot), so the last piece, the
+  // largest (known time, piece index) over the rows, is the largest over these pieces, which
+  // mark_known() kept.
   const LastPiece& last = last_dispatch_piece_[gpu];
   if (last.piece >= 0) {
     last_tile_piece_known_ns_[gpu] = last.known_ns;

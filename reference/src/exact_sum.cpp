@@ -1,6 +1,7 @@
 // Exact fixed-point accumulation of doubles with a single final round-to-nearest-even.
 #include "mok/reference/exact_sum.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -12,8 +13,16 @@ void ExactSum::add(double v) {
   if (!std::isfinite(v)) throw std::domain_error("ExactSum: non-finite term");
   int e = 0;
   const double m = std::frexp(std::fabs(v), &e);  // |v| = m * 2^e, m in [0.5, 1)
-  const uint64_t mant = static_cast<uint64_t>(std::ldexp(m, 53));  // exact 53-bit integer
-  const int lsb = e - 53;                           // |v| = mant * 2^lsb
+  uint64_t mant = static_cast<uint64_t>(std::ldexp(m, 53));  // exact 53-bit integer
+  int lsb = e - 53;                                 // |v| = mant * 2^lsb
+  if (lsb < kMinExp) {
+    // A term near the bottom of the range may have fewer significant bits than 53: what
+    // matters is its lowest set bit, not the lowest bit a full mantissa would have (e.g.
+    // (2^33 - 1) * 2^-333 is exact here although frexp puts its 53rd bit at 2^-353).
+    const int drop = std::min(__builtin_ctzll(mant), kMinExp - lsb);
+    mant >>= drop;
+    lsb += drop;
+  }
   if (lsb < kMinExp || e > kMaxExp - 64) throw std::domain_error("ExactSum: term out of range");
   const int pos = lsb - kMinExp;
   const int idx = pos / 32, shift = pos % 32;

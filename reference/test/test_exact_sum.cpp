@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 namespace {
@@ -52,6 +53,21 @@ TEST(ExactSum, CancellationKeepsTinyResidues) {
   EXPECT_EQ(t.to_double(), 1.0);
   t.add(0x1.0p-250);  // now just above halfway: rounds up
   EXPECT_EQ(t.to_double(), 1.0 + 0x1.0p-52);
+}
+
+// A term near the bottom of the range with fewer than 53 significant bits: its lowest set bit
+// decides whether it fits, not where frexp's 53rd bit would fall (found by MatchesRationalSum
+// with RC_PARAMS max_success=20000: (2^33 - 1) * 2^-333 was refused). A set bit below 2^kMinExp
+// is still refused.
+TEST(ExactSum, ShortMantissaNearTheBottomFits) {
+  const double v = std::ldexp(8589934591.0, -333);  // (2^33 - 1) * 2^-333, |v| < 2^-300
+  ExactSum s;
+  s.add(v);
+  s.add(-0x1.0p-280);
+  EXPECT_EQ(s.to_double(), round_rational(exact(v) + exact(-0x1.0p-280)));
+  EXPECT_EQ(s.to_double(), v - 0x1.0p-280);  // exact in double too: the bits span 53 places
+  ExactSum t;
+  EXPECT_THROW(t.add(std::ldexp(9007199254740991.0, -400)), std::domain_error);  // lowest bit 2^-400
 }
 
 RC_GTEST_PROP(ExactSum, MatchesRationalSum, ()) {

@@ -17,7 +17,8 @@ class ExactSum {
   static constexpr int kLimbs = 22;      // 22 * 32 = 704 bits: up to 2^352
   static constexpr int kMaxExp = kMinExp + 32 * kLimbs;
 
-  void add(double v);                    // v finite with |v| in range, else std::domain_error
+  // v finite with every set bit in [2^kMinExp, 2^(kMaxExp - 64)), else std::domain_error.
+  void add(double v);
   double to_double() const;              // the exact sum rounded once to nearest-even
   bool is_zero() const;
   // The exact sum as sign and 32-bit digits (least significant first), for tests.

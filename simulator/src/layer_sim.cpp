@@ -1214,25 +1214,21 @@ void LayerSim::check_tiles(int gpu) {
   const int64_t T = cfg_.tokens_per_rank, C = proto_.chunk_tokens, NC = num_chunks_, TR = proto_.gemm_tile_rows;
   std::vector<int64_t> offsets(cfg_.num_experts + 1);
   std::vector<spec::RowRef> rows(cfg_.num_slots());
-  spec::build_routing_plan(cfg_, work_.topk_experts.data(), spec::RoutingPlanView{offsets.data(), rows.data(), nullptr});
+  spec::build_routing_plan(cfg_, work_.topk_experts.data(),
+                           spec::RoutingPlanView{offsets.data(), rows.data(), nullptr});
   std::vector<int64_t> chunk_known(static_cast<size_t>(R_) * NC, INT64_MIN);
   for (int s = 0; s < R_; ++s) {
     const size_t pair = static_cast<size_t>(s) * R_ + gpu;
     for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
       chunk_known[s * NC + traffic_.pieces[i].chunk_idx] = dispatch_known_ns_[i];
   }
-  std::vector<std::pair<int64_t, int32_t>> want;
-  for (int64_t e = cfg_.first_expert(gpu); e < cfg_.first_expert(gpu) + cfg_.experts_per_rank(); ++e)
-    for (int64_t r0 = offsets[e]; r0 < offsets[e + 1]; r0 += TR) {
-      int64_t ready = INT64_MIN;
-      for (int64_t r = r0; r < std::min(offsets[e + 1], r0 + TR); ++r) {
-        const int64_t g = rows[r].token_idx;
-        const int64_t known = chunk_known[(g / T) * NC + (g % T) / C];
-        if (known == INT64_MIN) internal_error("check_tiles: a routed row has no dispatch piece");
-        ready = std::max(ready, known);
-      }
-      want.emplace_back(ready, static_cast<int32_t>(want.size()));
-    }
+  auto known_of = [&](int64_t g) {
+    const int64_t known = chunk_known[(g / T) * NC + (g % T) / C];
+    if (known == INT64_MIN) internal_error("check_tiles: a routed row has no dispatch piece");
+    return known;
+  };
+  const auto want = detail::tiles_from_plan(offsets.data(), rows.data(), cfg_.first_expert(gpu),
+                                            cfg_.experts_per_rank(), TR, known_of);
   std::vector<std::pair<int64_t, int32_t>> got = tile_ready_;
   std::sort(got.begin(), got.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   if (got != want)

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "mok/spec/routing_plan.hpp"
+
 namespace mok::sim::detail {
 
 // One GPU's routed tiles. Expert e's rows in canonical order (ascending global token, then slot:
@@ -19,9 +21,10 @@ namespace mok::sim::detail {
 // order as runs, a run being consecutive rows of one expert that share a known time (one token
 // chunk's rows of that expert, carried by one piece). Runs of different experts may interleave in
 // any way, so the engine can walk its pieces in token order and feed every expert at once. The
-// work is per run rather than per row (at 72 GPUs, 8192 tokens each, top-8 of 288 experts, an
-// expert's ~16 k rows come in ~4.6 k runs; at 576 GPUs runs are nearly rows), and no routing plan
-// is needed: listing the rows took a counting sort over every slot of the layer.
+// work is per run rather than per row (by our arithmetic for uniform routing: at 72 GPUs, 8192
+// tokens each, top-8 of 288 experts, an expert's 16 k rows come in ~4.5 k runs; at 576 GPUs
+// runs are nearly rows), and no routing plan is needed: listing the rows took a counting sort
+// over every slot of the layer.
 class TileReady {
  public:
   // Starts a GPU: expert_rows[e] rows for each local expert e; tiles are appended to `out` as
@@ -77,5 +80,23 @@ class TileReady {
   std::vector<State> state_;
   std::vector<std::pair<int64_t, int32_t>>* out_ = nullptr;
 };
+
+// The plain cut TileReady must equal (tests and SimOptions::check_tiles): the tiles of experts
+// [first_expert, first_expert + num_experts) straight from spec::build_routing_plan's offsets and
+// rows, as (ready ns, tile index) in tile order; known_of(global token) gives a row's known time.
+template <class KnownOf>
+std::vector<std::pair<int64_t, int32_t>> tiles_from_plan(const int64_t* offsets, const spec::RowRef* rows,
+                                                         int64_t first_expert, int64_t num_experts,
+                                                         int64_t tile_rows, KnownOf&& known_of) {
+  std::vector<std::pair<int64_t, int32_t>> out;
+  for (int64_t e = first_expert; e < first_expert + num_experts; ++e)
+    for (int64_t r0 = offsets[e]; r0 < offsets[e + 1]; r0 += tile_rows) {
+      int64_t ready = INT64_MIN;
+      for (int64_t r = r0; r < std::min(offsets[e + 1], r0 + tile_rows); ++r)
+        ready = std::max(ready, known_of(static_cast<int64_t>(rows[r].token_idx)));
+      out.emplace_back(ready, static_cast<int32_t>(out.size()));
+    }
+  return out;
+}
 
 }  // namespace mok::sim::detail

@@ -55,18 +55,10 @@ Tiles tiles_from_plan(const Layer& l, int gpu, int64_t tile_rows) {
   std::vector<int64_t> offsets(l.cfg.num_experts + 1);
   std::vector<spec::RowRef> rows(l.cfg.num_slots());
   spec::build_routing_plan(l.cfg, l.topk.data(), spec::RoutingPlanView{offsets.data(), rows.data(), nullptr});
-  Tiles out;
   const int64_t T = l.cfg.tokens_per_rank;
-  for (int64_t e = l.cfg.first_expert(gpu); e < l.cfg.first_expert(gpu) + l.cfg.experts_per_rank(); ++e)
-    for (int64_t r0 = offsets[e]; r0 < offsets[e + 1]; r0 += tile_rows) {
-      int64_t ready = INT64_MIN;
-      for (int64_t r = r0; r < std::min(offsets[e + 1], r0 + tile_rows); ++r) {
-        const int64_t g = rows[r].token_idx;
-        ready = std::max(ready, l.known[(g / T) * l.num_chunks + (g % T) / l.chunk]);
-      }
-      out.emplace_back(ready, static_cast<int32_t>(out.size()));
-    }
-  return out;
+  auto known_of = [&](int64_t g) { return l.known[(g / T) * l.num_chunks + (g % T) / l.chunk]; };
+  return detail::tiles_from_plan(offsets.data(), rows.data(), l.cfg.first_expert(gpu), l.cfg.experts_per_rank(),
+                                 tile_rows, known_of);
 }
 
 // The engine's way: token owners ascending, chunks ascending, each chunk's experts of `gpu` in a

@@ -221,7 +221,7 @@ __device__ __forceinline__ void tma_load_box(void* dst, const TensorMapBytes* ma
       : "memory");
 }
 
-// The tensor maps live in global memory (LaunchParams), rewritten by the host before every
+// The tensor maps live in global memory (LaunchParams::maps), rewritten by the host before every
 // launch: thread 0, which issues every TMA copy of its block, acquires each for the tensormap
 // proxy before first use.
 __device__ __forceinline__ void acquire_tensor_maps(const TensorMapBytes* maps, int count) {

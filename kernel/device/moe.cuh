@@ -1088,8 +1088,8 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   return true;
 }
 
-__global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const LaunchParams* params) {
-  const LaunchParams& P = *params;
+__global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_constant__ LaunchParams params) {
+  const LaunchParams& P = params;
   const Role role = my_role(P, true);
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
@@ -1515,8 +1515,8 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
   bulk_wait_all();  // this thread's bulk row copies have written before the pass ends
 }
 
-__global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const LaunchParams* params) {
-  const LaunchParams& P = *params;
+__global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_constant__ LaunchParams params) {
+  const LaunchParams& P = params;
   const Role role = my_role(P, false);
   if (role.rank == P.silent_rank) return;
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];

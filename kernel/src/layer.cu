@@ -173,7 +173,9 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   control_words_ = int64_t{L} * 8 + 1 + int64_t{L} * tile_counters + int64_t{L} * El;
   control_ = device_alloc<uint32_t>(owned_, control_words_);
   error_ = device_alloc<ErrorRecord>(owned_, 1);
-  device_params_ = device_alloc<LaunchParams>(owned_, 1);
+  host_maps_.assign(kMaxRanks, RankTensorMaps{});
+  device_maps_ = device_alloc<RankTensorMaps>(owned_, kMaxRanks);
+  P.maps = device_maps_;
   P.error = error_;
   P.abort = control_ + int64_t{L} * 8;
   if (options.trace) trace_ = device_alloc<uint64_t>(owned_, int64_t{L} * blocks_per_rank_ * kTraceSlots);
@@ -242,7 +244,7 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   host_.epoch = ++epoch_;
   // TMA maps of every operand of the fast engine.
   for (int r = first_rank_; r < first_rank_ + local_ranks_ && fast_; ++r) {
-    RankTensorMaps& m = host_.maps[r];
+    RankTensorMaps& m = host_maps_[r];
     const RankState& s = host_.state[r];
     const RankTensors& t = host_.tensors[r];
     const int64_t cap = host_.row_capacity;
@@ -261,13 +263,15 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
                       " (are the device pointers 16-byte aligned?); KernelOptions::disable_tma runs without them",
                   ErrorKind::kInternal);
   }
-  MOK_CUDA(cudaMemcpyAsync(device_params_, &host_, sizeof(LaunchParams), cudaMemcpyHostToDevice, stream));
+  // Only the maps go through device memory (the rest is the kernel parameter, copied by the launch).
+  if (fast_)
+    MOK_CUDA(cudaMemcpyAsync(device_maps_ + first_rank_, host_maps_.data() + first_rank_,
+                             sizeof(RankTensorMaps) * local_ranks_, cudaMemcpyHostToDevice, stream));
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));
   if (trace_)
     MOK_CUDA(cudaMemsetAsync(trace_, 0, int64_t{local_ranks_} * blocks_per_rank_ * kTraceSlots * sizeof(uint64_t), stream));
-  const LaunchParams* arg = device_params_;
-  void* args[] = {&arg};
+  void* args[] = {&host_};
   MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(local_ranks_ * blocks_per_rank_), dim3(device::kThreads), args,
                                        smem_bytes_, stream));
 }

@@ -50,7 +50,7 @@ class LayerCore {
 
   // Sets rank r's weights and results from the caller's global arrays (rank slices).
   void set_tensors(int r, const DeviceInputs& in, const DeviceOutputs& out, bool global_layout);
-  // Encodes the tensor maps, copies the parameters, resets counters and the error record, and
+  // Encodes and copies the tensor maps, resets counters and the error record, and
   // launches `kernel` for the local ranks on `stream`.
   void launch(const void* kernel, cudaStream_t stream);
   // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
@@ -72,8 +72,9 @@ class LayerCore {
   size_t smem_bytes_ = 0;
   uint32_t epoch_ = 0;
   std::vector<void*> owned_;
-  LaunchParams host_{};
-  LaunchParams* device_params_ = nullptr;
+  LaunchParams host_{};  // passed by value to every launch (a __grid_constant__ kernel parameter)
+  std::vector<RankTensorMaps> host_maps_;   // [kMaxRanks]: the launch's ranks' entries encoded every launch
+  RankTensorMaps* device_maps_ = nullptr;   // [kMaxRanks] in device memory: host_.maps
   uint32_t* control_ = nullptr;  // zeroed every launch: 8 counters per local rank, the abort word, each
                                  // local rank's tile counters, then each local rank's expert counts
   int64_t control_words_ = 0;

@@ -4,6 +4,7 @@
 #include "mok/spec/config.hpp"
 #include "mok/spec/routing_plan.hpp"
 
+#include <cstddef>
 #include <cstdint>
 
 namespace mok::kernel {
@@ -165,7 +166,8 @@ struct LaunchParams {
   PeerBuffers peers[kMaxRanks];
   RankState state[kMaxRanks];
   RankTensors tensors[kMaxRanks];
-  RankTensorMaps maps[kMaxRanks];
+  const RankTensorMaps* maps;     // [kMaxRanks] in device memory (only the launch's ranks written): the one
+                                  // array too large for the kernel parameter (147 KB at 72 ranks)
   int32_t fast;                   // 1: the fast engine (sm_90a, TMA maps valid, H, I, Is multiples of 64)
   int32_t system_scope;           // 1: peers are other GPUs: cross-rank signals use system-scope fences
   int32_t bulk_gather;            // 1: the forward gathers x rows by TMA bulk copies (fast engine only; same bytes)
@@ -175,6 +177,14 @@ struct LaunchParams {
   uint32_t* abort;
   uint64_t* trace;                // kTraceSlots words per block, or nullptr (no profile)
 };
+
+// The kernels take LaunchParams by value, as a __grid_constant__ parameter: its fields are read
+// through the constant cache, and the compiler may reload them at will because kernel parameters
+// are read-only (it cannot assume that of a struct in global memory behind a pointer, which the
+// item loop's stores through generic pointers could alias). CUDA 12.1+ allows 32,764 bytes of
+// parameters on sm_70 and later.
+inline constexpr size_t kMaxKernelParamBytes = 32764;
+static_assert(sizeof(LaunchParams) <= kMaxKernelParamBytes, "LaunchParams must fit in one kernel parameter");
 
 inline const char* flag_name(int32_t flag) {
   switch (flag) {

@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -263,10 +264,16 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
                       " (are the device pointers 16-byte aligned?); KernelOptions::disable_tma runs without them",
                   ErrorKind::kInternal);
   }
-  // Only the maps go through device memory (the rest is the kernel parameter, copied by the launch).
-  if (fast_)
-    MOK_CUDA(cudaMemcpyAsync(device_maps_ + first_rank_, host_maps_.data() + first_rank_,
-                             sizeof(RankTensorMaps) * local_ranks_, cudaMemcpyHostToDevice, stream));
+  // Only the maps go through device memory (the rest is the kernel parameter, copied by the launch),
+  // and only when they changed: a loop over the same tensors (mok-bench's timed passes) copies
+  // them once, so no host-to-device copy sits between its launches.
+  const size_t maps_bytes = sizeof(RankTensorMaps) * local_ranks_;
+  if (fast_ && (sent_maps_.empty() ||
+                std::memcmp(sent_maps_.data() + first_rank_, host_maps_.data() + first_rank_, maps_bytes) != 0)) {
+    MOK_CUDA(cudaMemcpyAsync(device_maps_ + first_rank_, host_maps_.data() + first_rank_, maps_bytes,
+                             cudaMemcpyHostToDevice, stream));
+    sent_maps_ = host_maps_;
+  }
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
   MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));
   if (trace_)

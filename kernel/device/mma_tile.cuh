@@ -221,8 +221,8 @@ __device__ __forceinline__ void tma_load_box(void* dst, const TensorMapBytes* ma
       : "memory");
 }
 
-// The tensor maps live in global memory (LaunchParams::maps), rewritten by the host before every
-// launch: thread 0, which issues every TMA copy of its block, acquires each for the tensormap
+// The tensor maps live in global memory (LaunchParams::maps), rewritten by the host before a
+// launch when they changed: thread 0, which issues every TMA copy of its block, acquires each for the tensormap
 // proxy before first use.
 __device__ __forceinline__ void acquire_tensor_maps(const TensorMapBytes* maps, int count) {
   if (threadIdx.x == 0)

@@ -198,7 +198,7 @@ __device__ __forceinline__ int find_slot(const int32_t* row, int64_t K, int64_t 
 // each, 32 rows 2 KiB apart per load instruction) were slower (0.17 ms).
 inline constexpr int kRowCheckRegs = 16;
 template <int kRegK, int kBatch>
-__device__ inline void plan_expert(const LaunchParams& P, const Role& role, RankState& S, int64_t e,
+__device__ inline void plan_expert(const LaunchParams& P, const Role& role, const RankState& S, int64_t e,
                                    int64_t first_row) {
   const spec::LayerConfig& c = P.cfg;
   const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_all = c.num_experts;
@@ -274,7 +274,7 @@ __device__ inline void plan_expert(const LaunchParams& P, const Role& role, Rank
 
 __device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
   const int64_t K = P.cfg.top_k, E_local = P.cfg.experts_per_rank();
-  RankState& S = const_cast<RankState&>(P.state[role.rank]);
+  const RankState& S = P.state[role.rank];  // read-only: its pointers' targets are what plan_expert writes
   for (int64_t e_local = role.block; e_local < E_local; e_local += P.blocks_per_rank) {
     const int64_t e = role.rank * E_local + e_local;
     const int64_t first_row = rows_before(S, e_local);

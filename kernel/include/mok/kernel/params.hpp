@@ -183,7 +183,7 @@ struct LaunchParams {
 // are read-only (it cannot assume that of a struct in global memory behind a pointer, which the
 // item loop's stores through generic pointers could alias). CUDA 12.1+ allows 32,764 bytes of
 // parameters on sm_70 and later.
-inline constexpr size_t kMaxKernelParamBytes = 32764;
+inline constexpr std::size_t kMaxKernelParamBytes = 32764;
 static_assert(sizeof(LaunchParams) <= kMaxKernelParamBytes, "LaunchParams must fit in one kernel parameter");
 
 inline const char* flag_name(int32_t flag) {

@@ -86,8 +86,13 @@ constexpr size_t smem_bytes_for(int cc_major, bool fast) {
 }
 
 // The block's dynamic shared memory, 1024-byte aligned (128-byte swizzle atoms need it).
+// The first 1024-byte boundary at or after raw, as raw plus an offset: pointer arithmetic on the
+// __shared__ array keeps its address space visible to the compiler, so accesses through the
+// result compile to shared-memory instructions (LDS / STS). Rounding the address as an integer
+// (as before) hid it: every access through the ring became a generic LD / ST.
 __device__ __forceinline__ uint8_t* aligned_smem(unsigned char* raw) {
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+  const uintptr_t a = reinterpret_cast<uintptr_t>(raw);
+  return raw + (((a + 1023) & ~uintptr_t{1023}) - a);  // the same address as rounding a itself
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {

@@ -594,13 +594,24 @@ void LayerSim::build_compute_model() {
   const double flops_per_ns = topo_.bf16_dense_tflops * 1e3 * topo_.gemm_efficiency *
                               static_cast<double>(topo_.num_sms - proto_.comm_sms) / topo_.num_sms;
   const double H = static_cast<double>(cfg_.hidden), I = static_cast<double>(cfg_.intermediate);
-  tile_ns_ = ceil_ns(2.0 * 3.0 * H * I * static_cast<double>(proto_.gemm_tile_rows) / flops_per_ns);
-  shared_ns_ = cfg_.has_shared()
-                   ? ceil_ns(2.0 * 3.0 * H * static_cast<double>(cfg_.shared_intermediate) *
-                             static_cast<double>(cfg_.tokens_per_rank) / flops_per_ns)
-                   : 0;
+  const double T = static_cast<double>(cfg_.tokens_per_rank);
+  const double tile = 2.0 * 3.0 * H * I * static_cast<double>(proto_.gemm_tile_rows) / flops_per_ns;
+  const double shared = cfg_.has_shared() ? 2.0 * 3.0 * H * static_cast<double>(cfg_.shared_intermediate) * T / flops_per_ns : 0.0;
   // Final combine sum on the token owner: read K slot rows and write one output row per token.
-  reduce_ns_ = ceil_ns(static_cast<double>(cfg_.tokens_per_rank * (cfg_.top_k + 1) * cfg_.hidden * 2) / topo_.hbm_gbps);
+  const double reduce = T * static_cast<double>(cfg_.top_k + 1) * H * 2.0 / topo_.hbm_gbps;
+  // Times are int64 nanoseconds. A GPU runs at most all R*T*K slots' tiles (plus a partial one
+  // per expert); a layer whose compute could take longer than 1e17 ns (~3 years) is refused
+  // rather than left to overflow.
+  const double max_tiles = std::ceil(static_cast<double>(cfg_.num_slots()) / static_cast<double>(proto_.gemm_tile_rows)) +
+                           static_cast<double>(cfg_.experts_per_rank());
+  if (!(tile * max_tiles + shared + reduce < 1e17))
+    throw Error("layer: the expert GEMMs could take over 1e17 ns (about 3 years) on one GPU (H=" + std::to_string(cfg_.hidden) +
+                ", I=" + std::to_string(cfg_.intermediate) + ", T=" + std::to_string(cfg_.tokens_per_rank) +
+                "), past what int64 nanoseconds hold; check the layer sizes and the topology's "
+                "gpu.bf16_dense_tflops and gpu.gemm_efficiency");
+  tile_ns_ = ceil_ns(tile);
+  shared_ns_ = cfg_.has_shared() ? ceil_ns(shared) : 0;
+  reduce_ns_ = ceil_ns(reduce);
   dispatch_known_ns_.assign(traffic_.pieces.size(), 0);
   last_dispatch_piece_.assign(R_, LastPiece{});
 }

@@ -1,11 +1,15 @@
 // mok-sim: the command-line front end of the simulator (run scenarios, sweeps, presets).
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "mok/cli.hpp"
 
@@ -75,7 +79,7 @@ What it models
 Examples
   mok-sim run                                   DeepSeek-V3-like layer on hgx-h200, defaults
   mok-sim run --topology gb200-nvl72 --set /protocol/dispatch=\"push\"
-  mok-sim run scenarios/push_vs_pull_skew.json --out results/
+  mok-sim run simulator/scenarios/push_vs_pull_skew_hgx_h200.json --out results/
   mok-sim run s.json --format json --trace trace.json   then open trace.json in ui.perfetto.dev
   mok-sim topology list
   mok-sim topology show gb200-nvl72
@@ -110,19 +114,115 @@ nlohmann::json default_scenario(const std::string& topology) {
   return doc;
 }
 
-// Files are written only after every run succeeded: first to a temporary name, then renamed.
+// The first ancestor of `p` that exists (p itself if it does); "." for a relative path with none.
+fs::path existing_ancestor(fs::path p) {
+  std::error_code ec;
+  while (!p.empty() && !fs::exists(fs::symlink_status(p, ec))) p = p.parent_path();
+  return p.empty() ? fs::path(".") : p;
+}
+
+// Output files are written only after every run succeeded, and all of them or none: each is
+// first written in full to a temporary name beside its target, and only when every one has been
+// written are they renamed into place (a failure removes the temporaries and the directories made
+// for them). A symbolic link is followed, so its target is replaced and the link stays; a path
+// that exists and is not a regular file (/dev/stdout, a pipe) is written to directly, last.
 struct PendingFiles {
-  std::vector<std::pair<fs::path, std::string>> files;
-  void add(fs::path p, std::string text) { files.emplace_back(std::move(p), std::move(text)); }
+  struct Item {
+    fs::path path;
+    std::string text;
+    std::string flag;  // the option that named it, for messages: "--trace", "--out"
+  };
+  std::vector<Item> items;
+  void add(fs::path p, std::string text, std::string flag) { items.push_back({std::move(p), std::move(text), std::move(flag)}); }
+
+  // Before any run: fails early on paths that cannot be written (a directory given as a file, a
+  // file given as --out, a parent that is a file, a directory without write permission).
+  static void check_file(const fs::path& p, const std::string& flag) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec))
+      throw Error(flag + " '" + p.string() + "' is a directory; give a file name, e.g. " + (p / "trace.json").string());
+    check_parent(p.has_parent_path() ? p.parent_path() : fs::path("."), flag, p);
+  }
+  static void check_dir(const fs::path& d, const std::string& flag) {
+    std::error_code ec;
+    if (fs::exists(d, ec) && !fs::is_directory(d, ec))
+      throw Error(flag + " '" + d.string() + "' exists and is not a directory; give a new or existing directory");
+    check_parent(d, flag, d);
+  }
+  static void check_parent(const fs::path& dir, const std::string& flag, const fs::path& named) {
+    std::error_code ec;
+    const fs::path base = existing_ancestor(dir);
+    if (!fs::is_directory(base, ec))
+      throw Error(flag + " '" + named.string() + "': '" + base.string() + "' is not a directory; choose another path");
+    if (::access(base.c_str(), W_OK | X_OK) != 0)
+      throw Error(flag + " '" + named.string() + "': no permission to write in '" + base.string() +
+                  "'; choose a directory you can write to");
+  }
+
   void commit() {
-    for (const auto& [path, text] : files) {
-      if (path.has_parent_path()) fs::create_directories(path.parent_path());
-      const fs::path tmp = path.string() + ".tmp";
-      std::ofstream out(tmp, std::ios::binary);
-      out << text;
+    std::vector<fs::path> made_dirs;  // created here, outermost first
+    std::vector<std::pair<fs::path, fs::path>> renames;  // (temporary, target)
+    std::vector<const Item*> direct;
+    std::vector<fs::path> targets;
+    auto undo = [&] {
+      std::error_code ec;
+      for (const auto& [tmp, target] : renames) fs::remove(tmp, ec);
+      for (auto it = made_dirs.rbegin(); it != made_dirs.rend(); ++it) fs::remove(*it, ec);  // only if empty
+    };
+    try {
+      for (const Item& item : items) {
+        std::error_code ec;
+        fs::path target = item.path;
+        for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
+          const fs::path to = fs::read_symlink(target, ec);
+          if (ec || hops == 40)
+            throw Error(item.flag + " '" + item.path.string() + "': cannot follow the link" +
+                        (ec ? ": " + ec.message() : std::string(" (a loop?)")));
+          target = to.is_absolute() ? to : target.parent_path() / to;
+        }
+        if (fs::exists(target, ec) && !fs::is_regular_file(target, ec)) {
+          if (fs::is_directory(target, ec))
+            throw Error(item.flag + " '" + item.path.string() + "' is a directory; give a file name");
+          direct.push_back(&item);  // a device or a pipe: no temporary beside it
+          targets.push_back(target);
+          continue;
+        }
+        const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+        if (!fs::exists(parent, ec)) {
+          std::vector<fs::path> missing;
+          for (fs::path d = parent; !d.empty() && !fs::exists(fs::symlink_status(d, ec)); d = d.parent_path())
+            missing.push_back(d);
+          for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+            if (!fs::create_directory(*it, ec) && ec)
+              throw Error(item.flag + " '" + item.path.string() + "': cannot create the directory '" + it->string() +
+                          "': " + ec.message());
+            made_dirs.push_back(*it);
+          }
+        }
+        const fs::path tmp = target.string() + ".mok-sim-" + std::to_string(::getpid()) + ".tmp";
+        renames.emplace_back(tmp, target);
+        std::ofstream out(tmp, std::ios::binary);
+        out << item.text;
+        out.close();
+        if (!out)
+          throw Error(item.flag + " '" + item.path.string() + "': cannot write it (" + std::strerror(errno) +
+                      "); check the directory and free space");
+      }
+      for (const auto& [tmp, target] : renames) {
+        std::error_code ec;
+        fs::rename(tmp, target, ec);
+        if (ec) throw Error("cannot move the finished file into place at '" + target.string() + "': " + ec.message());
+      }
+    } catch (...) {
+      undo();
+      throw;
+    }
+    for (size_t i = 0; i < direct.size(); ++i) {
+      std::ofstream out(targets[i], std::ios::binary);
+      out << direct[i]->text;
       out.close();
-      if (!out) throw Error("cannot write '" + tmp.string() + "'; check the directory and free space");
-      fs::rename(tmp, path);
+      if (!out)
+        throw Error(direct[i]->flag + " '" + direct[i]->path.string() + "': cannot write to it (" + std::strerror(errno) + ")");
     }
   }
 };
@@ -160,10 +260,19 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       throw Error("--set '" + s + "': " + e.what());
     }
   }
+  if (!sets.empty()) {
+    origin += " with";
+    for (const auto& s : sets) origin += " --set " + s;
+  }
   // A golden workload fixes the layer: a scenario that names one must not give a layer too
   // (--golden and the default scenario drop theirs).
   std::optional<mok::sim::Workload> golden;
-  if (doc.contains("workload") && doc["workload"].is_object() && doc["workload"].value("kind", "") == "golden") {
+  const bool golden_kind = doc.contains("workload") && doc["workload"].is_object() && doc["workload"].contains("kind") &&
+                           doc["workload"]["kind"] == "golden";
+  if (golden_kind) {
+    for (const auto& s : sets)
+      if (s.rfind("/layer", 0) == 0)
+        throw Error("--set '" + s + "': a golden workload fixes the layer (its file's config); drop this --set");
     const mok::sim::RoutingSpec spec = mok::sim::routing_spec_from_json(doc["workload"], origin);
     if (scenario_path.empty() || !golden_path.empty()) {
       doc.erase("layer");
@@ -177,6 +286,9 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   const std::vector<mok::sim::SweepPoint> points = mok::sim::expand_sweep(doc, origin);
   const mok::sim::Scenario first = mok::sim::scenario_from_json(points[0].doc, origin);
   const bool many = points.size() > 1 || first.trials > 1;
+  // Everything that can be checked before a run is checked here, so a mistake costs no time.
+  if (!trace_path.empty()) PendingFiles::check_file(trace_path, "--trace");
+  if (!out_dir.empty()) PendingFiles::check_dir(out_dir, "--out");
   PendingFiles files;
   if (!many) {
     mok::sim::RoutingSpec routing = first.routing;
@@ -220,9 +332,9 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
                           "\nworkload " + j["workload"].dump() + "\nprotocol " + j["protocol"].dump() + "\n";
       text = mok::sim::format_table(r, title);
     }
-    if (!trace_path.empty()) files.add(trace_path, mok::sim::chrome_trace_json(r));
+    if (!trace_path.empty()) files.add(trace_path, mok::sim::chrome_trace_json(r), "--trace");
     if (!out_dir.empty()) {
-      files.add(fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format)), text);
+      files.add(fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format)), text, "--out");
       files.commit();
     } else {
       files.commit();
@@ -231,21 +343,26 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     return kExitOk;
   }
   if (!trace_path.empty()) throw Error("--trace needs a single run (no sweep, trials = 1)");
+  if (format == "json")
+    throw Error("--format json prints one run's result; " + origin + " has " + std::to_string(points.size()) +
+                " sweep points x " + std::to_string(first.trials) + " trials, which print as CSV (--format csv, " +
+                "or --out DIR for runs.csv and summary.csv)");
   // Validate plot requests before running.
   const nlohmann::json plots = doc.value("plots", nlohmann::json::array());
   if (!plots.is_array()) throw Error(origin + ": \"plots\" must be a list");
   if (!plots.empty() && out_dir.empty()) throw Error(origin + " has plots: give --out DIR for the SVG files");
+  for (const auto& p : plots) mok::sim::check_plot_request(p, points, origin);
   const std::vector<mok::sim::RunRow> rows =
       mok::sim::run_points(points, origin, threads, golden ? &*golden : nullptr);
   const std::string csv = mok::sim::rows_to_csv(points, rows);
   const std::string summary = mok::sim::summary_csv(points, rows);
   for (const auto& p : plots) {
     auto [file, svg] = mok::sim::plot_from_rows(p, points, rows, origin);
-    files.add(fs::path(out_dir) / file, svg);
+    files.add(fs::path(out_dir) / file, svg, "--out");
   }
   if (!out_dir.empty()) {
-    files.add(fs::path(out_dir) / "runs.csv", csv);
-    files.add(fs::path(out_dir) / "summary.csv", summary);
+    files.add(fs::path(out_dir) / "runs.csv", csv, "--out");
+    files.add(fs::path(out_dir) / "summary.csv", summary, "--out");
     files.commit();
     std::cout << "wrote " << rows.size() << " runs of " << points.size() << " points to " << out_dir
               << " (runs.csv, summary.csv" << (plots.empty() ? "" : ", plots") << ")\n";
@@ -302,8 +419,17 @@ int main(int argc, char** argv) {
 
   app.add_subcommand("example", "Print an example scenario with a sweep and a plot");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string cmd = argv[1];
+    if (cmd != "run" && cmd != "topology" && cmd != "example") {
+      std::cerr << "mok-sim: error: unknown command '" << cmd << "'; commands: run, topology, example (mok-sim --help)\n";
+      return kExitBadInput;
+    }
+  }
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
+    if (run->parsed() && run->count("--topology") > 0 && topology.empty())
+      throw Error("--topology is empty; give a preset (mok-sim topology list), multi-rack:N or a topology file");
     if (run->parsed()) return run_command(scenario_path, topology, golden_path, sets, format, out_dir, trace_path, trace_gpus,
                                           threads, per_gpu);
     if (topo_cmd->parsed()) {
@@ -325,6 +451,11 @@ int main(int argc, char** argv) {
     return exit_code(e);
   } catch (const std::filesystem::filesystem_error& e) {
     std::cerr << "mok-sim: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const nlohmann::json::exception& e) {
+    // A value of the wrong type that no check above named.
+    std::cerr << "mok-sim: error: " << e.what() << "; a field of the scenario or topology has the wrong type "
+              << "(`mok-sim example` and `mok-sim topology show NAME` show each field's form)\n";
     return kExitBadInput;
   }
 }

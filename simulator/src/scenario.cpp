@@ -52,8 +52,12 @@ spec::LayerConfig layer_from_json(const nlohmann::json& j, const Topology& topo,
       throw Error(origin + ": give layer.num_experts or layer.experts_per_rank, not both");
     cfg.num_experts = experts_per_rank * cfg.num_ranks;
   }
+  if (cfg.num_ranks < 1) throw Error(origin + ": layer.num_ranks must be at least 1 (default: every GPU of the topology)");
   const spec::Status st = cfg.validate();
-  if (!st.ok) throw Error(origin + ": " + st.message);
+  if (!st.ok)
+    throw Error(origin + ": " + st.message +
+                " (the layer's fields by the spec's names: H hidden, I intermediate, Is shared_intermediate, "
+                "E num_experts, K top_k, R num_ranks, T tokens_per_rank)");
   return cfg;
 }
 
@@ -98,7 +102,9 @@ Topology topology_of(const nlohmann::json& j, const std::string& origin) {
 
 }  // namespace
 
-Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin) {
+namespace {
+
+Scenario parse_scenario(const nlohmann::json& doc, const std::string& origin) {
   if (!doc.is_object()) throw Error(origin + ": a scenario must be a JSON object");
   Scenario s;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
@@ -110,6 +116,7 @@ Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin
   }
   for (const char* required : {"topology", "layer"})
     if (!doc.contains(required)) throw Error(origin + ": missing \"" + std::string(required) + "\"");
+  if (doc.contains("name") && !doc["name"].is_string()) throw Error(origin + ": \"name\" must be a string");
   s.name = doc.value("name", std::string("scenario"));
   s.topo = topology_of(doc["topology"], origin);
   s.cfg = layer_from_json(doc["layer"], s.topo, origin);
@@ -122,7 +129,27 @@ Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin
       throw Error(origin + ": trials must be an integer in [1, 1000000]");
     s.trials = doc["trials"].get<int64_t>();
   }
+  if (s.cfg.num_ranks > s.topo.num_gpus())
+    throw Error(origin + ": layer.num_ranks = " + std::to_string(s.cfg.num_ranks) + " but topology '" + s.topo.name +
+                "' has only " + std::to_string(s.topo.num_gpus()) + " GPUs; lower num_ranks or pick a larger topology");
+  if (s.proto.comm_sms >= s.topo.num_sms)
+    throw Error(origin + ": protocol.comm_sms = " + std::to_string(s.proto.comm_sms) + " leaves no SM for the expert " +
+                "GEMMs on a " + std::to_string(s.topo.num_sms) + "-SM GPU; use fewer comm SMs");
+  if (s.routing.kind == RoutingKind::kHot && s.routing.num_hot > s.cfg.num_experts)
+    throw Error(origin + ": workload.num_hot = " + std::to_string(s.routing.num_hot) + " exceeds the layer's " +
+                std::to_string(s.cfg.num_experts) + " experts; lower it");
   return s;
+}
+
+}  // namespace
+
+Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin) {
+  try {
+    return parse_scenario(doc, origin);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong type that a check above did not name (e.g. "name": 5).
+    throw Error(origin + ": " + e.what() + "; a field has the wrong type (`mok-sim example` shows each field's form)");
+  }
 }
 
 std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::string& origin) {
@@ -145,6 +172,9 @@ std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::strin
       throw Error(origin + ": sweep[" + std::to_string(a) + "].path '" + path +
                   "' is not a JSON pointer (write it like /workload/exponent)");
     }
+    if (path.empty() || path[0] != '/' || path == "/")
+      throw Error(origin + ": sweep[" + std::to_string(a) + "].path '" + path +
+                  "' must name a field below the top, like /workload/exponent");
     if (path.rfind("/sweep", 0) == 0 || path.rfind("/trials", 0) == 0)
       throw Error(origin + ": sweep[" + std::to_string(a) + "].path cannot change the sweep or trials");
     std::vector<SweepPoint> next;
@@ -152,7 +182,13 @@ std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::strin
       for (const auto& v : axis["values"]) {
         SweepPoint q = p;
         q.settings.emplace_back(path, v);
-        q.doc[ptr] = v;
+        try {
+          q.doc[ptr] = v;
+        } catch (const nlohmann::json::exception& e) {
+          throw Error(origin + ": sweep[" + std::to_string(a) + "].path '" + path + "' cannot be set in this scenario (" +
+                      e.what() + "); every step but the last must name an object, so write e.g. the topology as " +
+                      "{\"preset\": \"hgx-h200\", \"overrides\": {}} to sweep /topology/overrides/...");
+        }
         next.push_back(std::move(q));
       }
     }
@@ -171,9 +207,11 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
                                const Workload* fixed_workload) {
   // Parse every point first, so a bad value stops the run before any work.
   std::vector<Scenario> scenarios;
+  std::vector<std::string> wheres;
   for (size_t i = 0; i < points.size(); ++i) {
     std::string where = origin;
     for (const auto& [path, v] : points[i].settings) where += " [" + path + "=" + v.dump() + "]";
+    wheres.push_back(where);
     scenarios.push_back(scenario_from_json(points[i].doc, where));
     if (fixed_workload != nullptr && !same_layer(scenarios.back().cfg, fixed_workload->cfg))
       throw Error(where + ": the layer differs from the workload's (" + fixed_workload->description +
@@ -188,6 +226,7 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
   std::vector<RunRow> rows(jobs.size());
   std::atomic<size_t> next{0};
   std::string first_error;
+  ErrorKind first_kind = ErrorKind::kInternal;
   std::atomic<bool> failed{false};
   auto worker = [&] {
     WorkloadBuffers buffers;  // reused by this thread's trials
@@ -202,8 +241,18 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
             fixed_workload ? *fixed_workload : generate_workload(scenarios[pi].cfg, routing, buffers);
         const LayerResult r = simulate_layer(scenarios[pi].topo, w, scenarios[pi].proto, scenarios[pi].options);
         rows[j] = RunRow{pi, trial, routing.seed, flat_metrics(r)};
+      } catch (const Error& e) {
+        if (!failed.exchange(true)) {
+          const std::string what = e.what();
+          first_error = what.rfind(wheres[pi], 0) == 0 ? what : wheres[pi] + " (trial " + std::to_string(trial) + "): " + what;
+          first_kind = e.kind();
+        }
+        return;
       } catch (const std::exception& e) {
-        if (!failed.exchange(true)) first_error = e.what();
+        if (!failed.exchange(true)) {
+          first_error = std::string("internal: ") + e.what() + "; please report";
+          first_kind = ErrorKind::kInternal;
+        }
         return;
       }
     }
@@ -213,7 +262,7 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
   for (int i = 1; i < n; ++i) threads.emplace_back(worker);
   worker();
   for (auto& t : threads) t.join();
-  if (failed) throw Error(first_error);
+  if (failed) throw Error(first_error, first_kind);
   return rows;
 }
 

@@ -107,9 +107,16 @@ std::string svg_line_plot(const std::string& title, const std::string& x_label, 
   return os.str();
 }
 
-std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, const std::vector<SweepPoint>& points,
-                                                   const std::vector<RunRow>& rows, const std::string& origin) {
-  if (!req.is_object() || !req.contains("file") || !req.contains("x") || !req.contains("y"))
+void check_plot_request(const nlohmann::json& req, const std::vector<SweepPoint>& points, const std::string& origin) {
+  const std::string known = "file, x, y, series, title";
+  if (!req.is_object()) throw Error(origin + ": each plot must be an object with " + known);
+  for (auto it = req.begin(); it != req.end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "file" && k != "x" && k != "y" && k != "series" && k != "title" && k != "notes" && k != "$comment")
+      throw Error(origin + ": plot key '" + k + "' is unknown; known: " + known);
+    if (k != "notes" && k != "$comment" && !it->is_string()) throw Error(origin + ": plot " + k + " must be a string");
+  }
+  if (!req.contains("file") || !req.contains("x") || !req.contains("y"))
     throw Error(origin + ": each plot needs \"file\", \"x\" (a sweep path) and \"y\" (a metric name)");
   const std::string file = req["file"].get<std::string>();
   const std::string x_path = req["x"].get<std::string>();
@@ -126,19 +133,39 @@ std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, co
     throw Error(origin + ": plot x '" + x_path + "' is not a sweep path of this scenario");
   if (!s_path.empty() && !setting(points[0], s_path))
     throw Error(origin + ": plot series '" + s_path + "' is not a sweep path of this scenario");
+  for (const SweepPoint& p : points)
+    if (!setting(p, x_path)->is_number()) throw Error(origin + ": plot x '" + x_path + "' must sweep numbers");
+  // The metric names are the same for every run (flat_metrics), so an empty result lists them.
+  bool found = false;
+  std::string names;
+  for (const auto& [n, v] : flat_metrics(LayerResult{})) {
+    found |= n == y_name;
+    names += " " + n;
+  }
+  if (!found) throw Error(origin + ": plot y '" + y_name + "' is not a metric; metrics:" + names);
+}
+
+std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, const std::vector<SweepPoint>& points,
+                                                   const std::vector<RunRow>& rows, const std::string& origin) {
+  check_plot_request(req, points, origin);
+  if (rows.empty()) throw Error(origin + ": a plot needs at least one run", ErrorKind::kInternal);
+  const std::string file = req["file"].get<std::string>();
+  const std::string x_path = req["x"].get<std::string>();
+  const std::string y_name = req["y"].get<std::string>();
+  const std::string s_path = req.value("series", std::string());
+  auto setting = [&](const SweepPoint& p, const std::string& path) -> const nlohmann::json* {
+    for (const auto& [k, v] : p.settings)
+      if (k == path) return &v;
+    return nullptr;
+  };
   size_t metric = SIZE_MAX;
   for (size_t m = 0; m < rows[0].metrics.size(); ++m)
     if (rows[0].metrics[m].first == y_name) metric = m;
-  if (metric == SIZE_MAX) {
-    std::string names;
-    for (const auto& [n, v] : rows[0].metrics) names += " " + n;
-    throw Error(origin + ": plot y '" + y_name + "' is not a metric; metrics:" + names);
-  }
+  if (metric == SIZE_MAX) throw Error(origin + ": plot y '" + y_name + "' is not a metric", ErrorKind::kInternal);
   std::map<std::string, std::map<double, std::pair<double, int>>> acc;  // series -> x -> (sum, n)
   for (const auto& r : rows) {
     const SweepPoint& p = points[r.point_idx];
     const nlohmann::json* xv = setting(p, x_path);
-    if (!xv->is_number()) throw Error(origin + ": plot x '" + x_path + "' must sweep numbers");
     const std::string label = s_path.empty() ? y_name : s_path + " = " + setting(p, s_path)->dump();
     auto& cell = acc[label][xv->get<double>()];
     cell.first += r.metrics[metric].second;

@@ -38,7 +38,7 @@ const std::vector<FieldDef>& field_table() {
       {"gpu.gemm_efficiency", &Topology::gemm_efficiency, 0.01, 1, "fraction of peak the expert GEMMs reach"},
       {"gpu.sm_store_gbps", &Topology::sm_store_gbps, 0.1, 1e4, "remote-store issue rate per SM (LD/ST), GB/s"},
       {"gpu.sm_tma_store_gbps", &Topology::sm_tma_store_gbps, 0.1, 1e4, "remote-store issue rate per SM (TMA), GB/s"},
-      {"gpu.sm_store_inflight_bytes", &Topology::sm_store_inflight_bytes, 0, 1e9, "unacknowledged remote writes per SM, bytes"},
+      {"gpu.sm_store_inflight_bytes", &Topology::sm_store_inflight_bytes, 1, 1e9, "unacknowledged remote writes per SM, bytes"},
       {"gpu.sm_load_inflight_bytes", &Topology::sm_load_inflight_bytes, 1, 1e9, "remote loads in flight per SM (LD/ST), bytes"},
       {"gpu.sm_tma_load_inflight_bytes", &Topology::sm_tma_load_inflight_bytes, 1, 1e9, "remote loads in flight per SM (TMA), bytes"},
       {"scale_up.gpus_per_domain", &Topology::gpus_per_domain, 1, 4096, "GPUs per NVLink domain"},
@@ -77,6 +77,10 @@ void set_field(Topology& topo, const FieldDef& def, const nlohmann::json& v, con
   if (v.is_number()) {
     x = v.get<double>();
   } else if (v.is_object() && v.contains("value") && v["value"].is_number()) {
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (it.key() != "value" && it.key() != "source" && it.key() != "notes" && it.key() != "$comment")
+        throw Error(origin + ": field '" + def.key + "': key '" + it.key() +
+                    "' is unknown; write {\"value\": number, \"source\": \"...\"}");
     x = v["value"].get<double>();
     if (v.contains("source")) {
       if (!v["source"].is_string())
@@ -134,6 +138,7 @@ Topology topology_from_json(const nlohmann::json& doc, const std::string& origin
       if (!it->is_string()) throw Error(origin + ": \"description\" must be a string");
       topo.description = it->get<std::string>();
     } else if (key == "gpu_name") {
+      if (!it->is_string()) throw Error(origin + ": \"gpu_name\" must be a string, e.g. \"H200\"");
       topo.gpu_name = it->get<std::string>();
     } else if (key == "notes" || key == "$comment") {
       continue;

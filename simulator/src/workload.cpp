@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -155,6 +156,9 @@ std::vector<double> global_popularity(const spec::LayerConfig& cfg, const Routin
 }
 
 std::vector<int32_t> read_topk_file(const spec::LayerConfig& cfg, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error("workload.topk_file '" + path + "' is a directory; give the raw int32 topk_experts file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error("workload.topk_file '" + path + "' cannot be opened; check the path");
   const auto size = static_cast<int64_t>(in.tellg());
@@ -560,7 +564,9 @@ RoutingSpec routing_spec_from_json(const nlohmann::json& doc, const std::string&
     } else if (key == "exponent") {
       s.exponent = number("exponent", 0, 10);
     } else if (key == "num_hot") {
-      s.num_hot = static_cast<int64_t>(number("num_hot", 1, 1 << 20));
+      const double n = number("num_hot", 1, 1 << 20);
+      if (n != static_cast<double>(static_cast<int64_t>(n))) throw Error(where + "num_hot must be a whole number of experts");
+      s.num_hot = static_cast<int64_t>(n);
     } else if (key == "hot_factor") {
       s.hot_factor = number("hot_factor", 1e-6, 1e9);
     } else if (key == "alpha") {

@@ -27,6 +27,12 @@ function(expect_same_bytes tag what args_a args_b)
     endif()
   endforeach()
   foreach(f run trace)
+    # Both non-empty JSON (an empty output on both sides would otherwise compare equal).
+    file(READ ${WORK}/${tag}_${f}_a.json text)
+    string(JSON kind ERROR_VARIABLE jerr TYPE "${text}")
+    if(jerr OR NOT kind STREQUAL "OBJECT")
+      message(FATAL_ERROR "${tag}: the ${f} output is not a JSON object (${jerr})")
+    endif()
     file(SHA256 ${WORK}/${tag}_${f}_a.json a)
     file(SHA256 ${WORK}/${tag}_${f}_b.json b)
     if(NOT a STREQUAL b)
@@ -43,6 +49,13 @@ expect_same_bytes(threads "a single run gave different bytes on one thread and o
 execute_process(COMMAND ${MOK_SIM} run ${SRC}/scenarios/smoke_sweep.json --out ${WORK}/sweep RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/sweep/runs.csv OR NOT EXISTS ${WORK}/sweep/smoke.svg)
   message(FATAL_ERROR "sweep scenario failed (rc ${rc})")
+endif()
+# smoke_sweep.json: 2 directions x 2 exponents x 2 trials = 8 runs, one row each, and a plot.
+file(STRINGS ${WORK}/sweep/runs.csv lines)
+list(LENGTH lines n)
+file(READ ${WORK}/sweep/smoke.svg svg)
+if(NOT n EQUAL 9 OR NOT svg MATCHES "<svg" OR NOT svg MATCHES "polyline")
+  message(FATAL_ERROR "sweep scenario: expected a header and 8 rows in runs.csv (got ${n} lines) and a plot with lines")
 endif()
 
 # Golden workload: the layer and the routing come from the shipped fixture.
@@ -83,7 +96,7 @@ endif()
 file(WRITE ${WORK}/golden_layer.json "{\"topology\": \"hgx-h200\", \"layer\": {\"hidden\": 128},
   \"workload\": {\"kind\": \"golden\", \"file\": \"${FIXTURES}/small-zipf.h5\"}}")
 execute_process(COMMAND ${MOK_SIM} run ${WORK}/golden_layer.json RESULT_VARIABLE rc ERROR_VARIABLE err)
-if(NOT rc EQUAL 2 OR NOT err MATCHES "layer")
+if(NOT rc EQUAL 2 OR NOT err MATCHES "fixes the layer; remove \"layer\"")
   message(FATAL_ERROR "golden + layer: expected exit 2 naming the layer (rc ${rc}: ${err})")
 endif()
 execute_process(COMMAND ${MOK_SIM} run --golden ${WORK}/bad.json RESULT_VARIABLE rc ERROR_VARIABLE err)
@@ -93,4 +106,52 @@ endif()
 execute_process(COMMAND ${MOK_SIM} run --set /engine/rate_quantum_ns=-1 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "rate_quantum_ns")
   message(FATAL_ERROR "bad engine.rate_quantum_ns: expected exit 2 naming it (rc ${rc}: ${err})")
+endif()
+
+# Bad input found by review (2026-12-05): each exits 2 with a message naming the field, before
+# any run, and writes nothing.
+function(expect_bad tag pattern)
+  execute_process(COMMAND ${MOK_SIM} ${ARGN} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "${pattern}")
+    message(FATAL_ERROR "${tag}: expected exit 2 and a message matching '${pattern}' (rc ${rc}: ${err})")
+  endif()
+endfunction()
+expect_bad(name_type "\"name\" must be a string" run --set /name=5)
+expect_bad(kind_type "workload.kind must be one of" run --set /workload/kind=3)
+expect_bad(sweep_through_string "sweep\\[0\\].path '/topology/overrides/x' cannot be set"
+           run --set "/sweep=[{\"path\":\"/topology/overrides/x\",\"values\":[1,2]}]")
+expect_bad(sweep_root "must name a field below the top" run --set "/sweep=[{\"path\":\"\",\"values\":[1,2]}]")
+expect_bad(zero_window "sm_store_inflight_bytes' = 0 is out of range"
+           run --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"gpu.sm_store_inflight_bytes\":0}}")
+expect_bad(comm_sms_named "with --set /protocol/comm_sms=132: protocol.comm_sms = 132 leaves no SM" run --set /protocol/comm_sms=132)
+expect_bad(hot_beyond_experts "num_hot = 100 exceeds the layer's 16 experts"
+           run --set /layer/experts_per_rank=2 --set "/workload={\"kind\":\"hot\",\"num_hot\":100}")
+expect_bad(golden_fixes_layer "a golden workload fixes the layer" run --golden ${FIXTURES}/small-zipf.h5 --set /layer/top_k=1)
+expect_bad(sweep_json "--format json prints one run's result" run ${SRC}/scenarios/smoke_sweep.json --format json)
+expect_bad(overflow "over 1e17 ns" run --set "/layer/hidden=16777216" --set "/layer/intermediate=16777216"
+           --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"gpu.bf16_dense_tflops\":1,\"gpu.gemm_efficiency\":0.01}}")
+expect_bad(unknown_command "unknown command 'bogus'" bogus)
+# A plot naming no metric is refused before the sweep runs: no --out directory appears.
+expect_bad(plot_metric "plot y 'nope' is not a metric" run ${SRC}/scenarios/smoke_sweep.json --out ${WORK}/plot_out
+           --set /plots/0/y=nope)
+expect_bad(plot_key "plot key 'serie' is unknown" run ${SRC}/scenarios/smoke_sweep.json --out ${WORK}/plot_out
+           --set /plots/0/serie=x)
+if(EXISTS ${WORK}/plot_out)
+  message(FATAL_ERROR "a refused plot left ${WORK}/plot_out behind")
+endif()
+# Output paths: a directory as --trace, a file in --out's way (no trace written either), and a
+# trace through a symbolic link (the link stays, its target gets the trace).
+set(tiny --set /layer/tokens_per_rank=64)
+file(MAKE_DIRECTORY ${WORK}/trace_dir)
+expect_bad(trace_dir "--trace '.*trace_dir' is a directory" run ${tiny} --trace ${WORK}/trace_dir)
+file(WRITE ${WORK}/in_the_way "x")
+expect_bad(out_blocked "--out '.*in_the_way/x': '.*in_the_way' is not a directory"
+           run ${tiny} --trace ${WORK}/blocked_trace.json --out ${WORK}/in_the_way/x)
+if(EXISTS ${WORK}/blocked_trace.json)
+  message(FATAL_ERROR "a refused --out left the trace ${WORK}/blocked_trace.json behind")
+endif()
+file(CREATE_LINK linked_target.json ${WORK}/trace_link.json SYMBOLIC)
+execute_process(COMMAND ${MOK_SIM} run ${tiny} --trace ${WORK}/trace_link.json RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT IS_SYMLINK ${WORK}/trace_link.json OR NOT EXISTS ${WORK}/linked_target.json)
+  message(FATAL_ERROR "--trace through a link: expected the link kept and its target written (rc ${rc})")
 endif()

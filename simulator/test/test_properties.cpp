@@ -22,6 +22,7 @@ struct Case {
   int ranks;
   Workload work;
   ProtocolConfig proto;
+  RoutingSpec spec;  // what generated `work`
 };
 
 rc::Gen<Case> gen_case(Phases phases) {
@@ -32,7 +33,7 @@ rc::Gen<Case> gen_case(Phases phases) {
     s.kind = RoutingKind::kPowerLaw;
     s.exponent = *rc::gen::element(0.0, 0.8, 1.2, 1.5);
     s.seed = *rc::gen::inRange<uint64_t>(1, 1u << 30);
-    Case c{ranks, generate_workload(layer(ranks, tokens, 2, 2), s), {}};
+    Case c{ranks, generate_workload(layer(ranks, tokens, 2, 2), s), {}, s};
     c.proto.phases = phases;
     c.proto.dispatch = *rc::gen::element(Direction::kPush, Direction::kPull);
     c.proto.combine = *rc::gen::element(Direction::kPush, Direction::kPull);
@@ -100,6 +101,7 @@ RC_GTEST_PROP(Properties, PushingMoreLoadOntoOneExpertIsNeverFaster, ()) {
     for (int k = 0; k < cfg.top_k; ++k) reaches_hot_gpu |= row[k] >= 0 && cfg.owner_rank(row[k]) == hot_gpu;
     if (!reaches_hot_gpu) row[*rc::gen::inRange<int>(0, static_cast<int>(cfg.top_k))] = static_cast<int32_t>(hot);
   }
+  RC_PRE(topk != base.topk_experts);  // at least one slot moved (else the property is trivially true)
   const Workload moved = Workload::from_topk(cfg, topk, "moved");
   const LayerResult b = simulate_layer(topo, moved, p);
   // Integer-nanosecond milestones round each rate change up by < 1 ns, so two different
@@ -108,11 +110,17 @@ RC_GTEST_PROP(Properties, PushingMoreLoadOntoOneExpertIsNeverFaster, ()) {
 }
 
 RC_GTEST_PROP(Properties, ASeedFixesTheOutput, ()) {
+  // The workload is drawn again from the same spec and seed: the same routing and the same bytes
+  // of output; another seed draws another routing.
   const Case c = *gen_case(Phases::kLayer);
   const Topology topo = simple_topology(c.ranks);
-  const Workload again = Workload::from_topk(c.work.cfg, c.work.topk_experts, "again");
+  const Workload again = generate_workload(c.work.cfg, c.spec);
+  RC_ASSERT(again.topk_experts == c.work.topk_experts);
   RC_ASSERT(result_to_json(simulate_layer(topo, c.work, c.proto), true).dump() ==
             result_to_json(simulate_layer(topo, again, c.proto), true).dump());
+  RoutingSpec other = c.spec;
+  other.seed = c.spec.seed + 1;
+  RC_ASSERT(generate_workload(c.work.cfg, other).topk_experts != c.work.topk_experts);
 }
 
 // The engine leaves a GPU's HBM off remote flows' paths where it provably never saturates

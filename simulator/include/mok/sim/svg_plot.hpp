@@ -22,6 +22,9 @@ std::string svg_line_plot(const std::string& title, const std::string& x_label, 
 // A plot request from a scenario's "plots" list: {"file": "a.svg", "x": "/workload/exponent",
 // "y": "dispatch_nvlink_util", "series": "/protocol/dispatch", "title": "..."}; y is a metric
 // name (mean over trials), x and series are sweep paths. Returns the file name and SVG text.
+// Checks a plot request against the sweep before anything runs (keys, types, sweep paths, the
+// metric name); plot_from_rows() checks it again.
+void check_plot_request(const nlohmann::json& request, const std::vector<SweepPoint>& points, const std::string& origin);
 std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& request, const std::vector<SweepPoint>& points,
                                                    const std::vector<RunRow>& rows, const std::string& origin);
 

@@ -7,7 +7,9 @@
 
 #include "mok/cli.hpp"
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -36,7 +38,8 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  mok-golden --preset tiny --seed 1 -o tiny.h5\n"
       "  mok-golden --preset small --routing zipf:1.2 --empty-slots 0.05 --seed 7 -o small-zipf.h5\n"
-      "  mok-golden --H 256 --I 64 --Is 0 --E 16 --K 4 --R 2 --T 64 --routing hot:2 -o custom.h5",
+      "  mok-golden --H 256 --I 64 --Is 0 --E 16 --K 4 --R 2 --T 64 --routing hot:2 -o custom.h5\n\n"
+      "Exit codes: 0 written, 2 bad input or usage (nothing written).",
       "mok-golden"};
   app.set_version_flag("--version", std::string("mok-golden 0.1.0 ") + mok::ref::kGeneratorVersion);
   std::string preset = "tiny", routing = "uniform", out;
@@ -46,27 +49,52 @@ int main(int argc, char** argv) {
   bool no_intermediates = false, no_bounds = false, forward_only = false;
   int64_t H = -1, I = -1, Is = -1, E = -1, K = -1, R = -1, T = -1;  // -1: take the preset's
   app.add_option("--preset,-p", preset, preset_help)->capture_default_str();
-  app.add_option("--H", H, "hidden size (overrides the preset)");
-  app.add_option("--I", I, "routed expert intermediate size");
-  app.add_option("--Is", Is, "shared expert intermediate size (0 = no shared expert)");
-  app.add_option("--E", E, "number of experts (a multiple of R)");
-  app.add_option("--K", K, "experts per token (top-k)");
-  app.add_option("--R", R, "ranks (the expert placement: E/R contiguous experts per rank)");
-  app.add_option("--T", T, "tokens per rank");
+  const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
+  app.add_option("--H", H, "hidden size (overrides the preset)")->check(positive);
+  app.add_option("--I", I, "routed expert intermediate size")->check(positive);
+  app.add_option("--Is", Is, "shared expert intermediate size (0 = no shared expert)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--E", E, "number of experts (a multiple of R)")->check(positive);
+  app.add_option("--K", K, "experts per token (top-k)")->check(positive);
+  app.add_option("--R", R, "ranks (the expert placement: E/R contiguous experts per rank)")->check(positive);
+  app.add_option("--T", T, "tokens per rank")->check(positive);
   app.add_option("--routing", routing,
                  "expert choice: uniform | zipf:S (popularity ~ 1/rank^S, e.g. zipf:1.2) | hot:N[:F] "
                  "(N hot experts, each F times as likely, default F=16)")
       ->capture_default_str();
-  app.add_option("--rank-skew", rank_skew, "probability that a slot picks among its own rank's experts")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--empty-slots", empty, "probability that a slot is empty (-1)")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--seed,-s", seed, "random seed")->capture_default_str();
-  app.add_option("--threads,-j", threads, "CPU threads (0 = all cores); the file does not depend on it");
+  // A probability: CLI::Range alone lets NaN through (every comparison with it is false).
+  const CLI::Validator probability(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !(x >= 0.0 && x <= 1.0))
+          return "'" + text + "' is not a probability (a number from 0 to 1)";
+        return {};
+      },
+      "FLOAT in [0, 1]");
+  app.add_option("--rank-skew", rank_skew, "probability that a slot picks among its own rank's experts")->check(probability);
+  app.add_option("--empty-slots", empty, "probability that a slot is empty (-1)")->check(probability);
+  // Digits only, at most 2^64 - 1: "-1" or an overflowing number would otherwise wrap or clamp
+  // to another seed.
+  const CLI::Validator seed_check(
+      [](std::string& text) -> std::string {
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+          return "'" + text + "' is not a seed (a whole number from 0 to 18446744073709551615)";
+        errno = 0;
+        std::strtoull(text.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "'" + text + "' is above 18446744073709551615, the largest seed";
+        return {};
+      },
+      "UINT64");
+  app.add_option("--seed,-s", seed, "random seed")->capture_default_str()->check(seed_check);
+  app.add_option("--threads,-j", threads, "CPU threads (0 = all cores); the file does not depend on it")
+      ->check(CLI::Range(0, 4096));
   app.add_flag("--forward-only", forward_only, "no d_output, grads or backward intermediates");
   app.add_flag("--no-intermediates", no_intermediates, "leave out /intermediates (smaller file)");
   app.add_flag("--no-bounds", no_bounds, "leave out /bounds (skips the oracle)");
   app.add_option("--output,-o", out, "output file (written atomically)")->required();
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
+    mok::ref::check_output_path(out);  // before the work, which can take minutes
     mok::spec::LayerConfig cfg = mok::ref::preset_config(preset);
     if (H != -1) cfg.hidden = H;
     if (I != -1) cfg.intermediate = I;

@@ -9,6 +9,8 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -751,20 +753,86 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
   if (options.check_values) check_values(ctx, golden);
 }
 
+std::string check_output_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw Error("the output path is empty; give a file name such as case.h5");
+  std::error_code ec;
+  fs::path target = path;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
+    const fs::path to = fs::read_symlink(target, ec);
+    if (ec || hops == 40) throw Error(path + ": cannot follow the symbolic link" + (ec ? ": " + ec.message() : " (a loop?)"));
+    target = to.is_absolute() ? to : target.parent_path() / to;
+  }
+  const fs::file_status st = fs::status(target, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    throw Error(path + (fs::is_directory(st) ? ": is a directory; give the path of a file to write, e.g. " +
+                                                   (fs::path(path) / "case.h5").string()
+                                             : std::string(": is not a regular file (a device or a pipe); give the path "
+                                                           "of a file to write")));
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec))
+    throw Error(path + ": the directory '" + dir.string() + "' does not exist; create it first");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw Error(path + ": no permission to write in '" + dir.string() + "'; choose a directory you can write to");
+  return target.string();
+}
+
+namespace {
+
+// The temporary file being written, for the signal handlers below (a fixed buffer: a handler
+// may only call async-signal-safe functions such as unlink).
+char g_tmp_path[4096];
+volatile sig_atomic_t g_tmp_live = 0;
+
+extern "C" void remove_tmp_and_reraise(int sig) {
+  if (g_tmp_live) ::unlink(g_tmp_path);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+// Installs the handlers for the lifetime of a write and restores the previous ones.
+class TmpFileGuard {
+ public:
+  explicit TmpFileGuard(const std::string& tmp) {
+    const size_t n = std::min(tmp.size(), sizeof g_tmp_path - 1);
+    std::memcpy(g_tmp_path, tmp.data(), n);
+    g_tmp_path[n] = '\0';
+    g_tmp_live = 1;
+    struct sigaction sa {};
+    sa.sa_handler = remove_tmp_and_reraise;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~TmpFileGuard() {
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    g_tmp_live = 0;
+  }
+  TmpFileGuard(const TmpFileGuard&) = delete;
+  TmpFileGuard& operator=(const TmpFileGuard&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+};
+
+}  // namespace
+
 void write_golden(const std::string& path, const Golden& golden) {
   // Structure only: a writer may record non-finite or badly routed inputs (the reader flags them).
   ReadOptions structure_only;
   structure_only.check_values = false;
   validate_golden(golden, path, structure_only);
 
+  const std::string target = check_output_path(path);
   const SilenceHdf5 silence;
   const Context ctx(path);
-  const std::string tmp_path = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
+  const std::string tmp_path = target + ".tmp." + std::to_string(static_cast<long>(::getpid()));
+  const TmpFileGuard guard(tmp_path);
   try {
     write_file(ctx, tmp_path, golden);
     std::error_code ec;
-    std::filesystem::rename(tmp_path, path, ec);
-    if (ec) ctx.fail("", "cannot move " + tmp_path + " into place: " + ec.message());
+    std::filesystem::rename(tmp_path, target, ec);
+    if (ec) ctx.fail("", "cannot move the finished file into place: " + ec.message());
   } catch (...) {
     std::error_code ignored;
     std::filesystem::remove(tmp_path, ignored);

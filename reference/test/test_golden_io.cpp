@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <rapidcheck/gtest.h>
+#include <csignal>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -347,19 +348,31 @@ TEST(GoldenIo, WriterRejectsStructuralErrorsAndLeavesNoFile) {
 TEST(GoldenIo, FailedWriteRemovesTheTemporaryFile) {
   const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 6);
   ScratchDir dir;
-  // The final rename fails (the target is a folder): the temporary file must go away.
+  // The target is a folder: refused before anything is written, and named.
   fs::create_directory(dir.file("taken.h5"));
   fs::create_directory(dir.file("taken.h5/child"));
-  EXPECT_THROW(write_golden(dir.file("taken.h5"), golden), mok::Error);
+  try {
+    write_golden(dir.file("taken.h5"), golden);
+    FAIL() << "write over a folder succeeded";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("taken.h5: is a directory"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
-  // H5Fcreate fails (no such folder).
+  // No such folder: named, with the fix.
   try {
     write_golden(dir.file("missing/a.h5"), golden);
     FAIL() << "write into a missing folder succeeded";
   } catch (const mok::Error& e) {
     EXPECT_NE(std::string(e.what()).find("missing/a.h5"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("H5Fcreate"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not exist; create it first"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(write_golden("", golden), mok::Error);
+  EXPECT_THROW(check_output_path("/dev/null"), mok::Error);  // a device is never replaced by a file
+  // A link is followed: its target is written and the link stays.
+  fs::create_symlink("linked.h5", dir.file("link.h5"));
+  write_golden(dir.file("link.h5"), golden);
+  EXPECT_TRUE(fs::is_symlink(dir.file("link.h5")));
+  EXPECT_TRUE(fs::is_regular_file(dir.file("linked.h5")));
   // A failed overwrite leaves the previous file intact.
   write_golden(dir.file("ok.h5"), golden);
   const std::string before = read_bytes(dir.file("ok.h5"));
@@ -367,6 +380,28 @@ TEST(GoldenIo, FailedWriteRemovesTheTemporaryFile) {
   at(bad.tensors, "inputs/x") = Tensor(DType::kF32, {2, 16});
   EXPECT_THROW(write_golden(dir.file("ok.h5"), bad), mok::Error);
   EXPECT_TRUE(before == read_bytes(dir.file("ok.h5")));
+}
+
+// A write stopped by SIGTERM leaves no temporary file: a child process writes the file over
+// and over (nearly all of its time is spent inside write_golden) until the signal ends it.
+TEST(GoldenIo, SignalDuringWriteLeavesNoTemporaryFile) {
+  const Golden golden = test::make_random_golden(make_config(256, 128, 128, 8, 4, 1, 256), 7);
+  ScratchDir dir;
+  const std::string target = dir.file("signalled.h5");
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      for (;;) write_golden(target, golden);
+    }
+    ::usleep(static_cast<useconds_t>(30000 + 20000 * attempt));
+    ::kill(child, SIGTERM);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "the child should die of the signal";
+    for (const auto& e : fs::directory_iterator(dir.path()))
+      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+  }
 }
 
 TEST(GoldenIo, MissingFileIsBadInput) {

@@ -78,6 +78,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.criterion = Criterion::kBitwise;
     co.check_bounds = options.check_bounds;
     co.sample = options.sample;
+    co.golden_name = options.golden_name;
     return compare(golden, candidate, co);
   };
   if (backend == Backend::kEmulate) {
@@ -122,6 +123,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     CompareOptions co;
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;
+    co.golden_name = options.golden_name + " (bounds computed now by the oracle)";
     report = compare(judged, candidate, co);
   } else {
 #if defined(MOK_HAVE_CUDA_KERNEL)

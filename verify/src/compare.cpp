@@ -1,6 +1,7 @@
 // Comparison of candidate tensors with a golden, in stage order, and the table/JSON reports.
 #include "mok/verify/compare.hpp"
 
+#include "mok/reference/error.hpp"
 #include "mok/reference/schema.hpp"
 
 #include <nlohmann/json.hpp>
@@ -99,6 +100,8 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
       tr.passed = false;
       tr.worst_location = "dtype/shape differ: golden " + std::string(ref::dtype_name(want.dtype())) +
                           want.shape_string() + ", candidate " + ref::dtype_name(got.dtype()) + got.shape_string();
+      if (report.first_bad_stage.empty()) report.first_bad_stage = path + ": " + tr.worst_location;
+      report.passed = false;
       report.tensors.push_back(tr);
       continue;
     }
@@ -112,6 +115,9 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
         exact = &e->second;
         bound = &b->second;
         tr.has_bounds = true;
+        if (exact->numel() != want.numel() || bound->numel() != want.numel())
+          throw Error(options.golden_name + ": " + ref::bound_exact_path(path) + " and " + ref::bound_radius_path(path) +
+                      " must have the shape of " + path + "; regenerate the golden's bounds (mok-golden)");
       }
     }
     for (int64_t i = 0; i < want.numel(); ++i) {
@@ -127,8 +133,17 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
       if (exact) {
         const double r = bound->value_at(i);
         if (std::isnan(r)) continue;  // the oracle did not sample this element
+        const double x = exact->value_at(i);
+        if (!(r >= 0) || std::isinf(r) || !std::isfinite(x)) {
+          std::ostringstream os;
+          os << options.golden_name << ": " << (std::isfinite(x) ? ref::bound_radius_path(path) : ref::bound_exact_path(path))
+             << " at " << ref::locate(s, golden.cfg, i, topk) << " is " << (std::isfinite(x) ? r : x)
+             << "; a radius must be a finite number >= 0 (NaN: not sampled) and an exact value finite. "
+             << "Regenerate the golden's bounds with mok-golden";
+          throw Error(os.str());
+        }
         ++tr.bound_checked;
-        const double err = std::fabs(got.value_at(i) - exact->value_at(i));
+        const double err = std::fabs(got.value_at(i) - x);
         const double ratio = err == 0 ? 0.0 : (r > 0 ? err / r : INFINITY);
         if (!(err <= r)) ++tr.outside_bound;
         if (ratio > tr.worst_bound_ratio || std::isnan(err)) {
@@ -145,9 +160,27 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
     if (options.criterion == Criterion::kBitwise) tr.passed = tr.equal == tr.compared;
     if (tr.has_bounds && tr.outside_bound > 0) tr.passed = false;
     if (options.criterion == Criterion::kWithinBounds && !tr.has_bounds && checked_tensor) tr.passed = false;
+    // Bounds that check nothing (every radius NaN, "not sampled") cannot pass a bounds criterion.
+    if (options.criterion == Criterion::kWithinBounds && tr.has_bounds && tr.compared > 0 && tr.bound_checked == 0) {
+      tr.passed = false;
+      tr.worst_bound_location = "no element has a radius (all NaN)";
+    }
     if (!tr.passed && report.first_bad_stage.empty())
       report.first_bad_stage = path + (tr.worst_location.empty() ? "" : " at " + tr.worst_location);
     report.passed = report.passed && tr.passed;
+    report.tensors.push_back(tr);
+  }
+  // Every output and gradient the golden holds must be in the candidate (intermediates need not:
+  // the CUDA kernel returns none).
+  for (const auto& [path, tensor] : golden.tensors) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    if (!s || (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad) || candidate.count(path)) continue;
+    TensorReport tr;
+    tr.path = path;
+    tr.passed = false;
+    tr.worst_location = "missing from the candidate";
+    if (report.first_bad_stage.empty()) report.first_bad_stage = path + ": missing from the candidate";
+    report.passed = false;
     report.tensors.push_back(tr);
   }
   if (paths.empty()) {

@@ -68,10 +68,14 @@ int main(int argc, char** argv) {
                   "emulate: CPU emulator, bitwise; oracle: exact values and error radii; cuda: the GPU "
                   "kernel; auto: cuda when built and a GPU is present, else emulate")
       ->capture_default_str();
-  run->add_option("--threads,-j", threads, "CPU threads (0 = all cores); results never depend on it")->capture_default_str();
+  run->add_option("--threads,-j", threads, "CPU threads (0 = all cores); results never depend on it")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   run->add_option("--sample-tokens", sample_tokens,
-                  "check only this many tokens (at least one per expert) of the per-token tensors");
-  run->add_option("--sample-cols", sample_cols, "check only this many I and Is columns of every weight gradient");
+                  "check only this many tokens (at least one per expert) of the per-token tensors")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  run->add_option("--sample-cols", sample_cols, "check only this many I and Is columns of every weight gradient")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   run->add_option("--sample-seed", sample_seed, "seed for choosing the sample")->capture_default_str();
   run->add_flag("--full", full, "check every element even when the case is large (default: sample above ~4e9 multiply-adds)");
   run->add_flag("--no-bounds", no_bounds, "skip the per-element error-bound check");
@@ -97,18 +101,33 @@ int main(int argc, char** argv) {
   det->add_option("FILE", file, "golden or input file (only /inputs is used)")->required();
   det->add_option("--runs,-n", runs, "runs of each configuration")->capture_default_str()->check(CLI::Range(1, 100000));
   det->add_option("--ranks", ranks, "virtual rank counts R (each must divide E and the minibatch)")
-      ->delimiter(',')->capture_default_str();
-  det->add_option("--comm-sms", comm, "communication blocks per rank (the rest compute)")->delimiter(',')->capture_default_str();
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 4096));
+  det->add_option("--comm-sms", comm, "communication blocks per rank (the rest compute)")
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 4096));
   det->add_option("--minibatch", minibatch,
                   "tokens per pass (default: the whole batch); per-token results must not change")
-      ->delimiter(',');
+      ->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   det->add_option("--seed", det_seed, "shuffles the order in which configurations run")->capture_default_str();
   det->add_option("--transport", transport, "virtual (ranks on one GPU) or nccl (one GPU per rank)")
       ->check(CLI::IsMember({"virtual", "nccl"}))
       ->capture_default_str();
   det->add_flag("--json", json, "machine-readable summary on stdout");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string cmd = argv[1];
+    if (cmd != "run" && cmd != "compare" && cmd != "determinism") {
+      std::fprintf(stderr, "mok-verify: unknown command '%s'; commands: run, compare, determinism (mok-verify --help)\n",
+                   cmd.c_str());
+      return kExitBadInput;
+    }
+  }
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
+  // The golden's layer output is what every check is about: a file without it is not a golden.
+  auto require_output = [](const mok::ref::Golden& g, const std::string& path) {
+    if (!g.tensors.count("outputs/output"))
+      throw mok::Error(path + ": dataset /outputs/output is missing; a golden holds the layer's output "
+                       "(regenerate the file with mok-golden)");
+  };
 
   auto progress = [&](const std::string& line) { std::fprintf(stderr, "mok-verify: %s\n", line.c_str()); };
   try {
@@ -148,6 +167,9 @@ int main(int argc, char** argv) {
     }
     if (*run) {
       const mok::verify::Backend b = mok::verify::parse_backend(backend);
+      if (run->count("--transport") > 0 && b != mok::verify::Backend::kCuda && b != mok::verify::Backend::kAuto)
+        throw mok::Error("--transport chooses how the cuda backend's ranks talk; backend " + backend +
+                         " has no transport: drop --transport or use --backend cuda");
       if (b == mok::verify::Backend::kCuda) {
         std::string why;
         if (!mok::verify::cuda_available(&why)) {
@@ -159,6 +181,7 @@ int main(int argc, char** argv) {
         throw mok::Error("--full and --sample-tokens/--sample-cols exclude each other");
       progress("reading " + file);
       const mok::ref::Golden golden = mok::ref::read_golden(file);
+      require_output(golden, file);
       std::optional<mok::ref::Sample> sample;
       const bool big = estimated_macs(golden.cfg) > kFullRunMacLimit;
       if (sample_tokens > 0 || sample_cols > 0 || (big && !full)) {
@@ -176,6 +199,7 @@ int main(int argc, char** argv) {
       ro.check_bounds = !no_bounds;
       ro.transport = transport;
       ro.progress = progress;
+      ro.golden_name = file;
       mok::verify::Report report = mok::verify::run_backend(golden, ro);
       report.golden_path = file;
       return finish(report, json);
@@ -183,17 +207,32 @@ int main(int argc, char** argv) {
     // compare
     const auto t0 = std::chrono::steady_clock::now();
     const mok::ref::Golden golden = mok::ref::read_golden(golden_path);
+    require_output(golden, golden_path);
     mok::ref::ReadOptions candidate_options;
     candidate_options.require_inputs = false;
     const mok::ref::Golden candidate = mok::ref::read_golden(candidate_path, candidate_options);
-    if (candidate.cfg.hidden != golden.cfg.hidden || candidate.cfg.intermediate != golden.cfg.intermediate ||
-        candidate.cfg.shared_intermediate != golden.cfg.shared_intermediate ||
-        candidate.cfg.num_experts != golden.cfg.num_experts || candidate.cfg.top_k != golden.cfg.top_k ||
-        candidate.cfg.num_tokens() != golden.cfg.num_tokens())
-      throw mok::Error(candidate_path + ": its /config (H, I, Is, E, K, R*T) differs from " + golden_path +
-                       "'s; compare files of the same case");
+    {
+      // Files of one case: the same layer. R may differ (the same tokens split otherwise); tensors
+      // whose shape depends on R then fail as shape differences.
+      const auto& c = candidate.cfg;
+      const auto& g = golden.cfg;
+      std::string diff;
+      auto field = [&](const char* name, int64_t cv, int64_t gv) {
+        if (cv != gv) diff += std::string(diff.empty() ? "" : ", ") + name + " " + std::to_string(cv) + " (golden " + std::to_string(gv) + ")";
+      };
+      field("H", c.hidden, g.hidden);
+      field("I", c.intermediate, g.intermediate);
+      field("Is", c.shared_intermediate, g.shared_intermediate);
+      field("E", c.num_experts, g.num_experts);
+      field("K", c.top_k, g.top_k);
+      field("R*T", c.num_tokens(), g.num_tokens());
+      if (!diff.empty())
+        throw mok::Error(candidate_path + ": its /config differs from " + golden_path + "'s: " + diff +
+                         "; compare files of the same case");
+    }
     mok::verify::CompareOptions co;
     co.criterion = criterion == "bounds" ? mok::verify::Criterion::kWithinBounds : mok::verify::Criterion::kBitwise;
+    co.golden_name = golden_path;
     mok::verify::Report report = mok::verify::compare(golden, candidate.tensors, co);
     report.golden_path = golden_path;
     report.backend = "file " + candidate_path;

@@ -1,6 +1,7 @@
 // mok-verify as users run it: exit codes 0/1/2/3, one clear message for every malformed file.
 #include "malformed.hpp"
 #include "mok/reference/emulate.hpp"
+#include "mok/reference/error.hpp"
 #include "mok/reference/generate.hpp"
 #include "mok/reference/golden.hpp"
 #include "mok/reference/oracle.hpp"
@@ -106,7 +107,49 @@ TEST_F(CliTest, OutputOutsideItsBoundFailsTheOracleCheck) {
   ref::write_golden(path, bad);
   const CliRun r = run_cli("run " + path + " --backend oracle");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_NE(r.out.find("outputs/output"), std::string::npos);
+  // The report lists every tensor by path; the verdict is the failing-stage line.
+  EXPECT_NE(r.out.find("# first failing stage: outputs/output"), std::string::npos) << r.out;
+}
+
+// Found by review (2026-12-05): a candidate of another shape, one without the layer output, a
+// golden without it, and bounds that cannot be right.
+TEST_F(CliTest, ShapesMissingTensorsAndBrokenBoundsAreNotPassed) {
+  // Another R for the same tokens: the shared-expert weight gradients are per rank.
+  ref::Golden other = golden_;
+  {
+    const spec::LayerConfig cfg{32, 16, 16, 4, 2, 1, 12};
+    other.cfg = cfg;
+    ref::TensorMap in = golden_.tensors;
+    for (auto it = in.begin(); it != in.end();) it = it->first.rfind("inputs/", 0) == 0 ? std::next(it) : in.erase(it);
+    other.tensors = in;
+    for (auto& [p, t] : ref::emulate(cfg, in)) other.tensors[p] = t;
+  }
+  const std::string r1 = (dir_ / "r1.h5").string();
+  ref::write_golden(r1, other);
+  CliRun r = run_cli("compare " + good_ + " " + r1);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("dtype/shape differ"), std::string::npos) << r.out;
+
+  ref::Golden no_output = golden_;
+  no_output.tensors.erase("outputs/output");
+  no_output.tensors.erase("bounds/output_exact");
+  no_output.tensors.erase("bounds/output_bound");
+  const std::string cand = (dir_ / "no_output.h5").string();
+  ref::write_golden(cand, no_output);
+  r = run_cli("compare " + good_ + " " + cand);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: outputs/output: missing from the candidate"), std::string::npos) << r.out;
+  r = run_cli("run " + cand + " --backend emulate");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("dataset /outputs/output is missing"), std::string::npos) << r.err;
+
+  ref::Golden negative = golden_;
+  negative.tensors.at("bounds/d_x_bound").data<float>()[3] = -1.0f;
+  const std::string neg = (dir_ / "negative_radius.h5").string();
+  ref::write_golden(neg, negative);
+  r = run_cli("run " + neg + " --backend emulate");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("bounds/d_x_bound"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
@@ -128,6 +171,11 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
   EXPECT_EQ(run_cli("run " + good_ + " --backend nonsense").code, 2);
   EXPECT_EQ(run_cli("run /nonexistent/file.h5").code, 2);
   EXPECT_EQ(run_cli("--help").code, 0);
+  EXPECT_EQ(run_cli("bogus").code, 2);
+  EXPECT_EQ(run_cli("run " + good_ + " --sample-tokens 0").code, 2);
+  EXPECT_EQ(run_cli("run " + good_ + " -j -1").code, 2);
+  EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --transport nccl").code, 2);
+  EXPECT_EQ(run_cli("determinism " + good_ + " --ranks 0").code, 2);  // usage before support
   std::string why;
   if (!verify::cuda_available(&why)) {  // no CUDA build, or no GPU here: exit 3 and say why
     const CliRun r = run_cli("run " + good_ + " --backend cuda");

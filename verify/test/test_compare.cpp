@@ -1,7 +1,22 @@
-// Comparison semantics: ULP distances, stage order, bounds and bitwise criteria.
+// Comparison semantics: ULP distances, stage order, and compare() itself on fresh random goldens
+// with planted differences (bitwise and bounds criteria, missing and reshaped tensors, bad bounds).
 #include "mok/verify/compare.hpp"
 
+#include "mok/reference/emulate.hpp"
+#include "mok/reference/error.hpp"
+#include "mok/reference/generate.hpp"
+#include "mok/reference/oracle.hpp"
+#include "mok/reference/schema.hpp"
+
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -19,6 +34,147 @@ TEST(StageOrder, ForwardBeforeBackward) {
   EXPECT_LT(verify::stage_rank("intermediates/gate"), verify::stage_rank("intermediates/y"));
   EXPECT_LT(verify::stage_rank("intermediates/y"), verify::stage_rank("outputs/output"));
   EXPECT_LT(verify::stage_rank("outputs/output"), verify::stage_rank("grads/d_x"));
+}
+
+// A golden as mok-golden makes one (emulator forward and backward with intermediates, oracle
+// bounds), from a random small layer and seed.
+struct Case {
+  ref::Golden golden;
+  ref::TensorMap candidate;        // the golden's outputs, grads and intermediates, unchanged
+  std::vector<std::string> judged;  // the candidate's paths
+};
+
+rc::Gen<Case> gen_case() {
+  return rc::gen::exec([] {
+    const int64_t R = *rc::gen::element<int64_t>(1, 2);
+    const int64_t E = R * *rc::gen::inRange<int64_t>(1, 4);
+    const int64_t K = *rc::gen::inRange<int64_t>(1, E + 1);
+    const spec::LayerConfig cfg{*rc::gen::element<int64_t>(16, 32), *rc::gen::element<int64_t>(16, 32),
+                                *rc::gen::element<int64_t>(0, 16), E, K, R, *rc::gen::inRange<int64_t>(1, 6)};
+    ref::RoutingSpec rs = ref::parse_routing(*rc::gen::element<std::string>("uniform", "zipf:1.2"));
+    rs.empty_prob = *rc::gen::element(0.0, 0.2);
+    Case c;
+    c.golden.cfg = cfg;
+    c.golden.tensors = ref::generate_inputs(cfg, rs, *rc::gen::inRange<uint64_t>(1, 1u << 30));
+    const ref::TensorMap result = ref::emulate(cfg, c.golden.tensors);
+    for (auto& [p, t] : ref::oracle_bounds(cfg, c.golden.tensors, result)) c.golden.tensors[p] = t;
+    for (const auto& [p, t] : result) {
+      c.golden.tensors[p] = t;
+      c.candidate[p] = t;
+      c.judged.push_back(p);
+    }
+    return c;
+  });
+}
+
+// Flips bit `bit` of element i (bits counted within the dtype's width).
+void flip_bit(ref::Tensor& t, int64_t i, int bit) {
+  const size_t width = ref::dtype_size(t.dtype());
+  auto* bytes = static_cast<unsigned char*>(t.raw()) + static_cast<size_t>(i) * width;
+  bytes[static_cast<size_t>(bit) / 8 % width] ^= static_cast<unsigned char>(1u << (bit % 8));
+}
+
+const verify::TensorReport* find(const verify::Report& r, const std::string& path) {
+  for (const auto& t : r.tensors)
+    if (t.path == path) return &t;
+  return nullptr;
+}
+
+RC_GTEST_PROP(Compare, IdenticalTensorsPassBothCriteria, ()) {
+  const Case c = *gen_case();
+  for (const auto crit : {verify::Criterion::kBitwise, verify::Criterion::kWithinBounds}) {
+    verify::CompareOptions o;
+    o.criterion = crit;
+    const verify::Report r = verify::compare(c.golden, c.candidate, o);
+    RC_ASSERT(r.passed);
+    RC_ASSERT(r.first_bad_stage.empty());
+    for (const auto& t : r.tensors) RC_ASSERT(t.equal == t.compared);
+  }
+}
+
+RC_GTEST_PROP(Compare, OneFlippedBitFailsAtItsTensorAndElement, ()) {
+  Case c = *gen_case();
+  const std::string path = *rc::gen::elementOf(c.judged);
+  ref::Tensor& t = c.candidate.at(path);
+  RC_PRE(t.numel() > 0);
+  const int64_t i = *rc::gen::inRange<int64_t>(0, t.numel());
+  flip_bit(t, i, *rc::gen::inRange<int>(0, static_cast<int>(8 * ref::dtype_size(t.dtype()))));
+  const verify::Report r = verify::compare(c.golden, c.candidate, verify::CompareOptions{});
+  RC_ASSERT(!r.passed);
+  RC_ASSERT(r.first_bad_stage.rfind(path, 0) == 0);
+  const verify::TensorReport* tr = find(r, path);
+  RC_ASSERT(tr != nullptr);
+  RC_ASSERT(tr->equal == tr->compared - 1);
+  RC_ASSERT(tr->worst_idx == i);
+  RC_ASSERT(tr->max_ulp > 0u);
+}
+
+RC_GTEST_PROP(Compare, AMissingOutputOrGradientFails, ()) {
+  Case c = *gen_case();
+  std::vector<std::string> required;
+  for (const auto& p : c.judged)
+    if (p.rfind("outputs/", 0) == 0 || p.rfind("grads/", 0) == 0) required.push_back(p);
+  RC_PRE(!required.empty());
+  const std::string path = *rc::gen::elementOf(required);
+  c.candidate.erase(path);
+  const verify::Report r = verify::compare(c.golden, c.candidate, verify::CompareOptions{});
+  RC_ASSERT(!r.passed);
+  const verify::TensorReport* tr = find(r, path);
+  RC_ASSERT(tr != nullptr);
+  RC_ASSERT(!tr->passed);
+  RC_ASSERT(tr->worst_location == "missing from the candidate");
+  // An intermediate may be missing (the CUDA kernel returns none).
+  Case d = *gen_case();
+  for (auto it = d.candidate.begin(); it != d.candidate.end();)
+    it = it->first.rfind("intermediates/", 0) == 0 ? d.candidate.erase(it) : std::next(it);
+  RC_ASSERT(verify::compare(d.golden, d.candidate, verify::CompareOptions{}).passed);
+}
+
+RC_GTEST_PROP(Compare, AnotherShapeFails, ()) {
+  Case c = *gen_case();
+  const std::string path = *rc::gen::elementOf(c.judged);
+  const ref::Tensor& t = c.candidate.at(path);
+  std::vector<int64_t> shape = t.shape();
+  shape.insert(shape.begin(), 1);  // the same elements, one more dimension
+  ref::Tensor reshaped(t.dtype(), shape);
+  std::memcpy(reshaped.raw(), t.raw(), t.size_bytes());
+  c.candidate[path] = reshaped;
+  const verify::Report r = verify::compare(c.golden, c.candidate, verify::CompareOptions{});
+  RC_ASSERT(!r.passed);
+  RC_ASSERT(r.first_bad_stage.find("dtype/shape differ") != std::string::npos);
+}
+
+// Under the bounds criterion bits may differ, but an element moved past its radius fails, and
+// bounds that check nothing (all NaN: "not sampled") cannot pass.
+RC_GTEST_PROP(Compare, BoundsCriterionJudgesTheRadius, ()) {
+  Case c = *gen_case();
+  ref::Tensor& out = c.candidate.at("outputs/output");
+  RC_PRE(out.numel() > 0);
+  const int64_t i = *rc::gen::inRange<int64_t>(0, out.numel());
+  const double exact = c.golden.tensors.at(ref::bound_exact_path("outputs/output")).value_at(i);
+  const double radius = c.golden.tensors.at(ref::bound_radius_path("outputs/output")).value_at(i);
+  verify::CompareOptions o;
+  o.criterion = verify::Criterion::kWithinBounds;
+  // bf16 output: write a value far outside [exact - radius, exact + radius].
+  const float far = static_cast<float>(exact + 4.0 * radius + 1.0 + std::fabs(exact));
+  uint32_t bits = 0;
+  std::memcpy(&bits, &far, 4);
+  out.data<uint16_t>()[i] = static_cast<uint16_t>(bits >> 16);
+  const verify::Report r = verify::compare(c.golden, c.candidate, o);
+  RC_ASSERT(!r.passed);
+  RC_ASSERT(find(r, "outputs/output")->outside_bound >= 1);
+
+  Case d = *gen_case();
+  ref::Tensor& radii = d.golden.tensors.at(ref::bound_radius_path("outputs/output"));
+  for (int64_t k = 0; k < radii.numel(); ++k) radii.data<float>()[k] = std::numeric_limits<float>::quiet_NaN();
+  RC_PRE(radii.numel() > 0);
+  const verify::Report nan_bounds = verify::compare(d.golden, d.candidate, o);
+  RC_ASSERT(!nan_bounds.passed);
+  RC_ASSERT(find(nan_bounds, "outputs/output")->bound_checked == 0);
+
+  // A negative radius is a broken golden: bad input, not a failed check.
+  radii.data<float>()[*rc::gen::inRange<int64_t>(0, radii.numel())] = -1.0f;
+  RC_ASSERT_THROWS_AS(verify::compare(d.golden, d.candidate, o), mok::Error);
 }
 
 }  // namespace

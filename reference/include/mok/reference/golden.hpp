@@ -32,10 +32,16 @@ struct ReadOptions {
   bool require_inputs = true; // false for candidate files that hold only outputs/grads
 };
 
-// Writes atomically (temporary file in the same folder, then rename): a failure leaves no
-// partial file. Datasets carry no timestamps, so equal content gives equal bytes.
+// Writes atomically (temporary file in the same folder, then rename): a failure, or SIGINT /
+// SIGTERM / SIGHUP while writing, leaves no partial file. A symbolic link is followed (its target
+// is replaced, the link stays). Datasets carry no timestamps, so equal content gives equal bytes.
 // Throws mok::Error.
 void write_golden(const std::string& path, const Golden& golden);
+
+// Checks, before any work, that write_golden() can write `path`: not empty, not a directory,
+// device or pipe, in an existing directory this process may write to. Returns the file that will
+// be written (links followed). Throws mok::Error naming the path and the fix.
+std::string check_output_path(const std::string& path);
 
 // Reads and validates a golden or candidate file: format attributes, config, every present
 // dataset's rank/shape/dtype against the schema, required datasets present, input values

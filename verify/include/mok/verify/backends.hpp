@@ -26,6 +26,7 @@ struct RunOptions {
   bool check_bounds = true;
   std::string transport = "virtual";  // cuda backend: "virtual" (R ranks on one GPU) or "nccl" (one GPU per rank)
   std::function<void(const std::string&)> progress;  // one line per phase (stderr in the CLI)
+  std::string golden_name = "golden";  // the golden's path, for errors about its content
 };
 
 // Runs a backend on the golden's inputs and compares with the golden:

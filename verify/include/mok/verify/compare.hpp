@@ -48,10 +48,13 @@ struct CompareOptions {
   Criterion criterion = Criterion::kBitwise;
   bool check_bounds = true;          // also check bounds when the golden has them
   const ref::Sample* sample = nullptr;
+  std::string golden_name = "golden";  // names the golden in errors about its content (its path)
 };
 
 // Compares every tensor of `candidate` that the golden also holds (outputs, grads and
-// intermediates), in stage order. Inputs are never compared.
+// intermediates), in stage order. Inputs are never compared. An output or gradient of the golden
+// that the candidate lacks fails; so does a tensor of another dtype or shape. Throws Error (bad
+// input) on bounds that cannot be right (a negative or infinite radius, a non-finite exact value).
 Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const CompareOptions& options);
 
 // ULP distance between two values of the same dtype given as widened bit patterns.

@@ -12,6 +12,7 @@
 #include <csignal>
 
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -845,8 +846,11 @@ Golden read_golden(const std::string& path, const ReadOptions& options) {
   const Context ctx(path);
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) ctx.fail("", "cannot open: " + ec.message());
   if (ec || !std::filesystem::exists(status)) ctx.fail("", "cannot open: no such file");
   if (!std::filesystem::is_regular_file(status)) ctx.fail("", "cannot open: not a regular file");
+  if (::access(path.c_str(), R_OK) != 0)
+    ctx.fail("", std::string("cannot open: ") + std::strerror(errno) + " (check the file's permissions)");
 
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 <= 0) {

@@ -309,8 +309,10 @@ TEST(GoldenIo, ShapeMessageFollowsTheContract) {
   const Golden good = test::make_random_golden(cfg, 2);
   ScratchDir dir;
   const auto cases = test::write_malformed_goldens(dir.path().string(), good);
+  int found = 0;
   for (const auto& [name, path] : cases) {
     if (name != "wrong_shape") continue;
+    ++found;
     try {
       read_golden(path);
       FAIL() << "accepted";
@@ -322,6 +324,7 @@ TEST(GoldenIo, ShapeMessageFollowsTheContract) {
               "[8, 64, 32]; regenerate the file with mok-golden or fix the writer");
     }
   }
+  EXPECT_EQ(found, 1) << "the malformed set has no (or several) wrong_shape cases";
 }
 
 TEST(GoldenIo, WriterRejectsStructuralErrorsAndLeavesNoFile) {

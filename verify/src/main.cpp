@@ -200,7 +200,16 @@ int main(int argc, char** argv) {
       ro.transport = transport;
       ro.progress = progress;
       ro.golden_name = file;
-      mok::verify::Report report = mok::verify::run_backend(golden, ro);
+      mok::verify::Report report;
+      try {
+        report = mok::verify::run_backend(golden, ro);
+      } catch (const mok::Error& e) {
+        // A problem with the file's content found while running (a missing tensor the backend
+        // needs): name the file.
+        const std::string what = e.what();
+        if (e.kind() != mok::ErrorKind::kBadInput || what.rfind(file, 0) == 0) throw;
+        throw mok::Error(file + ": " + what);
+      }
       report.golden_path = file;
       return finish(report, json);
     }

@@ -7,6 +7,8 @@ compared bitwise (NaN against NaN counts as a match; differing NaN codes are rep
 
     python3 check_fp8_ml_dtypes.py --tool build/reference/test/xcheck/mok-spec-tool [--seed S] [--n N]
 
+The random patterns come from a fresh seed each run (printed; --seed S repeats a run).
+
 Exit codes: 0 all agree, 1 a mismatch (the first ones are printed), 2 tool failure, 77 numpy or
 ml_dtypes missing.
 """
@@ -39,10 +41,12 @@ def run_tool(tool, cmd, data, out_dtype, tmp):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tool", required=True)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (default: fresh, printed)")
     p.add_argument("--n", type=int, default=4_000_000, help="random float32 patterns")
     a = p.parse_args()
-    rng = np.random.default_rng(a.seed)
+    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print(f"check_fp8_ml_dtypes: seed={seed} ml_dtypes={ml_dtypes.__version__} numpy={np.__version__}")
+    rng = np.random.default_rng(seed)
     bf16_floats = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
     rand = rng.integers(0, 1 << 32, size=a.n, dtype=np.uint64).astype(np.uint32).view(np.float32)
     inputs = np.concatenate([bf16_floats, rand]).astype(np.float32)
@@ -68,7 +72,7 @@ def main():
             for i in bad[:8]:
                 print(f"  encode {inputs[i]!r} (0x{inputs.view(np.uint32)[i]:08x}): ml_dtypes 0x{want[i]:02x}, spec 0x{got[i]:02x}")
             failed = failed or len(bad) > 0 or len(bad_dec) > 0
-    print("FAIL" if failed else "PASS")
+    print(f"FAIL (seed={seed})" if failed else "PASS")
     return 1 if failed else 0
 
 

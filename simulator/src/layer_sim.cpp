@@ -5,6 +5,8 @@
 #include "mok/sim/layer_sim.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <chrono>
 #include <atomic>
 #include <cmath>
 #include <exception>
@@ -383,7 +385,7 @@ class LayerSim {
   std::priority_queue<Event, std::vector<Event>, EventLater> events_;
   detail::CheckpointHeap checkpoints_;
   uint64_t seq_ = 0;
-  int64_t num_events_ = 0, num_flows_ = 0, num_milestones_ = 0;
+  int64_t num_events_ = 0, num_flows_ = 0, num_milestones_ = 0, num_flows_done_ = 0;
   bool dirty_ = false;
   bool recompute_scheduled_ = false;
   std::vector<int> new_flows_;  // started since the last rate assignment
@@ -1020,6 +1022,7 @@ void LayerSim::update_port_queues(int64_t now) {
 }
 
 void LayerSim::on_flow_complete(int f, int64_t now) {
+  ++num_flows_done_;
   replay_milestones(f, now);
   const int tid = flow_transfer_[f];
   const Transfer& tr = transfers_[tid];
@@ -1523,11 +1526,26 @@ LayerResult LayerSim::run() {
   const int64_t kNever = INT64_MAX;
   auto due = [this](int f) { return flow_state_[f].due_ns; };
   auto rekeyed = [this](int f, int64_t key) { flow_state_[f].key_bound = key; };
+  // Progress for long runs: the wall clock is read every 4,096 time steps only.
+  const auto wall0 = std::chrono::steady_clock::now();
+  double next_report_s = opt_.progress_interval_s;
+  uint32_t progress_tick = 0;
   while (true) {
     const int64_t t_event = events_.empty() ? kNever : events_.top().time_ns;
     const int64_t t_flow = checkpoints_.empty() ? kNever : checkpoints_.top_time(due, rekeyed);
     const int64_t now = std::min(t_event, t_flow);
     if (now == kNever) break;
+    if (opt_.progress && (++progress_tick & 4095u) == 0) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+      if (secs >= next_report_s) {
+        next_report_s = secs + opt_.progress_interval_s;
+        char line[200];
+        std::snprintf(line, sizeof line, "simulated %.1f us of the layer: %lld of %zu transfers done, %lld events, %.0f s",
+                      static_cast<double>(now) / 1000.0, static_cast<long long>(num_flows_done_), transfers_.size(),
+                      static_cast<long long>(num_events_), secs);
+        opt_.progress(line);
+      }
+    }
     // Everything at `now`: flow completions first (in schedule order), then events (FIFO).
     while (true) {
       bool progressed = false;

@@ -297,6 +297,7 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     opt.record_trace = !trace_path.empty();
     opt.trace_max_gpus = trace_gpus;
     opt.threads = threads;  // one layer: a helper thread at racks scale (same output)
+    opt.progress = [](const std::string& line) { std::cerr << "mok-sim: " << line << "\n"; };
     const mok::sim::LayerResult r = mok::sim::simulate_layer(first.topo, w, first.proto, opt);
     nlohmann::json j;
     j["scenario"] = first.name;
@@ -353,7 +354,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   if (!plots.empty() && out_dir.empty()) throw Error(origin + " has plots: give --out DIR for the SVG files");
   for (const auto& p : plots) mok::sim::check_plot_request(p, points, origin);
   const std::vector<mok::sim::RunRow> rows =
-      mok::sim::run_points(points, origin, threads, golden ? &*golden : nullptr);
+      mok::sim::run_points(points, origin, threads, golden ? &*golden : nullptr,
+                           [](const std::string& line) { std::cerr << "mok-sim: " << line << std::endl; });
   const std::string csv = mok::sim::rows_to_csv(points, rows);
   const std::string summary = mok::sim::summary_csv(points, rows);
   for (const auto& p : plots) {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -204,7 +206,7 @@ uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx) {
 }
 
 std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads,
-                               const Workload* fixed_workload) {
+                               const Workload* fixed_workload, const std::function<void(const std::string&)>& progress) {
   // Parse every point first, so a bad value stops the run before any work.
   std::vector<Scenario> scenarios;
   std::vector<std::string> wheres;
@@ -225,6 +227,23 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
     for (int64_t t = 0; t < scenarios[i].trials; ++t) jobs.emplace_back(i, t);
   std::vector<RunRow> rows(jobs.size());
   std::atomic<size_t> next{0};
+  // Progress: the thread that finishes a run reports when the next report is due (one thread
+  // at a time; the lines go to `progress`, never into the results).
+  const auto wall0 = std::chrono::steady_clock::now();
+  std::atomic<size_t> done{0};
+  std::atomic<int64_t> next_report_ms{2000};
+  auto report = [&] {
+    const size_t d = done.fetch_add(1) + 1;
+    if (!progress) return;
+    const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - wall0).count();
+    int64_t due = next_report_ms.load();
+    if (ms < due || !next_report_ms.compare_exchange_strong(due, ms + 2000)) return;
+    const double secs = static_cast<double>(ms) / 1000.0;
+    char line[160];
+    std::snprintf(line, sizeof line, "%zu of %zu runs done, %.0f s, about %.0f s left", d, jobs.size(), secs,
+                  secs * static_cast<double>(jobs.size() - d) / static_cast<double>(d));
+    progress(line);
+  };
   std::string first_error;
   ErrorKind first_kind = ErrorKind::kInternal;
   std::atomic<bool> failed{false};
@@ -241,6 +260,7 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
             fixed_workload ? *fixed_workload : generate_workload(scenarios[pi].cfg, routing, buffers);
         const LayerResult r = simulate_layer(scenarios[pi].topo, w, scenarios[pi].proto, scenarios[pi].options);
         rows[j] = RunRow{pi, trial, routing.seed, flat_metrics(r)};
+        report();
       } catch (const Error& e) {
         if (!failed.exchange(true)) {
           const std::string what = e.what();

@@ -416,3 +416,28 @@ TEST(LayerSim, PeerFenceFlagSerialisesOneRoundTripPerPeerPerSignalThread) {
 
 }  // namespace
 }  // namespace mok::sim
+
+namespace mok::sim {
+namespace {
+
+// Progress lines for long runs: with the interval at 0 every 4,096th time step reports the
+// simulated time and transfers done; the results are the bytes of a run without them.
+TEST(LayerSim, ProgressLinesChangeNoResult) {
+  const Topology topo = resolve_topology("multi-rack:2");
+  RoutingSpec s;
+  s.seed = 3;
+  const Workload w = generate_workload(layer(144, 128, 4, 8), s);
+  const ProtocolConfig p;
+  SimOptions quiet, chatty;
+  std::vector<std::string> lines;
+  chatty.progress = [&](const std::string& line) { lines.push_back(line); };
+  chatty.progress_interval_s = 0;
+  const LayerResult a = simulate_layer(topo, w, p, quiet);
+  const LayerResult b = simulate_layer(topo, w, p, chatty);
+  EXPECT_EQ(result_to_json(a, true).dump(), result_to_json(b, true).dump());
+  ASSERT_FALSE(lines.empty()) << "no progress line in " << a.layer_ns << " ns of layer";
+  EXPECT_NE(lines.front().find("transfers done"), std::string::npos) << lines.front();
+}
+
+}  // namespace
+}  // namespace mok::sim

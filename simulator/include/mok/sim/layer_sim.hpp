@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ struct SimOptions {
   // is the data that window-limited flows bottlenecked at that port keep queued there,
   // sum(window - rate x round trip). Re-evaluated after every rate update.
   bool signal_queueing = false;
+  // Progress of a long single run (the CLI prints these lines to stderr): called about every
+  // progress_interval_s of wall time with the simulated time reached and the transfers done;
+  // never called when empty, and never changes a result.
+  std::function<void(const std::string&)> progress;
+  double progress_interval_s = 2.0;
   // Tests and benchmarks: a full progressive filling at every change instead of the incremental
   // update (rate_quantum_ns = 0 only). The rates, and so every output, are identical.
   bool full_rate_recompute = false;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,8 +50,11 @@ struct RunRow {
 // Runs every point and trial; results come back in (point, trial) order whatever num_threads is.
 // `fixed_workload` (e.g. read from a golden file) replaces the generated routing in every run;
 // each point's layer must then equal its config. `options` apply to every run (no trace).
+// `progress`, when set, gets a line about every 2 s of wall time (runs done, time, an estimate
+// of the time left); it never changes a result.
 std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads,
-                               const Workload* fixed_workload = nullptr);
+                               const Workload* fixed_workload = nullptr,
+                               const std::function<void(const std::string&)>& progress = {});
 // Workload seed of trial i (trial 0 uses the scenario's own seed).
 uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx);
 

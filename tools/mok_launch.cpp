@@ -4,7 +4,9 @@
 
 #include "mok/cli.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -14,21 +16,38 @@
 #include <unistd.h>
 #include <vector>
 
+namespace {
+
+// A signal to the launcher (Ctrl-C, a job scheduler's SIGTERM, a closed terminal) is passed on
+// to every rank: left alone they would keep running, and keep their GPUs, after it is gone.
+volatile sig_atomic_t g_signal = 0;
+extern "C" void note_signal(int sig) { g_signal = sig; }
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "mok-launch: run PROGRAM as N processes, rank r on GPU r, joined by one NCCL unique id.\n"
       "Each process gets MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID and CUDA_VISIBLE_DEVICES (its one GPU);\n"
       "NVLink multicast stays off (NCCL_NVLS_ENABLE=0). The launcher waits for all, stops the rest when\n"
       "one fails, and exits with the first failure's code (0 when all succeed).\n\n"
-      "  mok-launch -n 8 -- build/verify/mok-verify run fixtures/dsv3-micro-zipf.h5 --backend cuda --transport nccl",
+      "  mok-launch -n 8 -- build/verify/mok-verify run fixtures/dsv3-micro-zipf.h5 --backend cuda --transport nccl\n\n"
+      "SIGINT, SIGTERM and SIGHUP to the launcher are passed on to every rank; it then waits for them.\n"
+      "Exit codes: 0 all ranks succeeded; the first failing rank's code (128 + signal when a signal\n"
+      "ended it); 124 timeout; 127 the program could not be started; 2 bad usage; 3 NCCL not usable.",
       "mok-launch"};
   int n = 1;
   double timeout_s = 0;
   std::vector<std::string> command;
   app.add_option("-n,--np", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 72));
-  app.add_option("--timeout", timeout_s, "seconds before every process is stopped (0 = none)");
+  app.add_option("--timeout", timeout_s, "seconds before every process is stopped (0 = none)")
+      ->check(CLI::Range(0.0, 1e7));
   app.add_option("command", command, "program and its arguments (after --)")->required();
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
+  if (!std::isfinite(timeout_s)) {  // CLI::Range lets NaN through
+    std::fprintf(stderr, "--timeout: must be a number of seconds from 0 (none) to 1e7\nRun with --help for more information.\n");
+    return 2;
+  }
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {
     std::fprintf(stderr, "mok-launch: ncclGetUniqueId failed (is NCCL usable here?)\n");
@@ -54,6 +73,11 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<pid_t> pids;
+  // Installed before the first fork, so no signal falls between a rank's start and the handler.
+  struct sigaction sa {};
+  sa.sa_handler = note_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
   for (int r = 0; r < n; ++r) {
     const pid_t pid = fork();
     if (pid < 0) {
@@ -62,6 +86,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (pid == 0) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &dfl, nullptr);
       setenv("MOK_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MOK_NCCL_ID", hex.c_str(), 1);
@@ -78,7 +106,24 @@ int main(int argc, char** argv) {
   }
   int first_failure = 0, remaining = n;
   const auto start = std::chrono::steady_clock::now();
+  bool passed_on = false, killed = false;
+  std::chrono::steady_clock::time_point passed_on_at;
   while (remaining > 0) {
+    if (g_signal != 0 && !passed_on) {
+      std::fprintf(stderr, "mok-launch: got signal %d; passing it to every rank and waiting for them\n",
+                   static_cast<int>(g_signal));
+      for (pid_t p : pids) kill(p, g_signal);
+      if (first_failure == 0) first_failure = 128 + g_signal;
+      passed_on = true;
+      passed_on_at = std::chrono::steady_clock::now();
+    }
+    // A rank that ignores the signal for 10 s is killed.
+    if (passed_on && !killed &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - passed_on_at).count() > 10.0) {
+      std::fprintf(stderr, "mok-launch: ranks still running 10 s after the signal; killing them\n");
+      for (pid_t p : pids) kill(p, SIGKILL);
+      killed = true;
+    }
     int status = 0;
     const pid_t done = waitpid(-1, &status, WNOHANG);
     if (done > 0) {
@@ -92,7 +137,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
-      std::fprintf(stderr, "mok-launch: timeout after %.0f s; stopping every rank\n", timeout_s);
+      std::fprintf(stderr, "mok-launch: timeout after %g s; stopping every rank\n", timeout_s);
       for (pid_t p : pids) kill(p, SIGKILL);
       if (first_failure == 0) first_failure = 124;
       timeout_s = 0;

@@ -11,4 +11,23 @@ code=$?
 "$launch" -n 1 --timeout 1 -- sleep 30
 code=$?
 [[ $code == 124 ]] || { echo "expected 124 on timeout, got $code"; exit 1; }
-echo "mok-launch: environments, failure propagation and timeout OK"
+# A signal to the launcher reaches every rank: none is left running after it (each rank writes
+# its pid, the launcher gets SIGTERM, then no pid may still exist).
+dir=$(mktemp -d)
+"$launch" -n 2 -- bash -c 'echo $$ > '"$dir"'/rank$MOK_RANK; exec sleep 30' &
+lpid=$!
+for _ in $(seq 100); do [[ -s $dir/rank0 && -s $dir/rank1 ]] && break; sleep 0.05; done
+kill -TERM "$lpid"
+wait "$lpid"
+code=$?
+[[ $code == 143 ]] || { echo "expected 128+15 after SIGTERM, got $code"; exit 1; }
+for f in "$dir"/rank0 "$dir"/rank1; do
+  if kill -0 "$(cat "$f")" 2>/dev/null; then echo "rank pid $(cat "$f") outlived the launcher"; kill -9 "$(cat "$f")"; exit 1; fi
+done
+rm -rf "$dir"
+for bad in -1 nan; do
+  "$launch" -n 1 --timeout "$bad" -- true 2>/dev/null
+  code=$?
+  [[ $code == 2 ]] || { echo "--timeout $bad: expected exit 2, got $code"; exit 1; }
+done
+echo "mok-launch: environments, failure propagation, timeout, signals and bad timeouts OK"

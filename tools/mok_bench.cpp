@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -161,13 +162,21 @@ int main(int argc, char** argv) {
       ->excludes(preset_opt)
       ->excludes(file_opt);
   app.add_option("--routing", routing, "routing for generated inputs")->capture_default_str();
-  app.add_option("--R", R, "ranks (overrides the preset): virtual ranks on one GPU, or GPUs with --transport nccl");
-  app.add_option("--T", T, "tokens per rank (overrides the preset)");
-  app.add_option("--H", H, "hidden size (overrides the preset)");
-  app.add_option("--I", I, "routed intermediate size");
-  app.add_option("--Is", Is, "shared intermediate size (0: none)");
-  app.add_option("--E", E, "experts (over all ranks)");
-  app.add_option("--K", K, "top-k");
+  // Sizes start at 1 (--Is at 0); 0 (-1 for --Is) inside means "not given". A golden file fixes
+  // the layer and the inputs, so none of these go with --file.
+  const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
+  auto* routing_opt = app.get_option("--routing");
+  std::vector<CLI::Option*> shape_opts{
+      app.add_option("--R", R, "ranks (overrides the preset): virtual ranks on one GPU, or GPUs with --transport nccl")
+          ->check(positive),
+      app.add_option("--T", T, "tokens per rank (overrides the preset)")->check(positive),
+      app.add_option("--H", H, "hidden size (overrides the preset)")->check(positive),
+      app.add_option("--I", I, "routed intermediate size")->check(positive),
+      app.add_option("--Is", Is, "shared intermediate size (0: none)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40)),
+      app.add_option("--E", E, "experts (over all ranks)")->check(positive),
+      app.add_option("--K", K, "top-k")->check(positive),
+      routing_opt};
+  for (CLI::Option* o : shape_opts) file_opt->excludes(o);
   app.add_option("--transport", transport,
                  "virtual: all R ranks on one GPU; nccl: one GPU per rank (NCCL symmetric memory; baselines only "
                  "at R=1)")
@@ -175,8 +184,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions")->capture_default_str()->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup, "untimed repetitions first")->capture_default_str()->check(CLI::Range(0, 1000000));
-  app.add_option("--comm-sms", comm, "communication blocks per rank: they gather rows, then compute (0: blocks per rank - 1)")->capture_default_str();
-  app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str();
+  app.add_option("--comm-sms", comm, "communication blocks per rank: they gather rows, then compute (0: blocks per rank - 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--blocks-per-rank", blocks, "blocks per rank (0 = fill the GPU)")->capture_default_str()->check(CLI::Range(0, 4096));
   bool no_tma = false, no_baseline = false, trace = false;
   std::string torch_script = "auto", python = "python3";
   app.add_flag("--no-baseline", no_baseline, "time only the fused kernel (no cuBLAS, no PyTorch)");
@@ -210,7 +221,8 @@ int main(int argc, char** argv) {
   app.add_option("--fwd-comm-sms", fwd_comm,
                  "the forward's communication blocks per rank (0: with --gather bulk 16, or --comm-sms if fewer; "
                  "with threads --comm-sms)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   app.add_option("--gather", gather,
                  "how the forward's communication blocks move x rows: bulk (TMA bulk copies through shared memory; "
                  "fast engine, ranks on one GPU; elsewhere threads run) or threads (loads and stores)")
@@ -256,7 +268,6 @@ int main(int argc, char** argv) {
                    : bench_case == "small" ? Case{7168, 2048, 2048, 32, 8, 256}
                                            : Case{7168, 2048, 2048, 32, 8, 8192};
     if (!R) R = 1;
-    if (R < 1) return usage_error("--R must be at least 1 (ranks), got " + std::to_string(R));
     if (!T && k.tokens % R != 0)
       return usage_error("--case " + bench_case + " has " + std::to_string(k.tokens) + " tokens, which --R " +
                          std::to_string(R) + " does not divide; choose --R among its divisors (1, 2, 4, 8, ...) or "
@@ -283,28 +294,45 @@ int main(int argc, char** argv) {
   if (nccl && trace)
     return usage_error("--trace profiles the virtual transport only (NcclLayer has no trace reader); drop --trace or "
                        "use --transport virtual");
-  // --show-config: the layer (and the routing spec) a run with these options would time, without a
-  // GPU; what only the machine can say (a usable GPU, NCCL, enough GPUs for --R) is checked by the run.
-  if (show_config) {
-    try {
-      if (file.empty()) (void)mok::ref::parse_routing(routing);
+  // Everything the options say is checked here, before the GPU is probed, so a usage error is
+  // exit 2 on any machine; what only the machine can say (a usable GPU, NCCL, enough GPUs for
+  // --R) is left to the run. --show-config prints the layer a run would time and stops here.
+  std::optional<mok::ref::Golden> golden_in;
+  mok::spec::LayerConfig cfg_opts;
+  try {
+    if (!file.empty()) {
       mok::ref::ReadOptions ro;
       ro.load_intermediates = ro.load_bounds = false;
-      const mok::spec::LayerConfig c = file.empty() ? generated_config() : mok::ref::read_golden(file, ro).cfg;
-      char line[256];
-      std::snprintf(line, sizeof line, "H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld (G=%lld tokens)",
-                    (long long)c.hidden, (long long)c.intermediate, (long long)c.shared_intermediate,
-                    (long long)c.num_experts, (long long)c.top_k, (long long)c.num_ranks, (long long)c.tokens_per_rank,
-                    (long long)c.num_tokens());
-      const mok::spec::Status st = c.validate();
-      if (!st.ok)
-        return usage_error(std::string("the options describe ") + line + ", which is not a valid layer: " + st.message);
+      golden_in = mok::ref::read_golden(file, ro);
+      cfg_opts = golden_in->cfg;
+    } else {
+      const mok::ref::RoutingSpec rs = mok::ref::parse_routing(routing);
+      cfg_opts = generated_config();
+      if (rs.kind == mok::ref::RoutingSpec::Kind::kHot && rs.hot_count > cfg_opts.num_experts)
+        return usage_error("--routing " + routing + ": " + std::to_string(rs.hot_count) + " hot experts but the layer has " +
+                           std::to_string(cfg_opts.num_experts) + "; lower N");
+    }
+  } catch (const mok::Error& e) {
+    return usage_error(e.what());
+  }
+  {
+    const mok::spec::LayerConfig& c = cfg_opts;
+    char line[256];
+    std::snprintf(line, sizeof line, "H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld (G=%lld tokens)",
+                  (long long)c.hidden, (long long)c.intermediate, (long long)c.shared_intermediate,
+                  (long long)c.num_experts, (long long)c.top_k, (long long)c.num_ranks, (long long)c.tokens_per_rank,
+                  (long long)c.num_tokens());
+    const mok::spec::Status st = c.validate();
+    if (!st.ok)
+      return usage_error(std::string("the options describe ") + line + ", which is not a valid layer: " + st.message);
+    if (show_config) {
       std::printf("%s\n", line);
       return 0;
-    } catch (const mok::Error& e) {
-      return usage_error(e.what());
     }
   }
+  if (!torch_script.empty() && torch_script != "auto" && !std::filesystem::is_regular_file(torch_script))
+    return usage_error("--torch " + torch_script + ": no such file; give the PyTorch baseline script "
+                       "(tools/moe_torch_baseline.py) or \"\" to skip it");
   if (std::string why; nccl && !mok::kernel::nccl_available(&why)) {  // environment missing: 3, as mok-verify
     std::fprintf(stderr, "mok-bench: --transport nccl: %s; or use --transport virtual (all ranks on one GPU)\n",
                  why.c_str());
@@ -352,12 +380,9 @@ int main(int argc, char** argv) {
     };
     mok::spec::LayerConfig cfg;
     mok::ref::TensorMap in;
-    if (!file.empty()) {
-      mok::ref::ReadOptions ro;
-      ro.load_intermediates = ro.load_bounds = false;
-      auto g = mok::ref::read_golden(file, ro);
-      cfg = g.cfg;
-      in = std::move(g.tensors);
+    if (golden_in) {
+      cfg = golden_in->cfg;
+      in = std::move(golden_in->tensors);
       if (const auto msg = transport_fits(cfg.num_ranks)) return usage_error(*msg);
     } else {
       cfg = generated_config();

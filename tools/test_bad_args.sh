@@ -33,7 +33,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--case" --case dsv4
   expect_exit "$MOK_BENCH" 2 "--case" --case dsv3 --preset tiny
   expect_exit "$MOK_BENCH" 2 "--case" --case dsv3 --file any.h5
-  expect_exit "$MOK_BENCH" 2 "at least 1" --case dsv3 --R -8
+  expect_exit "$MOK_BENCH" 2 "not in range 1" --case dsv3 --R -8
   expect_exit "$MOK_BENCH" 2 "does not divide" --case dsv3 --R 3
   # --show-config resolves the layer without a GPU: the cases, R splitting the tokens, overrides.
   expect_exit "$MOK_BENCH" 0 "H=7168 I=2048 Is=2048 E=32 K=8 R=8 T=1024 (G=8192" --case dsv3 --R 8 --show-config
@@ -44,13 +44,22 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 0 "H=4096 I=1024 Is=0 E=32 K=8 R=1 T=8192" --case dsv3 --H 4096 --I 1024 --Is 0 --show-config
   expect_exit "$MOK_BENCH" 2 "routing" --case dsv3 --routing sideways --show-config
   expect_exit "$MOK_BENCH" 2 "--trace" --case dsv3 --transport nccl --trace --show-config
+  # Usage is checked before the GPU: exit 2 on any machine (found by review, 2026-12-05).
+  expect_exit "$MOK_BENCH" 2 "not a valid layer" --H 15
+  expect_exit "$MOK_BENCH" 2 "unknown routing" --routing bogus
+  expect_exit "$MOK_BENCH" 2 "no such file" --file /nonexistent/golden.h5
+  expect_exit "$MOK_BENCH" 2 "--torch" --torch /nonexistent/baseline.py
+  expect_exit "$MOK_BENCH" 2 "not in range" --case dsv3 --R 0 --show-config
+  expect_exit "$MOK_BENCH" 2 "excludes" --file fixtures/tiny-uniform.h5 --H 256 --show-config
+  expect_exit "$MOK_BENCH" 2 "hot experts but the layer has 64" --routing hot:100 --show-config
   if [[ ${MOK_BENCH_NCCL:-OFF} != ON ]]; then
     expect_exit "$MOK_BENCH" 3 "this build has no NCCL" --transport nccl --preset tiny --R 1
   else
-    out=$("$MOK_BENCH" --transport nccl --preset tiny --R 4096 2>&1)
+    # A valid layer with more ranks than any machine has GPUs (an invalid one is refused earlier).
+    out=$("$MOK_BENCH" --transport nccl --preset tiny --R 64 --E 64 2>&1)
     code=$?
     if ! { [[ $code == 2 && $out == *"lower --R"* ]] || [[ $code == 3 && $out == *CUDA* ]]; }; then
-      echo "mok-bench --transport nccl --R 4096: exit $code, expected 2 naming --R (or 3 naming CUDA without a usable GPU)"
+      echo "mok-bench --transport nccl --R 64 --E 64: exit $code, expected 2 naming --R (or 3 naming CUDA without a usable GPU)"
       echo "$out" | head -5
       expect_failed=1
     fi

@@ -34,9 +34,9 @@ dir=""
 pairs=0
 while [[ $# -gt 0 && $1 == -* ]]; do
   case $1 in
-    -n) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || { echo "bench-ab.sh: -n needs a positive round count" >&2; exit 2; }
+    -n) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]{0,3}$ && $2 -le 1000 ]] || { echo "bench-ab.sh: -n needs a round count from 1 to 1000" >&2; exit 2; }
         rounds=$2; shift 2 ;;
-    -o) [[ $# -ge 2 ]] || { echo "bench-ab.sh: -o needs a directory" >&2; exit 2; }
+    -o) [[ $# -ge 2 && -n $2 ]] || { echo "bench-ab.sh: -o needs a directory (not empty)" >&2; exit 2; }
         dir=$2; shift 2 ;;
     -p) pairs=1; shift ;;
     -h|--help) usage ;;
@@ -54,6 +54,7 @@ fi
 labels=()
 cmds=()
 while [[ $# -gt 0 ]]; do
+  [[ $1 != -* ]] || { echo "bench-ab.sh: '$1' after the LABEL 'COMMAND' pairs: options go before them (see --help)" >&2; exit 2; }
   [[ $1 =~ ^[A-Za-z0-9._+-]+$ ]] || { echo "bench-ab.sh: label '$1' must be letters, digits or ._+- only" >&2; exit 2; }
   [[ -n $2 ]] || { echo "bench-ab.sh: the command for label '$1' is empty" >&2; exit 2; }
   for seen in ${labels[@]+"${labels[@]}"}; do

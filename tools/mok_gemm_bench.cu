@@ -638,7 +638,9 @@ int main(int argc, char** argv) {
       "mok-gemm-bench: the fused kernel's tile engine (gemm_fast) alone on the MoE layer's GEMM shapes, against\n"
       "cuBLAS on the same shapes and the bf16 peak, all measured in the same run. Separates the engine's own\n"
       "efficiency from the layer's other costs. Example (dsv3 shapes):\n"
-      "  mok-gemm-bench --M 16384 --H 7168 --I 2048 --wgrad-rows 2048"};
+      "  mok-gemm-bench --M 16384 --H 7168 --I 2048 --wgrad-rows 2048\n\n"
+      "Exit codes: 0 measured, 1 a CUDA or cuBLAS failure, 2 bad usage, 3 no sm_90 GPU here.",
+      "mok-gemm-bench"};
   int64_t M = 16384, H = 7168, I = 2048, wrows = 2048;
   int reps = 10, warmup = 3;
   double stagger_us = 0;
@@ -648,25 +650,60 @@ int main(int argc, char** argv) {
   app.add_option("--I", I, "expert intermediate size (a multiple of 128)")->check(CLI::Range(128, 1 << 16));
   app.add_option("--wgrad-rows", wrows, "rows summed by a weight-gradient GEMM (one expert's rows)")
       ->check(CLI::Range(64, 1 << 22));
-  app.add_option("--modes", modes, "comma-separated subset of fwd1,fwd2,bwd1,wgrad");
+  app.add_option("--modes", modes, "comma-separated subset of fwd1,fwd2,bwd1,wgrad")->capture_default_str();
   app.add_option("--epilogue", epi,
                  "store (what the layer writes), none (main loop only), or layer (bwd1 only: also reads the forward's "
                  "fp32 g and u, derives silu(g) and silu'(g) and writes the SwiGLU gradients, as the layer's epilogue; "
                  "the ws bits column then says n/a)")
-      ->check(CLI::IsMember({"store", "none", "layer"}));
+      ->check(CLI::IsMember({"store", "none", "layer"}))
+      ->capture_default_str();
   app.add_option("--fwd1-stores", fwd1_stores,
                  "with --epilogue store, which of fwd1's stores to write: all (the layer's: fp32 g and u and bf16 act), "
                  "f32 (the two fp32 arrays), act, or none; the SwiGLU math runs in every case, so none "
                  "against all separates the epilogue's arithmetic from its stores")
-      ->check(CLI::IsMember({"all", "f32", "act", "none"}));
+      ->check(CLI::IsMember({"all", "f32", "act", "none"}))
+      ->capture_default_str();
   app.add_option("--stagger-us", stagger_us,
                  "odd-numbered blocks start this many microseconds late (about half a tile: ~18 for the qwen3 gate/up "
                  "tile), so that half of the blocks store while the others multiply; the time includes the delay. "
                  "Tests whether the epilogues of blocks running in step are bound by DRAM writes")
-      ->check(CLI::Range(0.0, 1000.0));
+      ->check(mok::cli::finite_range(0.0, 1000.0, "a number of microseconds from 0 to 1000"))
+      ->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
   app.add_option("--warmup", warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
+  {
+    // Every name of --modes must be one of the four, each once; an empty list measures nothing.
+    const std::vector<std::string> known{"fwd1", "fwd2", "bwd1", "wgrad"};
+    std::vector<std::string> seen;
+    std::string cur;
+    for (char ch : modes + ",") {
+      if (ch != ',') {
+        cur += ch;
+        continue;
+      }
+      if (std::find(known.begin(), known.end(), cur) == known.end() ||
+          std::find(seen.begin(), seen.end(), cur) != seen.end()) {
+        std::fprintf(stderr, "mok-gemm-bench: --modes '%s': '%s' is %s; give a comma-separated subset of "
+                     "fwd1,fwd2,bwd1,wgrad\n", modes.c_str(), cur.c_str(), cur.empty() ? "an empty name" : "not one of them (or repeated)");
+        return 2;
+      }
+      seen.push_back(cur);
+      cur.clear();
+    }
+    const bool has_bwd1 = std::find(seen.begin(), seen.end(), "bwd1") != seen.end();
+    const bool has_fwd1 = std::find(seen.begin(), seen.end(), "fwd1") != seen.end();
+    if (epi == "layer" && !has_bwd1) {
+      std::fprintf(stderr, "mok-gemm-bench: --epilogue layer applies to bwd1 only, which --modes '%s' leaves out\n",
+                   modes.c_str());
+      return 2;
+    }
+    if (fwd1_stores != "all" && (epi != "store" || !has_fwd1)) {
+      std::fprintf(stderr, "mok-gemm-bench: --fwd1-stores applies to fwd1 with --epilogue store (here --epilogue %s, "
+                   "--modes '%s')\n", epi.c_str(), modes.c_str());
+      return 2;
+    }
+  }
   if (H % 256 != 0 || I % 128 != 0 || wrows % 64 != 0) {
     std::fprintf(stderr,
                  "mok-gemm-bench: --H must be a multiple of 256, --I of 128 and --wgrad-rows of 64 (got %lld, %lld, %lld)\n",

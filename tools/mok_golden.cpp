@@ -61,31 +61,10 @@ int main(int argc, char** argv) {
                  "expert choice: uniform | zipf:S (popularity ~ 1/rank^S, e.g. zipf:1.2) | hot:N[:F] "
                  "(N hot experts, each F times as likely, default F=16)")
       ->capture_default_str();
-  // A probability: CLI::Range alone lets NaN through (every comparison with it is false).
-  const CLI::Validator probability(
-      [](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0' || !(x >= 0.0 && x <= 1.0))
-          return "'" + text + "' is not a probability (a number from 0 to 1)";
-        return {};
-      },
-      "FLOAT in [0, 1]");
+  const CLI::Validator probability = mok::cli::finite_range(0.0, 1.0, "a probability (a number from 0 to 1)");
   app.add_option("--rank-skew", rank_skew, "probability that a slot picks among its own rank's experts")->check(probability);
   app.add_option("--empty-slots", empty, "probability that a slot is empty (-1)")->check(probability);
-  // Digits only, at most 2^64 - 1: "-1" or an overflowing number would otherwise wrap or clamp
-  // to another seed.
-  const CLI::Validator seed_check(
-      [](std::string& text) -> std::string {
-        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
-          return "'" + text + "' is not a seed (a whole number from 0 to 18446744073709551615)";
-        errno = 0;
-        std::strtoull(text.c_str(), nullptr, 10);
-        if (errno == ERANGE) return "'" + text + "' is above 18446744073709551615, the largest seed";
-        return {};
-      },
-      "UINT64");
-  app.add_option("--seed,-s", seed, "random seed")->capture_default_str()->check(seed_check);
+  app.add_option("--seed,-s", seed, "random seed")->capture_default_str()->check(mok::cli::seed());
   app.add_option("--threads,-j", threads, "CPU threads (0 = all cores); the file does not depend on it")
       ->check(CLI::Range(0, 4096));
   app.add_flag("--forward-only", forward_only, "no d_output, grads or backward intermediates");
@@ -110,8 +89,11 @@ int main(int argc, char** argv) {
     rs.empty_prob = empty;
 
     const auto t0 = std::chrono::steady_clock::now();
+    // The preset's name only where it still describes the layer.
+    const bool overridden = H != -1 || I != -1 || Is != -1 || E != -1 || K != -1 || R != -1 || T != -1;
+    const std::string label = overridden ? preset + " with overrides:" : preset;
     std::fprintf(stderr, "mok-golden: %s H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld routing=%s seed=%llu\n",
-                 preset.c_str(), (long long)cfg.hidden, (long long)cfg.intermediate,
+                 label.c_str(), (long long)cfg.hidden, (long long)cfg.intermediate,
                  (long long)cfg.shared_intermediate, (long long)cfg.num_experts, (long long)cfg.top_k,
                  (long long)cfg.num_ranks, (long long)cfg.tokens_per_rank, rs.describe().c_str(),
                  (unsigned long long)seed);

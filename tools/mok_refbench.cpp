@@ -31,15 +31,17 @@ double median_seconds(int reps, F&& f) {
 int main(int argc, char** argv) {
   CLI::App app{"mok-refbench: tokens per second of the CPU emulator and oracle on a preset (median of --reps runs).\n"
                "Backward time = (forward+backward) - forward. The oracle row times oracle_bounds on the\n"
-               "emulator's intermediates (every output and gradient element).",
+               "emulator's intermediates (every output and gradient element).\n\n"
+               "  mok-refbench --preset small -j 2 --reps 5\n\n"
+               "Exit codes: 0 measured, 2 bad input or usage.",
                "mok-refbench"};
   std::string preset = "dsv3-mini";
   int threads = 0, reps = 3;
   uint64_t seed = 1;
   app.add_option("--preset,-p", preset, "configuration preset")->capture_default_str();
-  app.add_option("--threads,-j", threads, "threads (0 = all cores)")->capture_default_str();
+  app.add_option("--threads,-j", threads, "threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 4096));
   app.add_option("--reps,-r", reps, "repetitions (median reported)")->capture_default_str()->check(CLI::Range(1, 100));
-  app.add_option("--seed,-s", seed, "input seed")->capture_default_str();
+  app.add_option("--seed,-s", seed, "input seed")->capture_default_str()->check(mok::cli::seed());
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
     const mok::spec::LayerConfig cfg = mok::ref::preset_config(preset);
@@ -57,10 +59,10 @@ int main(int argc, char** argv) {
     mok::ref::OracleOptions oo;
     oo.num_threads = threads;
     const double t_oracle = median_seconds(reps, [&] { mok::ref::oracle_bounds(cfg, in, result, oo); });
-    std::printf("# mok-refbench preset=%s G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld threads=%d reps=%d\n",
+    std::printf("# mok-refbench preset=%s G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld threads=%d reps=%d seed=%llu\n",
                 preset.c_str(), (long long)cfg.num_tokens(), (long long)cfg.hidden, (long long)cfg.intermediate,
                 (long long)cfg.shared_intermediate, (long long)cfg.num_experts, (long long)cfg.top_k,
-                mok::ref::resolve_threads(threads), reps);
+                mok::ref::resolve_threads(threads), reps, static_cast<unsigned long long>(seed));
     std::printf("%-28s %12s %14s\n", "stage", "median_s", "tokens_per_s");
     std::printf("%-28s %12.3f %14.1f\n", "emulate forward", t_fwd, G / t_fwd);
     std::printf("%-28s %12.3f %14.1f\n", "emulate backward", t_both - t_fwd, G / (t_both - t_fwd));

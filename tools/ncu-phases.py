@@ -92,8 +92,13 @@ def parse_sass(path):
 
 def parse_csv(path):
     """Returns [(kernel display name, [(offset, samples, {reason: samples})])] in file order."""
+    # Source lines can be long (inlined templates): no field limit.
+    csv.field_size_limit(sys.maxsize)
     try:
         rows = list(csv.reader(open(path, encoding="utf-8", errors="replace")))
+    except csv.Error as e:
+        raise InputError(f"{path}: not a CSV export of ncu ({e}); export it with "
+                         "ncu -i REPORT --page source --csv --print-source sass")
     except OSError as e:
         raise InputError(f"{path}: cannot read the CSV file ({e.strerror}); export it with "
                          "ncu -i REPORT --page source --csv --print-source sass")
@@ -228,7 +233,13 @@ class Fold:
     """One kernel's samples folded by segment, call and innermost line."""
 
     def __init__(self, kernel, records, fmap):
+        if not records:
+            raise InputError(f"kernel '{kernel}': the CSV holds no instruction rows with a hex address for it; "
+                             "export it with ncu -i REPORT --page source --csv --print-source sass")
         chains = [fmap.get(off, ()) for off, _, _ in records]
+        if not any(chains):
+            raise InputError(f"kernel '{kernel}': no sampled address matches the SASS's line information; give the "
+                             "SASS of the binary that was profiled (nvdisasm -gi -c of a build with line info)")
         self.body_file, self.first, self.last = body_of(chains, kernel_base(kernel))
         if self.body_file is None:
             files = sorted({c[-1][0] for c in chains if c})

@@ -772,7 +772,16 @@ std::string check_output_path(const std::string& path) {
                                                            "of a file to write")));
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec))
-    throw Error(path + ": the directory '" + dir.string() + "' does not exist; create it first");
+    throw Error(path + ": '" + dir.string() + "' " +
+                (fs::exists(dir, ec) ? "is not a directory; choose another path"
+                                     : "does not exist; create the directory first"));
+  // The temporary file beside it takes a suffix (".tmp." and the process id): its name must
+  // still fit the file system's limit.
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t name_len = target.filename().string().size() + 5 + std::to_string(static_cast<long>(::getpid())).size();
+  if (name_max > 0 && name_len > static_cast<size_t>(name_max))
+    throw Error(path + ": the file name is too long for this file system (at most " + std::to_string(name_max - 16) +
+                " characters leave room for the temporary file's suffix); choose a shorter name");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw Error(path + ": no permission to write in '" + dir.string() + "'; choose a directory you can write to");
   return target.string();

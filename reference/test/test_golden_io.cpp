@@ -367,7 +367,7 @@ TEST(GoldenIo, FailedWriteRemovesTheTemporaryFile) {
     FAIL() << "write into a missing folder succeeded";
   } catch (const mok::Error& e) {
     EXPECT_NE(std::string(e.what()).find("missing/a.h5"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("does not exist; create it first"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not exist; create the directory first"), std::string::npos) << e.what();
   }
   EXPECT_THROW(write_golden("", golden), mok::Error);
   EXPECT_THROW(check_output_path("/dev/null"), mok::Error);  // a device is never replaced by a file

@@ -6,7 +6,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 namespace mok::cli {
 
@@ -25,6 +28,34 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
     return kExitBadInput;
   }
   return std::nullopt;
+}
+
+// Validators CLI11 lacks. A seed: digits only, at most 2^64 - 1 ("-1" or an overflowing number
+// would otherwise wrap or clamp to another seed).
+inline CLI::Validator seed() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+          return "'" + text + "' is not a seed (a whole number from 0 to 18446744073709551615)";
+        errno = 0;
+        std::strtoull(text.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "'" + text + "' is above 18446744073709551615, the largest seed";
+        return {};
+      },
+      "UINT64");
+}
+
+// A finite number in [lo, hi] (CLI::Range lets NaN through: every comparison with it is false).
+inline CLI::Validator finite_range(double lo, double hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !(x >= lo && x <= hi))
+          return "'" + text + "' is not " + what;
+        return {};
+      },
+      "FLOAT");
 }
 
 }  // namespace mok::cli

@@ -142,7 +142,14 @@ int main(int argc, char** argv) {
                "over reps of the slowest rank's time; % of peak is against R times the one GPU's measured peak.\n"
                "The baselines (cuBLAS unfused, PyTorch) run the whole layer on one GPU: they run with the virtual\n"
                "transport, and with nccl only at R=1 (skipped, and said so, at R>1). Asking for nccl in a build\n"
-               "without NCCL exits 3; with more ranks than visible GPUs, 2; both name the fix.", "mok-bench"};
+               "without NCCL exits 3; with more ranks than visible GPUs, 2; both name the fix.\n\n"
+               "Examples:\n"
+               "  mok-bench --case dsv3 --reps 10                  the dsv3 layer against both baselines\n"
+               "  mok-bench --case qwen3 --R 8 --passes forward    8 virtual ranks, forwards only\n"
+               "  mok-bench --case dsv3 --R 8 --show-config        the layer a run would time (no GPU needed)\n"
+               "  mok-bench --file fixtures/small-zipf.h5 --no-baseline --trace\n\n"
+               "Exit codes: 0 measured, 1 a run failed, 2 bad usage (checked before the GPU), 3 no GPU or\n"
+               "NCCL here.", "mok-bench"};
   std::string preset = "dsv3-mini", file, routing = "uniform", transport = "virtual";
   int reps = 20, warmup = 3, comm = 0, blocks = 0;
   int64_t R = 0, T = 0, H = 0, I = 0, Is = -1, E = 0, K = 0;

@@ -719,7 +719,8 @@ int main(int argc, char** argv) {
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok-bench: %s\n", e.what());
     // What this machine lacks (too few GPUs, no NVLink team or symmetric memory for NCCL) is an
-    // environment problem, 3 as in mok-verify; the rest is bad input, 2.
-    return e.kind() == mok::ErrorKind::kUnsupported ? 3 : 2;
+    // environment problem, 3 as in mok-verify; a CUDA or kernel failure while running is 1; the
+    // rest is bad input, 2.
+    return e.kind() == mok::ErrorKind::kUnsupported ? 3 : e.kind() == mok::ErrorKind::kInternal ? 1 : 2;
   }
 }

@@ -638,9 +638,15 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   }
 
   GoldenMeta& meta = golden.meta;
-  meta.generator = read_string_attr(ctx, file, "generator", root).value_or("");
-  meta.generator_version = read_string_attr(ctx, file, "generator_version", root).value_or("");
-  meta.seed = read_integer_attr<uint64_t>(ctx, file, "seed", H5T_NATIVE_UINT64, root).value_or(0);
+  // The root attributes the format defines (DESIGN.md, golden format): generator, its version
+  // and the seed are required; routing is descriptive and may be absent.
+  auto required = [&](auto value, const char* name) {
+    if (!value) ctx.fail(root, std::string("attribute ") + name + " is missing" + kFixHint);
+    return *value;
+  };
+  meta.generator = required(read_string_attr(ctx, file, "generator", root), "generator");
+  meta.generator_version = required(read_string_attr(ctx, file, "generator_version", root), "generator_version");
+  meta.seed = required(read_integer_attr<uint64_t>(ctx, file, "seed", H5T_NATIVE_UINT64, root), "seed");
   meta.routing = read_string_attr(ctx, file, "routing", root).value_or("");
   const std::optional<std::string> root_profile = read_string_attr(ctx, file, "profile", root);
   const std::optional<std::string> root_mma = read_string_attr(ctx, file, "mma_model", root);
@@ -677,6 +683,14 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
         ctx, root_mma, read_string_attr(ctx, config.get(), "mma_model", "group /config"),
         "mma_model");
   }
+  // The numerics the file was made under must be the ones this build emulates: another
+  // profile's or MMA model's bits would be compared against the wrong rules.
+  const GoldenMeta ours;
+  if (meta.profile != ours.profile || meta.mma_model != ours.mma_model)
+    throw Error(ctx.origin() + ": made under profile \"" + meta.profile + "\" and MMA model \"" + meta.mma_model +
+                    "\"; this build implements profile \"" + ours.profile + "\" with MMA model \"" + ours.mma_model +
+                    "\" only: use a build of that profile, or regenerate the file with this one's mok-golden",
+                ErrorKind::kUnsupported);
   const spec::Status cfg_status = golden.cfg.validate();
   if (!cfg_status.ok) ctx.fail("group /config", cfg_status.message + std::string(kFixHint));
 
@@ -739,7 +753,10 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
     }
   }
 
+  // A candidate file (another backend's results; ReadOptions::require_inputs false) may hold
+  // outputs and gradients alone.
   for (const TensorSpec& spec : golden_schema()) {
+    if (!options.require_inputs) break;
     if (spec.role != Role::kInput || !spec_applies(spec, golden.cfg)) continue;
     const std::string path = spec.path;
     if (path == "inputs/d_output") continue;  // forward-only cases have no d_output

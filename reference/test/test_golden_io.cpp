@@ -407,6 +407,58 @@ TEST(GoldenIo, SignalDuringWriteLeavesNoTemporaryFile) {
   }
 }
 
+// DESIGN.md's golden format: the profile and MMA model are this build's (another one's bits
+// would be judged by the wrong rules: unsupported, exit 3), and the root's generator, version
+// and seed are required.
+TEST(GoldenIo, ProfileModelAndRootAttributesAreChecked) {
+  const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 8);
+  ScratchDir dir;
+  for (const char* field : {"profile", "mma_model"}) {
+    Golden other = golden;
+    (std::string(field) == "profile" ? other.meta.profile : other.meta.mma_model) = "some-other-v9";
+    write_golden(dir.file("other.h5"), other);
+    try {
+      read_golden(dir.file("other.h5"));
+      ADD_FAILURE() << field << " some-other-v9 was accepted";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.kind(), mok::ErrorKind::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("some-other-v9"), std::string::npos) << e.what();
+    }
+  }
+  for (const char* attr : {"generator", "generator_version", "seed"}) {
+    write_golden(dir.file("bare.h5"), golden);
+    const hid_t file = H5Fopen(dir.file("bare.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    ASSERT_GE(H5Adelete(file, attr), 0);
+    H5Fclose(file);
+    try {
+      read_golden(dir.file("bare.h5"));
+      ADD_FAILURE() << "a file without the root attribute " << attr << " was accepted";
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("attribute ") + attr + " is missing"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// A candidate file (ReadOptions::require_inputs false) may hold outputs and gradients alone; a
+// golden may not.
+TEST(GoldenIo, CandidatesNeedNoInputs) {
+  const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 9);
+  ScratchDir dir;
+  write_golden(dir.file("c.h5"), golden);
+  const hid_t file = H5Fopen(dir.file("c.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  ASSERT_GE(H5Ldelete(file, "/inputs", H5P_DEFAULT), 0);
+  H5Fclose(file);
+  ReadOptions candidate;
+  candidate.require_inputs = false;
+  const Golden back = read_golden(dir.file("c.h5"), candidate);
+  EXPECT_EQ(back.tensors.count("inputs/x"), 0u);
+  EXPECT_EQ(back.tensors.count("outputs/output"), golden.tensors.count("outputs/output"));
+  EXPECT_THROW(read_golden(dir.file("c.h5")), mok::Error);
+}
+
 TEST(GoldenIo, MissingFileIsBadInput) {
   try {
     read_golden("/nonexistent/golden.h5");

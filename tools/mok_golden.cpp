@@ -89,9 +89,10 @@ int main(int argc, char** argv) {
     rs.empty_prob = empty;
 
     const auto t0 = std::chrono::steady_clock::now();
-    // The preset's name only where it still describes the layer.
+    // The preset's name alone only where it still describes the layer. One word either way:
+    // fixtures/regenerate reads the layer after the first word of this line.
     const bool overridden = H != -1 || I != -1 || Is != -1 || E != -1 || K != -1 || R != -1 || T != -1;
-    const std::string label = overridden ? preset + " with overrides:" : preset;
+    const std::string label = overridden ? preset + "+overrides" : preset;
     std::fprintf(stderr, "mok-golden: %s H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld routing=%s seed=%llu\n",
                  label.c_str(), (long long)cfg.hidden, (long long)cfg.intermediate,
                  (long long)cfg.shared_intermediate, (long long)cfg.num_experts, (long long)cfg.top_k,

@@ -88,6 +88,18 @@ int monte_carlo(int trials, int threads, int64_t quantum_ns) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* usage =
+      "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS [full|THREADS]] | mc [TRIALS [THREADS [RATE_QUANTUM_NS]]]\n"
+      "Times one forward layer (DeepSeek-V3 shapes, 8192 tokens per GPU) on gb200-nvl72 or N NVL72 racks, or\n"
+      "TRIALS Monte-Carlo layers of NVL72 with power-law 1.2 routing (simulator/README.md, Speed).\n"
+      "  mok-sim-bench nvl72            exact rates, one thread\n"
+      "  mok-sim-bench racks8 5000 2    576 GPUs, 5 us rate quantum, a helper thread\n"
+      "  mok-sim-bench mc 1000 2        1,000 trials on two threads\n"
+      "Exit codes: 0 ran, 2 bad usage.\n";
+  if (argc > 1 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   const std::string what = argc > 1 ? argv[1] : "nvl72";
   const int64_t quantum = argc > 2 ? std::atoll(argv[2]) : 0;
   // Third argument: "full" (exact rates by full recomputes) or a thread count (SimOptions::threads).
@@ -103,7 +115,6 @@ int main(int argc, char** argv) {
   if (what == "mc")
     return monte_carlo(argc > 2 ? std::atoi(argv[2]) : 1000, argc > 3 ? std::atoi(argv[3]) : 2,
                        argc > 4 ? std::atoll(argv[4]) : 0);
-  std::fprintf(stderr,
-               "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS [full|THREADS]] | mc [TRIALS [THREADS [RATE_QUANTUM_NS]]]\n");
+  std::fprintf(stderr, "mok-sim-bench: unknown case '%s'\n%s", what.c_str(), usage);
   return 2;
 }

@@ -52,7 +52,7 @@ bool cuda_available(std::string* why) {
 #if defined(MOK_HAVE_CUDA_KERNEL)
   return kernel::gpu_available(why);
 #else
-  if (why) *why = "this build has no CUDA kernel (configure with a CUDA toolkit and MOK_ENABLE_CUDA=AUTO or ON; the kernel arrives with kernel v1)";
+  if (why) *why = "this build has no CUDA kernel (configure where a CUDA toolkit is found, with MOK_ENABLE_CUDA=AUTO or ON)";
   return false;
 #endif
 }

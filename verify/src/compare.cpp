@@ -171,7 +171,7 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
     report.tensors.push_back(tr);
   }
   // Every output and gradient the golden holds must be in the candidate (intermediates need not:
-  // the CUDA kernel returns none).
+  // the CUDA kernel returns only y and dx_slot).
   for (const auto& [path, tensor] : golden.tensors) {
     const ref::TensorSpec* s = ref::find_spec(path);
     if (!s || (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad) || candidate.count(path)) continue;

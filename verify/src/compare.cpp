@@ -126,6 +126,7 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
       const uint64_t wb = want.bits_at(i), gb = got.bits_at(i);
       const uint64_t d = ulp_distance(want.dtype(), wb, gb);
       if (d == 0 && wb == gb) ++tr.equal;
+      if (wb != gb && tr.first_idx < 0) tr.first_idx = i;
       if (d > tr.max_ulp || (tr.worst_idx < 0 && wb != gb)) {
         tr.max_ulp = std::max(tr.max_ulp, d);
         tr.worst_idx = i;
@@ -145,13 +146,18 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
         ++tr.bound_checked;
         const double err = std::fabs(got.value_at(i) - x);
         const double ratio = err == 0 ? 0.0 : (r > 0 ? err / r : INFINITY);
-        if (!(err <= r)) ++tr.outside_bound;
+        if (!(err <= r)) {
+          ++tr.outside_bound;
+          if (tr.first_outside_idx < 0) tr.first_outside_idx = i;
+        }
         if (ratio > tr.worst_bound_ratio || std::isnan(err)) {
           tr.worst_bound_ratio = std::isnan(err) ? INFINITY : ratio;
           tr.worst_bound_location = ref::locate(s, golden.cfg, i, topk);
         }
       }
     }
+    if (tr.first_idx >= 0) tr.first_location = ref::locate(s, golden.cfg, tr.first_idx, topk);
+    if (tr.first_outside_idx >= 0) tr.first_outside_location = ref::locate(s, golden.cfg, tr.first_outside_idx, topk);
     if (tr.worst_idx >= 0) {
       tr.worst_location = ref::locate(s, golden.cfg, tr.worst_idx, topk);
       tr.worst_expected = want.value_at(tr.worst_idx);
@@ -165,8 +171,26 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
       tr.passed = false;
       tr.worst_bound_location = "no element has a radius (all NaN)";
     }
-    if (!tr.passed && report.first_bad_stage.empty())
-      report.first_bad_stage = path + (tr.worst_location.empty() ? "" : " at " + tr.worst_location);
+    // The first failing stage names its first wrong element (DESIGN.md: the stage bisector names
+    // the first stage, expert, token and element that went wrong), and where the difference is
+    // largest when that is elsewhere.
+    if (!tr.passed && report.first_bad_stage.empty()) {
+      std::string where;
+      const bool bitwise_miss = options.criterion == Criterion::kBitwise && tr.first_idx >= 0;
+      if (bitwise_miss) {
+        const int64_t differing = tr.compared - tr.equal;
+        where = " at " + tr.first_location;
+        if (differing > 1)
+          where += " (first of " + std::to_string(differing) + " differing elements; the largest difference at " +
+                   tr.worst_location + ")";
+      } else if (tr.first_outside_idx >= 0) {
+        where = " at " + tr.first_outside_location + " (first of " + std::to_string(tr.outside_bound) +
+                " outside their radius)";
+      } else if (!tr.worst_location.empty()) {
+        where = " at " + tr.worst_location;
+      }
+      report.first_bad_stage = path + where;
+    }
     report.passed = report.passed && tr.passed;
     report.tensors.push_back(tr);
   }
@@ -233,6 +257,10 @@ std::string format_json(const Report& r) {
     tj["equal"] = t.equal;
     tj["max_ulp"] = t.max_ulp == UINT64_MAX ? nlohmann::json("nan") : nlohmann::json(t.max_ulp);
     tj["worst_element"] = t.worst_location;
+    if (t.first_idx >= 0) {
+      tj["first_index"] = t.first_idx;
+      tj["first_element"] = t.first_location;
+    }
     if (t.worst_idx >= 0) {
       tj["worst_index"] = t.worst_idx;
       tj["worst_expected"] = t.worst_expected;

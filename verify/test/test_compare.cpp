@@ -13,6 +13,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -107,6 +108,26 @@ RC_GTEST_PROP(Compare, OneFlippedBitFailsAtItsTensorAndElement, ()) {
   RC_ASSERT(tr->equal == tr->compared - 1);
   RC_ASSERT(tr->worst_idx == i);
   RC_ASSERT(tr->max_ulp > 0u);
+}
+
+// The report names the first wrong element of the first failing stage (DESIGN.md's stage
+// bisector), and the largest difference beside it.
+RC_GTEST_PROP(Compare, TheFirstWrongElementIsNamed, ()) {
+  Case c = *gen_case();
+  const std::string path = *rc::gen::elementOf(c.judged);
+  ref::Tensor& t = c.candidate.at(path);
+  RC_PRE(t.numel() > 1);
+  const int64_t i = *rc::gen::inRange<int64_t>(0, t.numel());
+  const int64_t j = *rc::gen::distinctFrom(rc::gen::inRange<int64_t>(0, t.numel()), i);
+  const int bits = static_cast<int>(8 * ref::dtype_size(t.dtype()));
+  flip_bit(t, i, *rc::gen::inRange(0, bits));
+  flip_bit(t, j, *rc::gen::inRange(0, bits));
+  const verify::Report r = verify::compare(c.golden, c.candidate, verify::CompareOptions{});
+  const verify::TensorReport* tr = find(r, path);
+  RC_ASSERT(tr != nullptr);
+  RC_ASSERT(tr->first_idx == std::min(i, j));
+  RC_ASSERT(r.first_bad_stage.rfind(path + " at " + tr->first_location, 0) == 0);
+  RC_ASSERT(r.first_bad_stage.find("first of 2 differing elements") != std::string::npos);
 }
 
 RC_GTEST_PROP(Compare, AMissingOutputOrGradientFails, ()) {

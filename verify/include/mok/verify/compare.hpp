@@ -23,6 +23,10 @@ struct TensorReport {
   int64_t equal = 0;             // bit-identical elements
   uint64_t max_ulp = 0;          // largest ULP distance (NaN against a number counts as max)
   int64_t worst_idx = -1;        // flat index of the largest ULP distance (-1: all equal)
+  int64_t first_idx = -1;        // flat index of the first element whose bits differ (-1: none)
+  std::string first_location;    // its coordinates
+  int64_t first_outside_idx = -1;  // the first element outside its radius (-1: none)
+  std::string first_outside_location;
   std::string worst_location;    // "token=5 slot=2 expert=17 h=40"
   double worst_expected = 0, worst_actual = 0;
   // Bound check (when the golden holds bounds/<name>_exact and _bound).

@@ -4,6 +4,7 @@
 
 #include "mok/cli.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -74,10 +75,17 @@ int main(int argc, char** argv) {
   }
   std::vector<pid_t> pids;
   // Installed before the first fork, so no signal falls between a rank's start and the handler.
+  // A signal the launcher was started with ignored (nohup, a script's background job) stays
+  // ignored, here and in the ranks.
+  const int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_actions[3];
   struct sigaction sa {};
   sa.sa_handler = note_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    sigaction(kSignals[i], nullptr, &old_actions[i]);
+    if (old_actions[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
+  }
   for (int r = 0; r < n; ++r) {
     const pid_t pid = fork();
     if (pid < 0) {
@@ -86,10 +94,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (pid == 0) {
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &dfl, nullptr);
+      for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_actions[i], nullptr);  // as the launcher found them
       setenv("MOK_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MOK_NCCL_ID", hex.c_str(), 1);
@@ -128,6 +133,8 @@ int main(int argc, char** argv) {
     const pid_t done = waitpid(-1, &status, WNOHANG);
     if (done > 0) {
       --remaining;
+      // A reaped rank's pid may be reused by another process: never signal it again.
+      pids.erase(std::remove(pids.begin(), pids.end(), done), pids.end());
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code != 0 && first_failure == 0) {
         first_failure = code;

@@ -781,12 +781,14 @@ std::string check_output_path(const std::string& path) {
     if (ec || hops == 40) throw Error(path + ": cannot follow the symbolic link" + (ec ? ": " + ec.message() : " (a loop?)"));
     target = to.is_absolute() ? to : target.parent_path() / to;
   }
-  const fs::file_status st = fs::status(target, ec);
-  if (fs::exists(st) && !fs::is_regular_file(st))
-    throw Error(path + (fs::is_directory(st) ? ": is a directory; give the path of a file to write, e.g. " +
-                                                   (fs::path(path) / "case.h5").string()
-                                             : std::string(": is not a regular file (a device or a pipe); give the path "
-                                                           "of a file to write")));
+  // HDF5 needs a file it can seek in and a temporary beside it: no device, pipe or standard
+  // stream (/dev/stdout is a link into /proc that resolves to no real file name).
+  const fs::file_status st = fs::status(path, ec);
+  const std::string abs = fs::absolute(target, ec).lexically_normal().string();
+  if (fs::is_directory(st))
+    throw Error(path + ": is a directory; give the path of a file to write, e.g. " + (fs::path(path) / "case.h5").string());
+  if ((fs::exists(st) && !fs::is_regular_file(st)) || abs.rfind("/dev/", 0) == 0 || abs.rfind("/proc/", 0) == 0)
+    throw Error(path + ": is not a regular file (a device, a pipe or a standard stream); give the path of a file to write");
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec))
     throw Error(path + ": '" + dir.string() + "' " +
@@ -797,7 +799,8 @@ std::string check_output_path(const std::string& path) {
   const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
   const size_t name_len = target.filename().string().size() + 5 + std::to_string(static_cast<long>(::getpid())).size();
   if (name_max > 0 && name_len > static_cast<size_t>(name_max))
-    throw Error(path + ": the file name is too long for this file system (at most " + std::to_string(name_max - 16) +
+    throw Error(path + ": the file name is too long for this file system (at most " +
+                std::to_string(name_max - static_cast<long>(name_len - target.filename().string().size())) +
                 " characters leave room for the temporary file's suffix); choose a shorter name");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw Error(path + ": no permission to write in '" + dir.string() + "'; choose a directory you can write to");
@@ -806,18 +809,26 @@ std::string check_output_path(const std::string& path) {
 
 namespace {
 
-// The temporary file being written, for the signal handlers below (a fixed buffer: a handler
-// may only call async-signal-safe functions such as unlink).
+// The temporary file being written, and the dispositions the handlers replaced, for the signal
+// handlers below (fixed storage: a handler may only call async-signal-safe functions such as
+// unlink, sigaction and raise).
 char g_tmp_path[4096];
 volatile sig_atomic_t g_tmp_live = 0;
+constexpr std::array<int, 3> kTmpSignals{SIGINT, SIGTERM, SIGHUP};
+std::array<struct sigaction, 3> g_old_actions{};
 
+// Removes the temporary file, puts the previous disposition back and raises the signal again,
+// so whatever the program had arranged for it (its own handler, or the default: terminate)
+// happens as if this writer had not been there.
 extern "C" void remove_tmp_and_reraise(int sig) {
   if (g_tmp_live) ::unlink(g_tmp_path);
-  std::signal(sig, SIG_DFL);
-  std::raise(sig);
+  for (size_t i = 0; i < kTmpSignals.size(); ++i)
+    if (kTmpSignals[i] == sig) sigaction(sig, &g_old_actions[i], nullptr);
+  ::raise(sig);
 }
 
-// Installs the handlers for the lifetime of a write and restores the previous ones.
+// Installs the handlers for the lifetime of a write and restores the previous ones. A signal
+// that is ignored (nohup, a background job) stays ignored.
 class TmpFileGuard {
  public:
   explicit TmpFileGuard(const std::string& tmp) {
@@ -828,18 +839,22 @@ class TmpFileGuard {
     struct sigaction sa {};
     sa.sa_handler = remove_tmp_and_reraise;
     sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
+    for (size_t i = 0; i < kTmpSignals.size(); ++i) {
+      sigaction(kTmpSignals[i], nullptr, &g_old_actions[i]);
+      installed_[i] = g_old_actions[i].sa_handler != SIG_IGN;
+      if (installed_[i]) sigaction(kTmpSignals[i], &sa, nullptr);
+    }
   }
   ~TmpFileGuard() {
-    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+    for (size_t i = 0; i < kTmpSignals.size(); ++i)
+      if (installed_[i]) sigaction(kTmpSignals[i], &g_old_actions[i], nullptr);
     g_tmp_live = 0;
   }
   TmpFileGuard(const TmpFileGuard&) = delete;
   TmpFileGuard& operator=(const TmpFileGuard&) = delete;
 
  private:
-  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
-  std::array<struct sigaction, 3> old_{};
+  std::array<bool, 3> installed_{};
 };
 
 }  // namespace

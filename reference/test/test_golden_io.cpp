@@ -405,6 +405,23 @@ TEST(GoldenIo, SignalDuringWriteLeavesNoTemporaryFile) {
     for (const auto& e : fs::directory_iterator(dir.path()))
       EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
   }
+  // An ignored signal stays ignored while the writer runs (nohup): SIGHUPs do not end the
+  // child, the SIGTERM after them does.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::signal(SIGHUP, SIG_IGN);
+    for (;;) write_golden(target, golden);
+  }
+  for (int i = 0; i < 10; ++i) {
+    ::usleep(5000);
+    ::kill(child, SIGHUP);
+  }
+  ::usleep(5000);
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "an ignored SIGHUP ended the writer";
 }
 
 // DESIGN.md's golden format: the profile and MMA model are this build's (another one's bits

@@ -1154,7 +1154,9 @@ void LayerSim::on_all_known(int ph, int gpu, int64_t now) {
 }
 
 void LayerSim::on_dst_complete(int ph, int gpu, int64_t now) {
-  completion_signal_[ph].push_back(now - last_data_ns_[ph][gpu]);
+  // The completion signal is a receiver's: last byte in -> it knows. A GPU that receives nothing
+  // in this phase has no such interval (it would count its absolute completion time).
+  if (traffic_.recv_pieces[ph][gpu] > 0) completion_signal_[ph].push_back(now - last_data_ns_[ph][gpu]);
   if (ph == kDispatch) {
     gpu_[gpu].dispatch_known_ns = now;
     if (proto_.phases == Phases::kDispatch) gpu_[gpu].done_ns = now;

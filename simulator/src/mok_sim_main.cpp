@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mok/cli.hpp"
@@ -121,11 +122,23 @@ fs::path existing_ancestor(fs::path p) {
   return p.empty() ? fs::path(".") : p;
 }
 
+// A path to write to directly rather than through a temporary file and a rename: one that
+// exists and is not a regular file (following links, /proc's included: a pipe, a device), or a
+// name for a stream or device (/dev/..., /proc/...: /dev/stdout redirected to a file must write
+// into that open file, not replace it).
+bool write_directly(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (!ec && fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) return true;
+  const std::string s = fs::absolute(p, ec).lexically_normal().string();
+  return s.rfind("/dev/", 0) == 0 || s.rfind("/proc/", 0) == 0;
+}
+
 // Output files are written only after every run succeeded, and all of them or none: each is
-// first written in full to a temporary name beside its target, and only when every one has been
+// first written in full to a temporary file beside its target, and only when every one has been
 // written are they renamed into place (a failure removes the temporaries and the directories made
-// for them). A symbolic link is followed, so its target is replaced and the link stays; a path
-// that exists and is not a regular file (/dev/stdout, a pipe) is written to directly, last.
+// for them). A symbolic link is followed, so its target is replaced and the link stays; a
+// stream or device (write_directly) is written to directly, last.
 struct PendingFiles {
   struct Item {
     fs::path path;
@@ -135,13 +148,28 @@ struct PendingFiles {
   std::vector<Item> items;
   void add(fs::path p, std::string text, std::string flag) { items.push_back({std::move(p), std::move(text), std::move(flag)}); }
 
+  // The file a rename would replace: `p` with its symbolic links followed.
+  static fs::path resolved(const fs::path& p, const std::string& flag) {
+    std::error_code ec;
+    fs::path target = p;
+    for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
+      const fs::path to = fs::read_symlink(target, ec);
+      if (ec || hops == 40)
+        throw Error(flag + " '" + p.string() + "': cannot follow the link" + (ec ? ": " + ec.message() : std::string(" (a loop?)")));
+      target = to.is_absolute() ? to : target.parent_path() / to;
+    }
+    return fs::weakly_canonical(fs::absolute(target, ec), ec);
+  }
+
   // Before any run: fails early on paths that cannot be written (a directory given as a file, a
   // file given as --out, a parent that is a file, a directory without write permission).
   static void check_file(const fs::path& p, const std::string& flag) {
+    if (write_directly(p)) return;  // a stream or device: written as it is
     std::error_code ec;
     if (fs::is_directory(p, ec))
       throw Error(flag + " '" + p.string() + "' is a directory; give a file name, e.g. " + (p / "trace.json").string());
-    check_parent(p.has_parent_path() ? p.parent_path() : fs::path("."), flag, p);
+    const fs::path target = resolved(p, flag);
+    check_parent(target.has_parent_path() ? target.parent_path() : fs::path("."), flag, p);
   }
   static void check_dir(const fs::path& d, const std::string& flag) {
     std::error_code ec;
@@ -158,12 +186,21 @@ struct PendingFiles {
       throw Error(flag + " '" + named.string() + "': no permission to write in '" + base.string() +
                   "'; choose a directory you can write to");
   }
+  // Two outputs that name one file (e.g. --trace DIR/result.json with --out DIR) would overwrite
+  // each other: refused before the run.
+  void check_distinct() const {
+    for (size_t i = 0; i < items.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (resolved(items[i].path, items[i].flag) == resolved(items[j].path, items[j].flag))
+          throw Error(items[j].flag + " and " + items[i].flag + " both write '" + items[i].path.string() +
+                      "'; give them different files");
+  }
 
   void commit() {
+    check_distinct();
     std::vector<fs::path> made_dirs;  // created here, outermost first
     std::vector<std::pair<fs::path, fs::path>> renames;  // (temporary, target)
     std::vector<const Item*> direct;
-    std::vector<fs::path> targets;
     auto undo = [&] {
       std::error_code ec;
       for (const auto& [tmp, target] : renames) fs::remove(tmp, ec);
@@ -172,21 +209,13 @@ struct PendingFiles {
     try {
       for (const Item& item : items) {
         std::error_code ec;
-        fs::path target = item.path;
-        for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
-          const fs::path to = fs::read_symlink(target, ec);
-          if (ec || hops == 40)
-            throw Error(item.flag + " '" + item.path.string() + "': cannot follow the link" +
-                        (ec ? ": " + ec.message() : std::string(" (a loop?)")));
-          target = to.is_absolute() ? to : target.parent_path() / to;
-        }
-        if (fs::exists(target, ec) && !fs::is_regular_file(target, ec)) {
-          if (fs::is_directory(target, ec))
-            throw Error(item.flag + " '" + item.path.string() + "' is a directory; give a file name");
-          direct.push_back(&item);  // a device or a pipe: no temporary beside it
-          targets.push_back(target);
+        if (write_directly(item.path)) {
+          direct.push_back(&item);
           continue;
         }
+        const fs::path target = resolved(item.path, item.flag);
+        if (fs::is_directory(target, ec))
+          throw Error(item.flag + " '" + item.path.string() + "' is a directory; give a file name");
         const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
         if (!fs::exists(parent, ec)) {
           std::vector<fs::path> missing;
@@ -217,12 +246,25 @@ struct PendingFiles {
       undo();
       throw;
     }
-    for (size_t i = 0; i < direct.size(); ++i) {
-      std::ofstream out(targets[i], std::ios::binary);
-      out << direct[i]->text;
-      out.close();
-      if (!out)
-        throw Error(direct[i]->flag + " '" + direct[i]->path.string() + "': cannot write to it (" + std::strerror(errno) + ")");
+    for (const Item* item : direct) {
+      // This process's own standard output or error (/dev/stdout, /proc/self/fd/1, ... even
+      // when redirected to a file) goes through the same stream as the rest of the output, so
+      // the two keep their order and neither overwrites the other.
+      struct stat target {}, fd_st {};
+      const bool exists = ::stat(item->path.c_str(), &target) == 0;
+      auto same_as = [&](int fd) {
+        return exists && ::fstat(fd, &fd_st) == 0 && fd_st.st_dev == target.st_dev && fd_st.st_ino == target.st_ino;
+      };
+      if (same_as(1)) {
+        std::cout << item->text << std::flush;
+      } else if (same_as(2)) {
+        std::cerr << item->text << std::flush;
+      } else {
+        std::ofstream out(item->path, std::ios::binary | std::ios::app);  // a stream: append, never truncate
+        out << item->text;
+        out.close();
+        if (!out) throw Error(item->flag + " '" + item->path.string() + "': cannot write to it (" + std::strerror(errno) + ")");
+      }
     }
   }
 };
@@ -289,6 +331,10 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   // Everything that can be checked before a run is checked here, so a mistake costs no time.
   if (!trace_path.empty()) PendingFiles::check_file(trace_path, "--trace");
   if (!out_dir.empty()) PendingFiles::check_dir(out_dir, "--out");
+  if (!many && !trace_path.empty() && !out_dir.empty() && !write_directly(trace_path) &&
+      PendingFiles::resolved(trace_path, "--trace") ==
+          PendingFiles::resolved(fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format)), "--out"))
+    throw Error("--trace '" + trace_path + "' is the file --out writes the result to; give them different files");
   PendingFiles files;
   if (!many) {
     mok::sim::RoutingSpec routing = first.routing;

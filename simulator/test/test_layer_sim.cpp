@@ -30,6 +30,10 @@ TEST(LayerSim, OnePulledFlowTakesBytesOverBandwidthPlusARoundTrip) {
   const int64_t bytes = 512 * 1024 * 2;
   EXPECT_EQ(r.dispatch.data_end_ns, ceil_div(bytes, 100) + 2 * 1000);
   EXPECT_EQ(r.dispatch.scaleup_bytes, bytes);
+  // Only rank 1 receives: the completion signal (last byte in -> it knows) has one sample, and
+  // rank 0, which receives nothing, does not add its absolute completion time (review, 2026-12-05).
+  EXPECT_EQ(r.dispatch.completion_signal.count, 1);
+  EXPECT_LT(r.dispatch.completion_signal.max_ns, 10000);
 }
 
 TEST(LayerSim, IncastSharesTheReceiverPort) {

@@ -87,11 +87,28 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
     if (options.criterion == Criterion::kWithinBounds && s->role == ref::Role::kIntermediate) continue;
     if (golden.tensors.count(path)) paths.push_back(path);
   }
+  // Every output and gradient the golden holds must be in the candidate (intermediates need not:
+  // the CUDA kernel returns only y and dx_slot); a missing one takes its place in stage order.
+  for (const auto& [path, tensor] : golden.tensors) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    if (s && (s->role == ref::Role::kOutput || s->role == ref::Role::kGrad) && !candidate.count(path))
+      paths.push_back(path);
+  }
   std::stable_sort(paths.begin(), paths.end(),
                    [](const std::string& a, const std::string& b) { return stage_rank(a) < stage_rank(b); });
 
   for (const std::string& path : paths) {
     const ref::Tensor& want = golden.tensors.at(path);
+    if (!candidate.count(path)) {
+      TensorReport tr;
+      tr.path = path;
+      tr.passed = false;
+      tr.worst_location = "missing from the candidate";
+      if (report.first_bad_stage.empty()) report.first_bad_stage = path + ": missing from the candidate";
+      report.passed = false;
+      report.tensors.push_back(tr);
+      continue;
+    }
     const ref::Tensor& got = candidate.at(path);
     const ref::TensorSpec& s = *ref::find_spec(path);
     TensorReport tr;
@@ -192,19 +209,6 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
       report.first_bad_stage = path + where;
     }
     report.passed = report.passed && tr.passed;
-    report.tensors.push_back(tr);
-  }
-  // Every output and gradient the golden holds must be in the candidate (intermediates need not:
-  // the CUDA kernel returns only y and dx_slot).
-  for (const auto& [path, tensor] : golden.tensors) {
-    const ref::TensorSpec* s = ref::find_spec(path);
-    if (!s || (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad) || candidate.count(path)) continue;
-    TensorReport tr;
-    tr.path = path;
-    tr.passed = false;
-    tr.worst_location = "missing from the candidate";
-    if (report.first_bad_stage.empty()) report.first_bad_stage = path + ": missing from the candidate";
-    report.passed = false;
     report.tensors.push_back(tr);
   }
   if (paths.empty()) {

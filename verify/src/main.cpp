@@ -102,8 +102,8 @@ int main(int argc, char** argv) {
   det->add_option("--runs,-n", runs, "runs of each configuration")->capture_default_str()->check(CLI::Range(1, 100000));
   det->add_option("--ranks", ranks, "virtual rank counts R (each must divide E and the minibatch)")
       ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 4096));
-  det->add_option("--comm-sms", comm, "communication blocks per rank (the rest compute)")
-      ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 4096));
+  det->add_option("--comm-sms", comm, "communication blocks per rank (the rest compute; 0: the kernel's default, blocks per rank - 1)")
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(0, 4096));
   det->add_option("--minibatch", minibatch,
                   "tokens per pass (default: the whole batch); per-token results must not change")
       ->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 40));

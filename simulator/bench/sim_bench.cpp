@@ -1,6 +1,7 @@
 // mok-sim-bench: wall-clock speed of the simulator on the reference cases.
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -100,21 +101,41 @@ int main(int argc, char** argv) {
     std::fputs(usage, stdout);
     return 0;
   }
+  // Whole numbers only, in range; anything else is bad usage (atoll would read "5us" as 5 and
+  // "abc" as 0).
+  bool bad = false;
+  auto number = [&](int i, int64_t fallback, int64_t lo, int64_t hi, const char* what) -> int64_t {
+    if (argc <= i) return fallback;
+    const std::string text = argv[i];
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+      std::fprintf(stderr, "mok-sim-bench: %s '%s' must be a whole number from %lld to %lld\n", what, text.c_str(),
+                   static_cast<long long>(lo), static_cast<long long>(hi));
+      bad = true;
+    }
+    return v;
+  };
   const std::string what = argc > 1 ? argv[1] : "nvl72";
-  const int64_t quantum = argc > 2 ? std::atoll(argv[2]) : 0;
+  if (what == "mc") {
+    const int64_t trials = number(2, 1000, 1, 1000000, "TRIALS");
+    const int64_t threads = number(3, 2, 1, 256, "THREADS");
+    const int64_t quantum = number(4, 0, 0, 1000000000, "RATE_QUANTUM_NS");
+    if (bad || argc > 5) return bad ? 2 : (std::fputs(usage, stderr), 2);
+    return monte_carlo(static_cast<int>(trials), static_cast<int>(threads), quantum);
+  }
+  const int64_t quantum = number(2, 0, 0, 1000000000, "RATE_QUANTUM_NS");
   // Third argument: "full" (exact rates by full recomputes) or a thread count (SimOptions::threads).
   const std::string third = argc > 3 ? argv[3] : "";
   const bool full = third == "full";
-  const int threads = !third.empty() && !full ? std::max(1, std::atoi(third.c_str())) : 1;
+  const int threads = !third.empty() && !full ? static_cast<int>(number(3, 1, 1, 256, "THREADS")) : 1;
+  if (bad || argc > 4) return bad ? 2 : (std::fputs(usage, stderr), 2);
   if (what == "nvl72") return one_layer("gb200-nvl72", 72, quantum, full, threads);
-  if (what == "racks8") return one_layer("multi-rack:8", 576, quantum, full, threads);
-  if (what.rfind("racks", 0) == 0 && what.size() > 5) {
+  if (what.rfind("racks", 0) == 0 && what.size() > 5 && what.find_first_not_of("0123456789", 5) == std::string::npos) {
     const int n = std::atoi(what.c_str() + 5);
-    return one_layer("multi-rack:" + std::to_string(n), 72 * n, quantum, full, threads);
+    if (n >= 1 && n <= 64) return one_layer("multi-rack:" + std::to_string(n), 72 * n, quantum, full, threads);
   }
-  if (what == "mc")
-    return monte_carlo(argc > 2 ? std::atoi(argv[2]) : 1000, argc > 3 ? std::atoi(argv[3]) : 2,
-                       argc > 4 ? std::atoll(argv[4]) : 0);
   std::fprintf(stderr, "mok-sim-bench: unknown case '%s'\n%s", what.c_str(), usage);
   return 2;
 }

@@ -400,8 +400,10 @@ class Emulator {
 
 TensorMap emulate(const spec::LayerConfig& cfg, const TensorMap& inputs, const EmulateOptions& options) {
   validate_inputs(cfg, inputs, options.backward);
-  if (options.sample && options.sample->token_mask.size() != static_cast<size_t>(cfg.num_tokens()))
-    throw Error("emulate: the sample was not prepared for this config (call Sample::prepare)", ErrorKind::kInternal);
+  if (options.sample) validate_sample(cfg, *options.sample, "emulate");
+  if (options.mma_model == nullptr) throw Error("emulate: EmulateOptions::mma_model is null; leave it at its default");
+  if (options.num_threads < 0 || options.num_threads > 4096)
+    throw Error("emulate: num_threads = " + std::to_string(options.num_threads) + "; use 0 (all cores) to 4096");
   const bool shared = cfg.has_shared();
   auto u16 = [&](const char* p) { return at(inputs, p).data<uint16_t>(); };
   Inputs in{cfg,

@@ -139,9 +139,16 @@ RoutingSpec parse_routing(const std::string& text) {
 TensorMap generate_inputs(const spec::LayerConfig& cfg, const RoutingSpec& routing, uint64_t seed) {
   const spec::Status status = cfg.validate();
   if (!status.ok) throw Error(status.message);
+  // The same ranges parse_routing() enforces, for a RoutingSpec built in code (NaN included:
+  // every comparison with it is false, so each test is written to fail for it).
+  if (routing.kind == RoutingSpec::Kind::kZipf && !(routing.zipf_s > 0 && routing.zipf_s <= 8))
+    throw Error("routing zipf:S: the exponent S must be in (0, 8]");
+  if (routing.kind == RoutingSpec::Kind::kHot &&
+      !(routing.hot_count >= 1 && routing.hot_factor >= 1 && std::isfinite(routing.hot_factor)))
+    throw Error("routing hot:N:F: N must be at least 1 and F a finite factor of at least 1");
   if (routing.kind == RoutingSpec::Kind::kHot && routing.hot_count > cfg.num_experts)
     throw Error("routing hot:N: N is larger than the number of experts E");
-  if (routing.rank_skew < 0 || routing.rank_skew > 1 || routing.empty_prob < 0 || routing.empty_prob > 1)
+  if (!(routing.rank_skew >= 0 && routing.rank_skew <= 1 && routing.empty_prob >= 0 && routing.empty_prob <= 1))
     throw Error("routing: rank skew and empty-slot probability must be in [0, 1]");
   const int64_t G = cfg.num_tokens(), H = cfg.hidden, I = cfg.intermediate,
                 Is = cfg.shared_intermediate, E = cfg.num_experts, K = cfg.top_k;

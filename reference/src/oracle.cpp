@@ -1,5 +1,6 @@
 // The oracle: exact sums (ExactSum) and per-element error radii for every output and gradient.
 #include "mok/reference/oracle.hpp"
+#include "mok/reference/validate.hpp"
 
 #include "mok/reference/error.hpp"
 #include "mok/reference/exact_sum.hpp"
@@ -114,6 +115,13 @@ ChainBound dot_chain_bound(const uint16_t* a, int64_t a_stride, const uint16_t* 
 
 TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                         const TensorMap& reference, const OracleOptions& options) {
+  // The same checks as emulate(): a bad operand is a named error, never an out-of-bounds access.
+  const bool need_backward = reference.count("grads/d_x") > 0 || reference.count("intermediates/dy") > 0;
+  validate_inputs(cfg, inputs, need_backward, "oracle inputs");
+  validate_shapes(cfg, reference, "oracle reference");
+  if (options.sample) validate_sample(cfg, *options.sample, "oracle");
+  if (options.num_threads < 0 || options.num_threads > 4096)
+    throw Error("oracle: num_threads = " + std::to_string(options.num_threads) + "; use 0 (all cores) to 4096");
   const int threads = resolve_threads(options.num_threads);
   const Sample* sample = options.sample;
   const int64_t G = cfg.num_tokens(), H = cfg.hidden, I = cfg.intermediate,

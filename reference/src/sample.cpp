@@ -81,9 +81,22 @@ bool Sample::covers(const std::string& path, const spec::LayerConfig& cfg, int64
 
 Sample make_sample(const spec::LayerConfig& cfg, const Tensor& topk_experts, int64_t num_tokens,
                    int64_t num_cols, uint64_t seed) {
+  const spec::Status status = cfg.validate();
+  if (!status.ok) throw Error(std::string("make_sample: ") + status.message);
+  if (num_tokens < 1 || num_cols < 0)
+    throw Error("make_sample: num_tokens must be at least 1 and num_cols at least 0 (got " + std::to_string(num_tokens) +
+                ", " + std::to_string(num_cols) + ")");
+  if (topk_experts.dtype() != DType::kI32 || topk_experts.shape() != std::vector<int64_t>{cfg.num_tokens(), cfg.top_k})
+    throw Error("make_sample: topk_experts must be i32 [G, K] = [" + std::to_string(cfg.num_tokens()) + ", " +
+                std::to_string(cfg.top_k) + "], found " + std::string(dtype_name(topk_experts.dtype())) +
+                topk_experts.shape_string());
   Rng rng(seed ^ 0x5A4D504C45ull);
   const int64_t G = cfg.num_tokens(), K = cfg.top_k;
   const int32_t* tk = topk_experts.data<int32_t>();
+  for (int64_t i = 0; i < G * K; ++i)
+    if (tk[i] < -1 || tk[i] >= cfg.num_experts)
+      throw Error("make_sample: topk_experts holds expert id " + std::to_string(tk[i]) + " at token " + std::to_string(i / K) +
+                  " slot " + std::to_string(i % K) + " (E = " + std::to_string(cfg.num_experts) + "; -1 is an empty slot)");
   std::vector<uint8_t> chosen(G, 0);
   // First, for every expert, one token routed to it (a random one among its tokens).
   std::vector<std::vector<int64_t>> tokens_of(cfg.num_experts);

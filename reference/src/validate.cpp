@@ -1,5 +1,6 @@
 // Input validation shared by every backend: schema presence, shapes, dtypes, finite values, routing.
 #include "mok/reference/validate.hpp"
+#include "mok/reference/sample.hpp"
 
 #include "mok/reference/error.hpp"
 #include "mok/reference/schema.hpp"
@@ -44,6 +45,43 @@ void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool
     }
   }
   check_input_values(cfg, inputs, origin);
+}
+
+void validate_shapes(const spec::LayerConfig& cfg, const TensorMap& tensors, const std::string& origin) {
+  for (const auto& [path, t] : tensors) {
+    const TensorSpec* s = find_spec(path);
+    if (s == nullptr || !spec_applies(*s, cfg)) continue;
+    const std::vector<int64_t> want = spec_shape(*s, cfg);
+    if (t.dtype() != s->dtype)
+      throw Error(origin + ": dataset /" + path + ": expected dtype " + dtype_name(s->dtype) + " but found " +
+                  dtype_name(t.dtype()));
+    if (t.shape() != want) {
+      Tensor probe(s->dtype, want);
+      throw Error(origin + ": dataset /" + path + ": expected shape " + probe.shape_string() + " " + dims_string(*s) +
+                  " but found " + t.shape_string());
+    }
+  }
+}
+
+void validate_sample(const spec::LayerConfig& cfg, const Sample& sample, const std::string& origin) {
+  if (sample.token_mask.size() != static_cast<size_t>(cfg.num_tokens()) ||
+      sample.inter_mask.size() != static_cast<size_t>(cfg.intermediate) ||
+      sample.shared_mask.size() != static_cast<size_t>(cfg.shared_intermediate))
+    throw Error(origin + ": the sample was not prepared for this config (make it with make_sample, or call "
+                "Sample::prepare(cfg) after filling it)");
+  if (sample.tokens.empty()) throw Error(origin + ": the sample has no tokens, so it would check nothing");
+  for (int64_t g : sample.tokens)
+    if (g < 0 || g >= cfg.num_tokens() || !sample.token_mask[static_cast<size_t>(g)])
+      throw Error(origin + ": sample token " + std::to_string(g) + " is out of range or not prepared (G = " +
+                  std::to_string(cfg.num_tokens()) + ")");
+  for (int64_t i : sample.inter_cols)
+    if (i < 0 || i >= cfg.intermediate || !sample.inter_mask[static_cast<size_t>(i)])
+      throw Error(origin + ": sample I column " + std::to_string(i) + " is out of range or not prepared (I = " +
+                  std::to_string(cfg.intermediate) + ")");
+  for (int64_t j : sample.shared_cols)
+    if (j < 0 || j >= cfg.shared_intermediate || !sample.shared_mask[static_cast<size_t>(j)])
+      throw Error(origin + ": sample Is column " + std::to_string(j) + " is out of range or not prepared (Is = " +
+                  std::to_string(cfg.shared_intermediate) + ")");
 }
 
 void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, const std::string& origin,

@@ -20,4 +20,15 @@ void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, c
 void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool need_backward,
                      const std::string& origin = "inputs");
 
+// Every tensor of `tensors` that the schema names has the schema's dtype and shape for `cfg`
+// (the oracle's reference operands: outputs, grads, intermediates). Throws mok::Error naming
+// `origin` and the dataset.
+void validate_shapes(const spec::LayerConfig& cfg, const TensorMap& tensors, const std::string& origin);
+
+struct Sample;
+// A sample the backends can use: prepared for this config (Sample::prepare or make_sample), its
+// columns in range, and at least one token (an empty sample would check nothing). Throws
+// mok::Error (bad input).
+void validate_sample(const spec::LayerConfig& cfg, const Sample& sample, const std::string& origin);
+
 }  // namespace mok::ref

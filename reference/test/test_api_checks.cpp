@@ -1,0 +1,101 @@
+// The reference API's own checks (found by a review of misuse under AddressSanitizer on
+// 2026-12-05): bad operands to oracle_bounds, emulate and make_sample, and RoutingSpecs built in
+// code, throw mok::Error naming the problem instead of reading or writing out of bounds.
+#include "mok/reference/emulate.hpp"
+#include "mok/reference/error.hpp"
+#include "mok/reference/generate.hpp"
+#include "mok/reference/oracle.hpp"
+#include "mok/reference/sample.hpp"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+namespace {
+
+using namespace mok;
+
+const spec::LayerConfig kCfg{32, 16, 16, 4, 2, 2, 4};
+
+// Runs `call` and returns the message of the mok::Error it throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& call) {
+  try {
+    call();
+  } catch (const mok::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ApiChecks, OracleRejectsBadOperands) {
+  const ref::TensorMap in = ref::generate_inputs(kCfg, ref::parse_routing("zipf:1.2"), 3);
+  const ref::TensorMap result = ref::emulate(kCfg, in);
+  EXPECT_NO_THROW(ref::oracle_bounds(kCfg, in, result));
+
+  ref::TensorMap bad_x = in;
+  bad_x["inputs/x"] = ref::Tensor(ref::DType::kBf16, {1, 16});
+  EXPECT_NE(error_of([&] { ref::oracle_bounds(kCfg, bad_x, result); }).find("inputs/x"), std::string::npos);
+
+  ref::TensorMap bad_y = result;
+  bad_y["intermediates/y"] = ref::Tensor(ref::DType::kBf16, {8, 2, 16});
+  EXPECT_NE(error_of([&] { ref::oracle_bounds(kCfg, in, bad_y); }).find("intermediates/y"), std::string::npos);
+
+  ref::TensorMap bad_id = in;
+  bad_id.at("inputs/topk_experts").data<int32_t>()[3] = 1000;
+  EXPECT_NE(error_of([&] { ref::oracle_bounds(kCfg, bad_id, result); }).find("topk_experts"), std::string::npos);
+
+  ref::Sample unprepared;
+  unprepared.tokens = {0};
+  ref::OracleOptions oo;
+  oo.sample = &unprepared;
+  EXPECT_NE(error_of([&] { ref::oracle_bounds(kCfg, in, result, oo); }).find("not prepared"), std::string::npos);
+}
+
+TEST(ApiChecks, EmulateRejectsBadOptions) {
+  const ref::TensorMap in = ref::generate_inputs(kCfg, ref::parse_routing("uniform"), 4);
+  ref::EmulateOptions no_model;
+  no_model.mma_model = nullptr;
+  EXPECT_NE(error_of([&] { ref::emulate(kCfg, in, no_model); }).find("mma_model"), std::string::npos);
+  ref::EmulateOptions threads;
+  threads.num_threads = -7;
+  EXPECT_NE(error_of([&] { ref::emulate(kCfg, in, threads); }).find("num_threads"), std::string::npos);
+  // A sample prepared for another config (same tokens, wider I), and an empty one.
+  spec::LayerConfig wide = kCfg;
+  wide.intermediate = 64;
+  ref::Sample other = ref::make_sample(wide, in.at("inputs/topk_experts"), 2, 2, 1);
+  other.inter_cols = {40};
+  other.prepare(wide);
+  ref::EmulateOptions sampled;
+  sampled.sample = &other;
+  EXPECT_NE(error_of([&] { ref::emulate(kCfg, in, sampled); }).find("not prepared"), std::string::npos);
+  ref::Sample empty;
+  empty.prepare(kCfg);
+  sampled.sample = &empty;
+  EXPECT_NE(error_of([&] { ref::emulate(kCfg, in, sampled); }).find("no tokens"), std::string::npos);
+}
+
+TEST(ApiChecks, RoutingSpecsAndSamplesBuiltInCode) {
+  ref::RoutingSpec zipf;
+  zipf.kind = ref::RoutingSpec::Kind::kZipf;
+  zipf.zipf_s = 1000;
+  EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, zipf, 1); }).find("zipf"), std::string::npos);
+  ref::RoutingSpec hot;
+  hot.kind = ref::RoutingSpec::Kind::kHot;
+  hot.hot_count = 2;
+  hot.hot_factor = 0;
+  EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, hot, 1); }).find("hot"), std::string::npos);
+  ref::RoutingSpec nan_skew;
+  nan_skew.rank_skew = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, nan_skew, 1); }).find("rank skew"), std::string::npos);
+
+  const ref::Tensor wrong(ref::DType::kI32, {1, 1});
+  EXPECT_NE(error_of([&] { ref::make_sample(kCfg, wrong, 2, 2, 1); }).find("topk_experts must be i32"), std::string::npos);
+  ref::Tensor bad_ids(ref::DType::kI32, {kCfg.num_tokens(), kCfg.top_k});
+  for (int64_t i = 0; i < bad_ids.numel(); ++i) bad_ids.data<int32_t>()[i] = static_cast<int32_t>(i % 2);
+  bad_ids.data<int32_t>()[5] = 99;
+  EXPECT_NE(error_of([&] { ref::make_sample(kCfg, bad_ids, 2, 2, 1); }).find("expert id 99"), std::string::npos);
+}
+
+}  // namespace

@@ -860,6 +860,12 @@ class TmpFileGuard {
 }  // namespace
 
 void write_golden(const std::string& path, const Golden& golden) {
+  // A file the reader would refuse is not written: the numerics must be this build's.
+  const GoldenMeta ours;
+  if (golden.meta.profile != ours.profile || golden.meta.mma_model != ours.mma_model)
+    throw Error(path + ": meta says profile \"" + golden.meta.profile + "\" and MMA model \"" + golden.meta.mma_model +
+                "\"; this build writes \"" + ours.profile + "\" / \"" + ours.mma_model + "\" only",
+                ErrorKind::kUnsupported);
   // Structure only: a writer may record non-finite or badly routed inputs (the reader flags them).
   ReadOptions structure_only;
   structure_only.check_values = false;

@@ -86,6 +86,12 @@ void validate_sample(const spec::LayerConfig& cfg, const Sample& sample, const s
 
 void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, const std::string& origin,
                         const std::string& hint) {
+  // The values are read through the schema's shapes: a present input of another dtype or shape
+  // is named here rather than read out of bounds.
+  TensorMap present;
+  for (const auto& [path, t] : inputs)
+    if (path.rfind("inputs/", 0) == 0) present.emplace(path, t);
+  validate_shapes(cfg, present, origin);
   const auto topk_it = inputs.find("inputs/topk_experts");
   const Tensor* topk = topk_it == inputs.end() ? nullptr : &topk_it->second;
   auto nonfinite_name = [](float v) { return std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; };

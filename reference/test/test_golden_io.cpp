@@ -430,10 +430,37 @@ TEST(GoldenIo, SignalDuringWriteLeavesNoTemporaryFile) {
 TEST(GoldenIo, ProfileModelAndRootAttributesAreChecked) {
   const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 8);
   ScratchDir dir;
+  // Replaces a string attribute of `obj` (fixed-length, as the writer stores them).
+  auto set_string_attr = [](hid_t obj, const char* name, const std::string& value) {
+    ASSERT_GE(H5Adelete(obj, name), 0);
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, value.size());
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t attr = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(attr, type, value.c_str()), 0);
+    H5Aclose(attr);
+    H5Sclose(space);
+    H5Tclose(type);
+  };
   for (const char* field : {"profile", "mma_model"}) {
     Golden other = golden;
     (std::string(field) == "profile" ? other.meta.profile : other.meta.mma_model) = "some-other-v9";
-    write_golden(dir.file("other.h5"), other);
+    // The writer refuses to make such a file ...
+    try {
+      write_golden(dir.file("other.h5"), other);
+      ADD_FAILURE() << "write_golden wrote " << field << " some-other-v9";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.kind(), mok::ErrorKind::kUnsupported) << e.what();
+    }
+    // ... and the reader refuses one made elsewhere (both copies of the attribute changed).
+    write_golden(dir.file("other.h5"), golden);
+    const hid_t file = H5Fopen(dir.file("other.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    set_string_attr(file, field, "some-other-v9");
+    const hid_t config = H5Gopen2(file, "/config", H5P_DEFAULT);
+    set_string_attr(config, field, "some-other-v9");
+    H5Gclose(config);
+    H5Fclose(file);
     try {
       read_golden(dir.file("other.h5"));
       ADD_FAILURE() << field << " some-other-v9 was accepted";

@@ -5,6 +5,7 @@
 #include "mok/spec/bf16.hpp"
 #include "mok/spec/math.hpp"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -25,7 +26,9 @@ uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 double parse_number(const std::string& text, const std::string& whole) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(v))
+  // strtod would also skip leading blanks and take a '+': the text is a plain number.
+  const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.');
+  if (!plain || *end != '\0' || !std::isfinite(v))
     throw Error("routing '" + whole + "': '" + text + "' is not a number; examples: uniform, zipf:1.2, hot:4, hot:4:8");
   return v;
 }
@@ -57,6 +60,7 @@ uint64_t Rng::next() {
 double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
 uint64_t Rng::below(uint64_t n) {
+  if (n == 0) throw Error("Rng::below(0): no value lies in [0, 0)", ErrorKind::kInternal);
   const uint64_t limit = ~uint64_t{0} - (~uint64_t{0} % n);
   uint64_t v;
   do v = next(); while (v >= limit);
@@ -114,7 +118,7 @@ RoutingSpec parse_routing(const std::string& text) {
   const auto colon = text.find(':');
   const std::string head = text.substr(0, colon);
   const std::string rest = colon == std::string::npos ? "" : text.substr(colon + 1);
-  if (head == "uniform" && rest.empty()) {
+  if (head == "uniform" && colon == std::string::npos) {
     r.kind = RoutingSpec::Kind::kUniform;
   } else if (head == "zipf" && !rest.empty()) {
     r.kind = RoutingSpec::Kind::kZipf;

@@ -90,6 +90,13 @@ TEST(ApiChecks, RoutingSpecsAndSamplesBuiltInCode) {
   nan_skew.rank_skew = std::numeric_limits<double>::quiet_NaN();
   EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, nan_skew, 1); }).find("rank skew"), std::string::npos);
 
+  // Routing text: a plain form only (strtod would take blanks and a '+').
+  for (const char* text : {"uniform:", "zipf: 1", "hot:+4", "zipf:", "hot:4:"})
+    EXPECT_NE(error_of([&] { ref::parse_routing(text); }), "") << text << " was accepted";
+  for (const char* text : {"uniform", "zipf:1.2", "zipf:.5", "hot:4", "hot:4:8"})
+    EXPECT_EQ(error_of([&] { ref::parse_routing(text); }), "") << text;
+  EXPECT_THROW(ref::Rng(1).below(0), mok::Error);
+
   const ref::Tensor wrong(ref::DType::kI32, {1, 1});
   EXPECT_NE(error_of([&] { ref::make_sample(kCfg, wrong, 2, 2, 1); }).find("topk_experts must be i32"), std::string::npos);
   ref::Tensor bad_ids(ref::DType::kI32, {kCfg.num_tokens(), kCfg.top_k});

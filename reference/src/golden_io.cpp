@@ -1,5 +1,6 @@
 // Golden file I/O over the HDF5 C API: byte-reproducible atomic writer and fully validating reader.
 #include "mok/reference/golden.hpp"
+#include "mok/reference/output_path.hpp"
 #include "mok/reference/validate.hpp"
 
 #include "mok/reference/error.hpp"
@@ -775,19 +776,12 @@ std::string check_output_path(const std::string& path) {
   namespace fs = std::filesystem;
   if (path.empty()) throw Error("the output path is empty; give a file name such as case.h5");
   std::error_code ec;
-  fs::path target = path;
-  for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
-    const fs::path to = fs::read_symlink(target, ec);
-    if (ec || hops == 40) throw Error(path + ": cannot follow the symbolic link" + (ec ? ": " + ec.message() : " (a loop?)"));
-    target = to.is_absolute() ? to : target.parent_path() / to;
-  }
+  const fs::path target = follow_links(path, path);
   // HDF5 needs a file it can seek in and a temporary beside it: no device, pipe or standard
   // stream (/dev/stdout is a link into /proc that resolves to no real file name).
-  const fs::file_status st = fs::status(path, ec);
-  const std::string abs = fs::absolute(target, ec).lexically_normal().string();
-  if (fs::is_directory(st))
+  if (fs::is_directory(fs::status(path, ec)))
     throw Error(path + ": is a directory; give the path of a file to write, e.g. " + (fs::path(path) / "case.h5").string());
-  if ((fs::exists(st) && !fs::is_regular_file(st)) || abs.rfind("/dev/", 0) == 0 || abs.rfind("/proc/", 0) == 0)
+  if (is_stream_or_device(path))
     throw Error(path + ": is not a regular file (a device, a pipe or a standard stream); give the path of a file to write");
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec))

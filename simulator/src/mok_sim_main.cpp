@@ -15,6 +15,7 @@
 #include "mok/cli.hpp"
 
 #include "mok/reference/golden.hpp"
+#include "mok/reference/output_path.hpp"
 #include "mok/sim/error.hpp"
 #include "mok/sim/layer_sim.hpp"
 #include "mok/sim/report.hpp"
@@ -122,17 +123,9 @@ fs::path existing_ancestor(fs::path p) {
   return p.empty() ? fs::path(".") : p;
 }
 
-// A path to write to directly rather than through a temporary file and a rename: one that
-// exists and is not a regular file (following links, /proc's included: a pipe, a device), or a
-// name for a stream or device (/dev/..., /proc/...: /dev/stdout redirected to a file must write
-// into that open file, not replace it).
-bool write_directly(const fs::path& p) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(p, ec);
-  if (!ec && fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st)) return true;
-  const std::string s = fs::absolute(p, ec).lexically_normal().string();
-  return s.rfind("/dev/", 0) == 0 || s.rfind("/proc/", 0) == 0;
-}
+// A stream or device (mok::ref::is_stream_or_device: a pipe, /dev/stdout, ...) is written to
+// directly rather than through a temporary file and a rename.
+bool write_directly(const fs::path& p) { return mok::ref::is_stream_or_device(p); }
 
 // Output files are written only after every run succeeded, and all of them or none: each is
 // first written in full to a temporary file beside its target, and only when every one has been
@@ -151,13 +144,7 @@ struct PendingFiles {
   // The file a rename would replace: `p` with its symbolic links followed.
   static fs::path resolved(const fs::path& p, const std::string& flag) {
     std::error_code ec;
-    fs::path target = p;
-    for (int hops = 0; fs::is_symlink(fs::symlink_status(target, ec)); ++hops) {
-      const fs::path to = fs::read_symlink(target, ec);
-      if (ec || hops == 40)
-        throw Error(flag + " '" + p.string() + "': cannot follow the link" + (ec ? ": " + ec.message() : std::string(" (a loop?)")));
-      target = to.is_absolute() ? to : target.parent_path() / to;
-    }
+    const fs::path target = mok::ref::follow_links(p, flag + " '" + p.string() + "'");
     return fs::weakly_canonical(fs::absolute(target, ec), ec);
   }
 

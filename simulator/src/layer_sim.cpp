@@ -153,6 +153,9 @@ struct Transfer {
   int64_t latency_ns;      // one-way
   int64_t start_ns = -1;
   bool in_group = false;   // one of a row-order chunk's transfers, started together (push_order)
+  // The per-chunk fence stall folded into demand_gbps (fenced push over NVLink: 2L + fence), 0
+  // when none was: a chunk's fluid milestone then already holds the stall that follows it.
+  int64_t fence_stall_ns = 0;
 };
 
 enum class OpKind : int8_t { kTransfer, kTransferGroup, kWaitLocalReady, kWaitRemoteReady, kBarrierArrive };
@@ -642,6 +645,11 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     }
     return d;
   };
+  auto folded_stall = [&](int src, int dst, int64_t L) -> int64_t {
+    const bool fenced = proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter;
+    if (is_read || !fenced || src == dst || topo_.domain_of(src) != topo_.domain_of(dst)) return 0;
+    return 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
+  };
   auto make_transfer = [&](int sm, int peer, int64_t first, int64_t stride, int64_t count) {
     if (count <= 0) return;
     Transfer t{};
@@ -658,6 +666,7 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     for (int64_t j = 0; j < count; ++j) t.bytes += piece_wire_bytes(phase, first + j * stride, t.src != t.dst);
     t.latency_ns = latency(t.src, t.dst);
     t.demand_gbps = demand_for(t.src, t.dst, t.bytes, count);
+    t.fence_stall_ns = folded_stall(t.src, t.dst, t.latency_ns);
     const bool tma = proto_.copy_engine == CopyEngine::kTma;
     t.window_bytes = t.src == t.dst || topo_.domain_of(t.src) != topo_.domain_of(t.dst)
                          ? 0.0
@@ -705,6 +714,7 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
         if (fenced && t.src != t.dst) {
           const double b = static_cast<double>(t.bytes);
           d = b / (b / d + 2.0 * static_cast<double>(L) + topo_.fence_overhead_ns);
+          t.fence_stall_ns = 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
         }
         t.demand_gbps = d;
         t.window_bytes *= share;
@@ -1064,13 +1074,17 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
                observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
     return;
   }
-  const int64_t arrive = t_fluid + L;
+  // A fenced push's rate holds the fence stall after each chunk (demand_for), so the fluid
+  // milestone of a chunk's last byte comes one stall after the byte was really issued: the
+  // fence that follows it then ends at the milestone.
+  const int64_t t_issue = tr.fence_stall_ns > 0 ? std::max(tr.start_ns, t_fluid - tr.fence_stall_ns) : t_fluid;
+  const int64_t arrive = t_issue + L;
   if (src == dst) {  // local copy: the same SM's own stores, then a local flag
     mark_known(ph, piece, src, dst, arrive,
                observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
     return;
   }
-  const int64_t fence_done = t_fluid + 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
+  const int64_t fence_done = t_issue + 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
   // With signal queueing, the flag or atomic waits behind the bytes queued at both ports.
   const bool queued = opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst);
   const int64_t wait = queued ? port_delay(res_nvl_out_[src], fence_done) + port_delay(res_nvl_in_[dst], fence_done) : 0;

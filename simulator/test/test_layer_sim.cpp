@@ -445,3 +445,32 @@ TEST(LayerSim, ProgressLinesChangeNoResult) {
 
 }  // namespace
 }  // namespace mok::sim
+
+namespace mok::sim {
+namespace {
+
+// A fenced push's chunk, by hand (review, 2026-12-05): hgx-h200 with the TMA store rate raised
+// to 1000 GB/s, so the SM's 32 KiB window over 2L = 1.4 us caps it (23.406 GB/s). Rank 0's 512
+// tokens go to rank 1's expert, 4 chunks of 128 rows (1,835,008 B each), one SM each. A chunk's
+// bytes take 78,400 ns; the fence after it (2L + f = 1,700 ns) is folded into the flow's rate, so
+// its fluid milestone is 80,100 ns. Its last byte was issued at 78,400 and lands one way later:
+// 79,100. The fence ends at 80,100, the flag lands at 80,800, the receiver's 100 ns sweep of 2
+// flags (a 300 ns period here) sees it at 81,300.
+TEST(LayerSim, FencedPushChunkArrivesBeforeItsFenceAndIsKnownAfterTheFlag) {
+  Topology topo = resolve_topology("hgx-h200");
+  topo.sm_tma_store_gbps = 1000;
+  const spec::LayerConfig cfg{7168, 2048, 0, 2, 1, 2, 512};  // bf16 rows of 14,336 B
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int t = 0; t < 512; ++t) topk[t] = 1;
+  const Workload w = Workload::from_topk(cfg, topk, "one fenced push");
+  ProtocolConfig p;
+  p.dispatch = Direction::kPush;
+  p.phases = Phases::kDispatch;
+  p.signaling = Signaling::kFenceFlag;
+  const LayerResult r = simulate_layer(topo, w, p);
+  EXPECT_EQ(r.dispatch.data_end_ns, 79100);
+  EXPECT_EQ(r.dispatch.end_ns, 81300);
+}
+
+}  // namespace
+}  // namespace mok::sim

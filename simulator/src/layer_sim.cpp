@@ -5,6 +5,7 @@
 #include "mok/sim/layer_sim.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <chrono>
 #include <atomic>
@@ -246,6 +247,8 @@ class LayerSim {
   void stop_helper();
   void on_flow_complete(int flow, int64_t now);
   void on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid);
+  void signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_issue);
+  void resolve_pending_signals();
   void mark_known(int phase, int64_t piece, int src, int dst, int64_t data_ns, int64_t known_ns);
   void on_counter_complete(int phase, int dst);
   void on_all_known(int phase, int gpu, int64_t now);
@@ -395,6 +398,15 @@ class LayerSim {
   // Signal queueing: per resource, (from ns, queueing delay ns) whenever it changes.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> port_delay_history_;
   std::vector<double> port_queue_bytes_;
+  // Signals whose port wait is looked up once the instant's queues are known (signal queueing):
+  // a fenced chunk (transfer, piece, when its last byte was issued), or a GPU's per-peer flags.
+  struct PendingSignal {
+    int32_t transfer;
+    int64_t piece;
+    int64_t t_issue;
+  };
+  std::vector<PendingSignal> pending_signals_;
+  std::vector<std::array<int64_t, 3>> pending_peer_flags_;  // (phase, gpu, time)
   void update_port_queues(int64_t now);
   int64_t port_delay(int resource, int64_t t) const {
     const auto& h = port_delay_history_[resource];
@@ -628,8 +640,11 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
   auto demand_for = [&](int src, int dst, int64_t bytes, int64_t num_pieces) {
     const double L = static_cast<double>(latency(src, dst));
     const bool tma = proto_.copy_engine == CopyEngine::kTma;
-    const double issue = tma ? topo_.sm_tma_store_gbps : topo_.sm_store_gbps;
-    if (src == dst) return issue;  // local copy: issue-bound
+    // Issue rates: a push's SM stores, a pull's SM loads; a local copy does both.
+    const double store = tma ? topo_.sm_tma_store_gbps : topo_.sm_store_gbps;
+    const double load = tma ? topo_.sm_tma_load_gbps : topo_.sm_load_gbps;
+    const double issue = is_read ? load : store;
+    if (src == dst) return is_read ? std::min(load, store) : store;  // local copy: issue-bound
     if (topo_.domain_of(src) != topo_.domain_of(dst)) return 1e6;  // NIC DMA engines move it
     // Little's law: one SM moves at most (bytes it may keep in flight) / (round trip).
     const double inflight = is_read ? (tma ? topo_.sm_tma_load_inflight_bytes : topo_.sm_load_inflight_bytes)
@@ -1084,8 +1099,25 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
                observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
     return;
   }
+  const bool fenced = proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter;
+  if (fenced && opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst)) {
+    // The flag's wait depends on the port queues, and this instant's completions change them:
+    // it is looked up after the instant's rates and queues are settled.
+    pending_signals_.push_back(PendingSignal{static_cast<int32_t>(&tr - transfers_.data()), piece, t_issue});
+    return;
+  }
+  signal_after_fence(tr, piece, t_issue);
+}
+
+// A remote pushed chunk whose last byte was issued at t_issue: the signaling scheme's write.
+void LayerSim::signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_issue) {
+  const int ph = tr.phase;
+  const int64_t L = tr.latency_ns;
+  const int src = tr.src, dst = tr.dst;
+  const int64_t arrive = t_issue + L;
   const int64_t fence_done = t_issue + 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
-  // With signal queueing, the flag or atomic waits behind the bytes queued at both ports.
+  // With signal queueing, the flag or atomic waits behind the bytes queued at both ports, as the
+  // queues stand at the latest instant simulated (the queue at fence_done is not known yet).
   const bool queued = opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst);
   const int64_t wait = queued ? port_delay(res_nvl_out_[src], fence_done) + port_delay(res_nvl_in_[dst], fence_done) : 0;
   switch (proto_.signaling) {
@@ -1302,9 +1334,22 @@ void LayerSim::run_peer_flags(int ph, int gpu, int64_t now) {
   }
 }
 
+// Signal queueing: the signals of this instant, in the order they were raised, once its port
+// queues are recorded (update_port_queues): a flag raised as the last flows drain does not wait
+// behind the queue they left. Under a rate quantum the queues are those of the last full
+// recompute.
+void LayerSim::resolve_pending_signals() {
+  // ORDER: raise order, so counters and the sweep's ties see the same sequence on every run.
+  for (const PendingSignal& p : pending_signals_) signal_after_fence(transfers_[p.transfer], p.piece, p.t_issue);
+  pending_signals_.clear();
+  for (const auto& [ph, gpu, t] : pending_peer_flags_) run_peer_flags(static_cast<int>(ph), static_cast<int>(gpu), t);
+  pending_peer_flags_.clear();
+}
+
 void LayerSim::on_gpu_barrier(int ph, int gpu, int64_t now) {
   if (proto_.signaling == Signaling::kPeerFenceFlag) {
-    run_peer_flags(ph, gpu, now);
+    if (opt_.signal_queueing) pending_peer_flags_.push_back({ph, gpu, now});  // after the instant's queues
+    else run_peer_flags(ph, gpu, now);
     return;
   }
   barrier_gpu_ns_[ph][gpu] = now;
@@ -1396,12 +1441,17 @@ void LayerSim::finish(LayerResult& res) {
       }
     pr.num_chunks = static_cast<int64_t>(traffic_.pieces.size());
     pr.num_signal_writes = signal_writes_[ph];
-    // Time base of the phase: dispatch from 0; combine from the first expert output ready.
+    // Time base of the phase: dispatch from 0; combine, in a whole layer, from its first byte
+    // (the earliest start of a combine transfer). A GPU whose experts got no rows finishes its
+    // compute early but sends nothing, so its finish time says nothing about the combine.
     int64_t start = 0;
     if (ph == kCombine && proto_.phases == Phases::kLayer) {
       start = INT64_MAX;
-      for (int g = 0; g < R_; ++g) start = std::min(start, gpu_[g].compute_done_ns);
+      for (const Transfer& t : transfers_)
+        if (t.phase == kCombine && t.start_ns >= 0) start = std::min(start, t.start_ns);
+      if (start == INT64_MAX) start = pr.end_ns;  // no combine traffic at all
     }
+    pr.start_ns = start;
     const double span = static_cast<double>(std::max<int64_t>(1, pr.end_ns - start));
     double recv = 0;
     for (int g = 0; g < R_; ++g) recv += static_cast<double>(traffic_.recv_payload[ph][g]);
@@ -1643,6 +1693,7 @@ LayerResult LayerSim::run() {
       if (opt_.signal_queueing) update_port_queues(now);
       dirty_ = false;
     }
+    resolve_pending_signals();
   }
   stop_helper();
   // Consistency: every piece known, every transfer done.

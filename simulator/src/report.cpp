@@ -20,7 +20,8 @@ nlohmann::json quantiles_json(const Quantiles& q) {
                         {"p90_ns", q.p90_ns}, {"p99_ns", q.p99_ns}, {"max_ns", q.max_ns}};
 }
 nlohmann::json phase_json(const PhaseResult& p) {
-  return nlohmann::json{{"end_ns", p.end_ns},
+  return nlohmann::json{{"start_ns", p.start_ns},
+                        {"end_ns", p.end_ns},
                         {"data_end_ns", p.data_end_ns},
                         {"wire_bytes", p.wire_bytes},
                         {"scaleup_bytes", p.scaleup_bytes},

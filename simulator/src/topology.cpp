@@ -38,6 +38,8 @@ const std::vector<FieldDef>& field_table() {
       {"gpu.gemm_efficiency", &Topology::gemm_efficiency, 0.01, 1, "fraction of peak the expert GEMMs reach"},
       {"gpu.sm_store_gbps", &Topology::sm_store_gbps, 0.1, 1e4, "remote-store issue rate per SM (LD/ST), GB/s"},
       {"gpu.sm_tma_store_gbps", &Topology::sm_tma_store_gbps, 0.1, 1e4, "remote-store issue rate per SM (TMA), GB/s"},
+      {"gpu.sm_load_gbps", &Topology::sm_load_gbps, 0.1, 1e4, "remote-load issue rate per SM (LD/ST), GB/s"},
+      {"gpu.sm_tma_load_gbps", &Topology::sm_tma_load_gbps, 0.1, 1e4, "remote-load issue rate per SM (TMA), GB/s"},
       {"gpu.sm_store_inflight_bytes", &Topology::sm_store_inflight_bytes, 1, 1e9, "unacknowledged remote writes per SM, bytes"},
       {"gpu.sm_load_inflight_bytes", &Topology::sm_load_inflight_bytes, 1, 1e9, "remote loads in flight per SM (LD/ST), bytes"},
       {"gpu.sm_tma_load_inflight_bytes", &Topology::sm_tma_load_inflight_bytes, 1, 1e9, "remote loads in flight per SM (TMA), bytes"},

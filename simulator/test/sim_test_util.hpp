@@ -17,6 +17,8 @@ inline Topology simple_topology(int gpus) {
   t.gemm_efficiency = 0.5;
   t.sm_store_gbps = 1000;
   t.sm_tma_store_gbps = 1000;
+  t.sm_load_gbps = 1000;
+  t.sm_tma_load_gbps = 1000;
   t.sm_store_inflight_bytes = 1e9;
   t.sm_load_inflight_bytes = 1e9;
   t.sm_tma_load_inflight_bytes = 1e9;

@@ -376,6 +376,79 @@ TEST(LayerSim, SignalQueueingDelaysFlagsByTheQueuedBytesAtACongestedPort) {
             simulate_layer(topo, w, p, on).dispatch.chunk_signal.p50_ns);
 }
 
+// Signal queueing, the last flags (review, 2026-12-05): three senders push 512 tokens each into
+// GPU 0 of an hgx-h200 whose in-port is cut to 30 x 0.8 = 24 GB/s, one SM per sender, four
+// 128-token chunks of 1,835,008 B. The port gives each 8 GB/s, so all three end together at
+// 3 x 7,340,032 B / 24 GB/s = 917,504 ns; that instant the queue they kept at the port (their
+// window minus rate x round trip) drains with them. The last flags therefore wait for nothing:
+// last byte issued 917,504 - (2L + f) = 915,804, landed at 916,504; fence done 917,504, flag at
+// 918,204, seen by the 300 ns sweep at 918,600 -- with or without queueing. Before the fix the
+// flags were charged the queue of the flows that had just ended (923,100 ns, 1.7 us stall late).
+TEST(LayerSim, SignalQueueingChargesNoQueueToFlagsRaisedAsTheQueueDrains) {
+  Topology topo = resolve_topology("hgx-h200");
+  topo.nvlink_gbps = 30;
+  const spec::LayerConfig cfg{7168, 2048, 0, 4, 1, 4, 512};
+  std::vector<int32_t> topk(cfg.num_slots(), 0);
+  for (int t = 0; t < 512; ++t) topk[t] = -1;  // GPU 0 sends nothing
+  const Workload w = Workload::from_topk(cfg, topk, "three-way incast");
+  ProtocolConfig p;
+  p.dispatch = Direction::kPush;
+  p.phases = Phases::kDispatch;
+  p.signaling = Signaling::kFenceFlag;
+  p.comm_sms = 4;
+  SimOptions off, on;
+  on.signal_queueing = true;
+  for (const SimOptions& o : {off, on}) {
+    const LayerResult r = simulate_layer(topo, w, p, o);
+    EXPECT_EQ(r.dispatch.data_end_ns, 916504);
+    EXPECT_EQ(r.dispatch.end_ns, 918600);
+    EXPECT_EQ(r.dispatch.completion_signal.max_ns, 918600 - 916504);
+  }
+}
+
+// Pulls are issued as loads (review, 2026-12-05): one 128-token chunk (1,835,008 B) pulled over
+// hgx-h200 by one SM with TMA. The load issue rate caps it at 40 GB/s by default: 45,875.2 ns of
+// loads, the last returning 2L = 1,400 ns later (47,276 after rounding up). With the load rate
+// raised the 128 KiB load window over the round trip caps it (93.62 GB/s): 19,600 + 1,400 =
+// 21,000 ns. The store rate plays no part in a pull.
+TEST(LayerSim, PullIsBoundByTheLoadIssueRateOrTheLoadWindowNotTheStoreRate) {
+  const spec::LayerConfig cfg{7168, 2048, 0, 2, 1, 2, 128};
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int t = 0; t < 128; ++t) topk[t] = 1;
+  const Workload w = Workload::from_topk(cfg, topk, "one pulled chunk");
+  ProtocolConfig p;
+  p.dispatch = Direction::kPull;
+  p.phases = Phases::kDispatch;
+  Topology topo = resolve_topology("hgx-h200");
+  ASSERT_EQ(topo.sm_tma_load_gbps, 40);
+  EXPECT_EQ(simulate_layer(topo, w, p).dispatch.data_end_ns, 47276);
+  topo.sm_tma_store_gbps = 1;  // irrelevant to loads
+  EXPECT_EQ(simulate_layer(topo, w, p).dispatch.data_end_ns, 47276);
+  topo.sm_tma_load_gbps = 1000;
+  EXPECT_EQ(simulate_layer(topo, w, p).dispatch.data_end_ns, 21000);
+}
+
+// The combine's clock in a whole layer starts at its first byte (review, 2026-12-05): GPU 0's
+// experts get no rows (it runs only the shared expert and finishes early), GPU 1's get all 512.
+// Before, the clock started when GPU 0 finished, long before any combine byte could move.
+TEST(LayerSim, CombineClockStartsAtItsFirstByteNotAtAnIdleGpusFinish) {
+  const spec::LayerConfig cfg{7168, 2048, 2048, 2, 1, 2, 256};
+  const std::vector<int32_t> topk(cfg.num_slots(), 1);
+  const Workload w = Workload::from_topk(cfg, topk, "one busy expert");
+  ProtocolConfig p;
+  p.dispatch = Direction::kPull;
+  p.combine = Direction::kPush;
+  const LayerResult r = simulate_layer(resolve_topology("hgx-h200"), w, p);
+  const int64_t idle_done = r.gpus[0].compute_done_ns, busy_done = r.gpus[1].compute_done_ns;
+  ASSERT_LT(idle_done, busy_done);
+  // GPU 1 pushes its outputs once they are published (a local release fence after its compute).
+  EXPECT_GE(r.combine.start_ns, busy_done);
+  EXPECT_LE(r.combine.start_ns, busy_done + 1000);
+  double recv = 0;
+  for (const GpuTimeline& g : r.gpus) recv += static_cast<double>(g.recv_payload_bytes_combine);
+  EXPECT_DOUBLE_EQ(r.combine.recv_gbps_per_gpu, recv / 2 / static_cast<double>(r.combine.end_ns - r.combine.start_ns));
+}
+
 TEST(LayerSim, PeerFenceFlagSerialisesOneRoundTripPerPeerPerSignalThread) {
   // All-to-all, one SM per peer: every flow ends at the same t. Each SM fences (+2L + f), the
   // GPU's signal thread sees that through a local flag (rounded to the 100 ns poll, + 100 ns),

@@ -57,6 +57,8 @@ RC_GTEST_PROP(Properties, MoreBandwidthIsNeverSlowerForOneTransferPerSm, ()) {
   fast.hbm_gbps *= factor;
   fast.sm_store_gbps *= factor;
   fast.sm_tma_store_gbps *= factor;
+  fast.sm_load_gbps *= factor;
+  fast.sm_tma_load_gbps *= factor;
   const LayerResult a = simulate_layer(slow, c.work, c.proto);
   const LayerResult b = simulate_layer(fast, c.work, c.proto);
   RC_ASSERT(b.dispatch.end_ns <= a.dispatch.end_ns);
@@ -134,7 +136,7 @@ RC_GTEST_PROP(Properties, HbmLeftOffPathsChangesNoOutput, ()) {
     topo.num_domains = 2;
     topo.gpus_per_domain = c.ranks / 2;
   }
-  topo.sm_store_gbps = topo.sm_tma_store_gbps = *rc::gen::element(20.0, 100.0, 1000.0);
+  topo.sm_store_gbps = topo.sm_tma_store_gbps = topo.sm_load_gbps = topo.sm_tma_load_gbps = *rc::gen::element(20.0, 100.0, 1000.0);
   topo.hbm_gbps = *rc::gen::element(100.0, 250.0, 400.0, 700.0, 1500.0, 3000.0, 1e5);
   SimOptions off, on;
   off.rate_quantum_ns = on.rate_quantum_ns = *rc::gen::element<int64_t>(0, 0, 2000);

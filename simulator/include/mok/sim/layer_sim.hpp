@@ -66,14 +66,15 @@ struct Quantiles {
 
 struct PhaseResult {
   bool simulated = false;
+  int64_t start_ns = 0;           // the phase's clock: 0, or in a layer the combine's first byte
   int64_t end_ns = 0;             // the last receiver knows it has all its data
   int64_t data_end_ns = 0;        // the last byte arrived
   int64_t wire_bytes = 0;         // bytes on all paths (incl. local copies and flag overhead)
   int64_t scaleup_bytes = 0;      // bytes over NVLink
   int64_t scaleout_bytes = 0;     // bytes over NICs
   int64_t payload_bytes_max_gpu = 0;  // most payload bytes one GPU receives
-  double recv_gbps_per_gpu = 0;   // mean over GPUs of received payload bytes / end_ns (DeepEP's figure)
-  double nvlink_utilization = 0;  // NVLink egress bytes / (effective capacity * GPUs * end_ns)
+  double recv_gbps_per_gpu = 0;   // mean over GPUs of received payload bytes / (end_ns - start_ns) (DeepEP's figure)
+  double nvlink_utilization = 0;  // NVLink egress bytes / (effective capacity * GPUs * (end_ns - start_ns))
   Quantiles chunk_signal;         // per chunk: last byte arrived -> consumer knows
   Quantiles completion_signal;    // per receiver: its last byte arrived -> it knows it has all
   int64_t num_chunks = 0;

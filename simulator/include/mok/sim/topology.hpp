@@ -23,6 +23,8 @@ struct Topology {
   double gemm_efficiency = 0;             // fraction of that peak the expert GEMMs reach
   double sm_store_gbps = 0;               // remote-store issue rate of one SM, LD/ST path
   double sm_tma_store_gbps = 0;           // remote-store issue rate of one SM, TMA path
+  double sm_load_gbps = 0;                // remote-load issue rate of one SM, LD/ST path
+  double sm_tma_load_gbps = 0;            // remote-load issue rate of one SM, TMA path
   double sm_store_inflight_bytes = 0;     // posted remote writes one SM may have unacknowledged
   double sm_load_inflight_bytes = 0;      // remote loads one SM keeps in flight, LD/ST path
   double sm_tma_load_inflight_bytes = 0;  // remote loads one SM keeps in flight, TMA path

@@ -1,7 +1,8 @@
 // mok-gpu-probe: measures on one GPU the SM-side and signaling parameters the simulator
 // (simulator/topologies/*.json) otherwise assumes: per-SM copy rate against bytes in flight,
-// the service time of atomics on one hot address, the cost of a release fence with stores
-// pending, and the one-way latency of a flag between two SMs. Local memory only: on a one-GPU
+// one SM's load-only and store-only rate from L2 (its issue rate), the service time of atomics
+// on one hot address, the cost of a release fence with stores pending, and the one-way latency
+// of a flag between two SMs. Local memory only: on a one-GPU
 // machine nothing crosses NVLink, so these are the issuing side's figures, not the wire's.
 // Prints a table (or --json); exit 3 without a GPU.
 #include "mok/cli.hpp"
@@ -30,6 +31,43 @@ __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ d
 #pragma unroll
     for (int u = 0; u < kInflight; ++u)
       if (i + u * lanes < n) dst[i + u * lanes] = v[u];
+  }
+}
+
+// One block streams `passes` times over an L2-resident buffer with loads only (folded into a
+// register that goes to `sink`, so the loads stay) or stores only: the SM's own issue rate, the
+// ceiling the simulator's gpu.sm_load_gbps / gpu.sm_store_gbps stand for, with the buffer close
+// enough that the bytes in flight are not what binds.
+template <int kInflight>
+__global__ void load_only_kernel(const uint4* __restrict__ src, int64_t n, int passes, uint4* sink) {
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int p = 0; p < passes; ++p)
+    for (int64_t i = threadIdx.x; i < n; i += int64_t{blockDim.x} * kInflight) {
+      uint4 v[kInflight];
+#pragma unroll
+      for (int u = 0; u < kInflight; ++u)
+        if (i + u * blockDim.x < n) v[u] = src[i + u * blockDim.x];
+#pragma unroll
+      for (int u = 0; u < kInflight; ++u)
+        if (i + u * blockDim.x < n) {
+          acc.x ^= v[u].x;
+          acc.y ^= v[u].y;
+          acc.z ^= v[u].z;
+          acc.w ^= v[u].w;
+        }
+    }
+  sink[threadIdx.x] = acc;
+}
+
+template <int kInflight>
+__global__ void store_only_kernel(uint4* __restrict__ dst, int64_t n, int passes) {
+  for (int p = 0; p < passes; ++p) {
+    for (int64_t i = threadIdx.x; i < n; i += int64_t{blockDim.x} * kInflight) {
+#pragma unroll
+      for (int u = 0; u < kInflight; ++u)
+        if (i + u * blockDim.x < n) dst[i + u * blockDim.x] = make_uint4(p, u, 0, 1);
+    }
+    asm volatile("" ::: "memory");  // each pass's stores stay: none is folded into the next pass's
   }
 }
 
@@ -80,7 +118,8 @@ float time_ms(cudaEvent_t a, cudaEvent_t b) {
 
 int main(int argc, char** argv) {
   CLI::App app{"mok-gpu-probe: the issuing-side parameters of the simulator measured on this GPU (local memory):\n"
-               "per-SM copy rate vs bytes in flight, hot-address atomic service time, fence cost, flag latency\n\n"
+               "per-SM copy rate vs bytes in flight, one SM's load and store issue rate from L2, hot-address atomic\n"
+               "service time, fence cost, flag latency\n\n"
                "  mok-gpu-probe --json > probe.json\n"
                "  mok-gpu-probe --mib 256 --reps 9\n\n"
                "Exit codes: 0 measured, 1 a CUDA failure, 2 bad usage, 3 no usable GPU here.",
@@ -145,6 +184,52 @@ int main(int argc, char** argv) {
   CK(cudaFree(src));
   CK(cudaFree(dst));
 
+  // 1b. One SM alone, loads only and stores only, over a 4 MiB buffer that stays in L2.
+  struct IssueRow {
+    const char* op;
+    int warps, inflight;
+    double gbps;
+  };
+  std::vector<IssueRow> issue_rows;
+  {
+    const int64_t n_l2 = int64_t{4} * 1024 * 1024 / 16;
+    const int passes = 16;
+    uint4 *buf = nullptr, *sink = nullptr;
+    CK(cudaMalloc(&buf, n_l2 * 16));
+    CK(cudaMalloc(&sink, 1024 * 16));
+    CK(cudaMemset(buf, 3, n_l2 * 16));
+    for (int store = 0; store < 2; ++store)
+      for (int warps : {8, 32})
+        for (int inflight : {1, 4, 8}) {
+          std::vector<double> t;
+          for (int r = 0; r < reps + 1; ++r) {
+            CK(cudaEventRecord(a));
+            const int threads = warps * 32;
+            if (store) {
+              switch (inflight) {
+                case 1: store_only_kernel<1><<<1, threads>>>(buf, n_l2, passes); break;
+                case 4: store_only_kernel<4><<<1, threads>>>(buf, n_l2, passes); break;
+                default: store_only_kernel<8><<<1, threads>>>(buf, n_l2, passes); break;
+              }
+            } else {
+              switch (inflight) {
+                case 1: load_only_kernel<1><<<1, threads>>>(buf, n_l2, passes, sink); break;
+                case 4: load_only_kernel<4><<<1, threads>>>(buf, n_l2, passes, sink); break;
+                default: load_only_kernel<8><<<1, threads>>>(buf, n_l2, passes, sink); break;
+              }
+            }
+            CK(cudaGetLastError());
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            if (r > 0) t.push_back(time_ms(a, b));
+          }
+          const double gbps = double(passes) * n_l2 * 16 / (median(t) * 1e-3) / 1e9;
+          issue_rows.push_back({store ? "store" : "load", warps, inflight, gbps});
+        }
+    CK(cudaFree(buf));
+    CK(cudaFree(sink));
+  }
+
   // 2. Atomics on one address from every SM: service time per atomic.
   unsigned int* counter = nullptr;
   CK(cudaMalloc(&counter, 4));
@@ -208,6 +293,10 @@ int main(int argc, char** argv) {
                   i ? ", " : "", copy_rows[i].blocks, copy_rows[i].inflight,
                   static_cast<long long>(copy_rows[i].inflight_bytes), copy_rows[i].gbps_total,
                   copy_rows[i].gbps_per_sm);
+    std::printf("], \"one_sm_l2\": [");
+    for (size_t i = 0; i < issue_rows.size(); ++i)
+      std::printf("%s{\"op\": \"%s\", \"warps\": %d, \"inflight_per_lane\": %d, \"gbps\": %.1f}", i ? ", " : "",
+                  issue_rows[i].op, issue_rows[i].warps, issue_rows[i].inflight, issue_rows[i].gbps);
     std::printf("], \"hot_atomic_ns\": %.3f, \"fence_ns\": {", atomic_ns);
     for (size_t i = 0; i < fence_rows.size(); ++i)
       std::printf("%s\"%d\": %.1f", i ? ", " : "", fence_rows[i].pending, fence_rows[i].ns);
@@ -219,6 +308,8 @@ int main(int argc, char** argv) {
   for (const auto& r : copy_rows)
     std::printf("      %4d %20d %19lld %11.1f %12.2f\n", r.blocks, r.inflight, static_cast<long long>(r.inflight_bytes),
                 r.gbps_total, r.gbps_per_sm);
+  std::printf("one SM alone, 4 MiB buffer in L2 (its issue rate): op  warps  in flight/lane  GB/s\n");
+  for (const auto& r : issue_rows) std::printf("      %5s %6d %15d %6.1f\n", r.op, r.warps, r.inflight, r.gbps);
   std::printf("hot-address atomicAdd from %d SMs: %.3f ns per thread-level atomic (the compiler may merge a warp's\n"
               "  same-address atomics into one, so this is not the service time of one remote atomic)\n",
               sms, atomic_ns);

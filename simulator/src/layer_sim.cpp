@@ -318,7 +318,9 @@ class LayerSim {
   std::vector<int64_t> known_count_[2], max_known_ns_[2];
   std::vector<int64_t> last_data_ns_[2];
   std::vector<int64_t> piece_data_ns_[2];  // only for counter and barrier signaling
-  std::vector<int64_t> counter_wait_ns_[2];  // counter with signal queueing: the atomic's port wait
+  // Counter with signal queueing or row order: what the atomic waits beyond its own 2L + f after
+  // the data lands (its port waits; a row-order chunk's fence on its farthest member's acks).
+  std::vector<int64_t> counter_wait_ns_[2];
   std::vector<int64_t> counter_arrivals_[2];
   NsHistogram chunk_signal_[2];
   std::vector<int64_t> completion_signal_[2];
@@ -644,7 +646,7 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     const double store = tma ? topo_.sm_tma_store_gbps : topo_.sm_store_gbps;
     const double load = tma ? topo_.sm_tma_load_gbps : topo_.sm_load_gbps;
     const double issue = is_read ? load : store;
-    if (src == dst) return is_read ? std::min(load, store) : store;  // local copy: issue-bound
+    if (src == dst) return std::min(load, store);  // local copy, either direction: issue-bound
     if (topo_.domain_of(src) != topo_.domain_of(dst)) return 1e6;  // NIC DMA engines move it
     // Little's law: one SM moves at most (bytes it may keep in flight) / (round trip).
     const double inflight = is_read ? (tma ? topo_.sm_tma_load_inflight_bytes : topo_.sm_load_inflight_bytes)
@@ -715,16 +717,24 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
         chunk_bytes += transfers_.back().bytes;
       }
       const double B = static_cast<double>(std::max<int64_t>(chunk_bytes, 1));
+      // The chunk's fence waits for the acks of the SM's own remote stores, the NVLink members'
+      // (NIC members are moved by the NIC's DMA engines, local ones need no ack).
       int64_t L = 0;
-      for (size_t m = first; m < transfers_.size(); ++m) L = std::max(L, transfers_[m].latency_ns);
+      for (size_t m = first; m < transfers_.size(); ++m) {
+        const Transfer& t = transfers_[m];
+        if (t.src != t.dst && topo_.domain_of(t.src) == topo_.domain_of(t.dst)) L = std::max(L, t.latency_ns);
+      }
       for (size_t m = first; m < transfers_.size(); ++m) {
         Transfer& t = transfers_[m];
         t.in_group = true;
         const double share = static_cast<double>(t.bytes) / B;
         const bool nic = t.src != t.dst && topo_.domain_of(t.src) != topo_.domain_of(t.dst);
         if (nic) continue;  // NIC DMA engines move it, not the SM
-        const double issue = proto_.copy_engine == CopyEngine::kTma ? topo_.sm_tma_store_gbps : topo_.sm_store_gbps;
-        double d = t.src == t.dst ? issue : std::min(issue, topo_.sm_store_inflight_bytes / (2.0 * static_cast<double>(t.latency_ns)));
+        const bool tma = proto_.copy_engine == CopyEngine::kTma;
+        const double issue = tma ? topo_.sm_tma_store_gbps : topo_.sm_store_gbps;
+        const double load = tma ? topo_.sm_tma_load_gbps : topo_.sm_load_gbps;
+        double d = t.src == t.dst ? std::min(issue, load)  // local copy: loads and stores
+                                  : std::min(issue, topo_.sm_store_inflight_bytes / (2.0 * static_cast<double>(t.latency_ns)));
         d *= share;
         if (fenced && t.src != t.dst) {
           const double b = static_cast<double>(t.bytes);
@@ -1115,7 +1125,10 @@ void LayerSim::signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_i
   const int64_t L = tr.latency_ns;
   const int src = tr.src, dst = tr.dst;
   const int64_t arrive = t_issue + L;
-  const int64_t fence_done = t_issue + 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
+  // The fence waits for the acks of all the SM's stores since the last one: 2L + f for a
+  // transfer of its own, the group's largest 2L + f for a row-order chunk (fence_stall_ns).
+  const int64_t fence_done =
+      t_issue + (tr.fence_stall_ns > 0 ? tr.fence_stall_ns : 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns));
   // With signal queueing, the flag or atomic waits behind the bytes queued at both ports, as the
   // queues stand at the latest instant simulated (the queue at fence_done is not known yet).
   const bool queued = opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst);
@@ -1130,7 +1143,8 @@ void LayerSim::signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_i
     case Signaling::kCounter:
       // fence, then one atomic on the destination's counter (served in on_counter_complete)
       ++signal_writes_[ph];
-      if (queued) counter_wait_ns_[ph][piece] = wait;
+      if (!counter_wait_ns_[ph].empty())
+        counter_wait_ns_[ph][piece] = wait + (fence_done - (t_issue + 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns)));
       piece_data_ns_[ph][piece] = arrive;
       last_data_ns_[ph][dst] = std::max(last_data_ns_[ph][dst], arrive);
       if (++counter_arrivals_[ph][dst] == traffic_.recv_remote_pieces[ph][dst]) on_counter_complete(ph, dst);
@@ -1553,7 +1567,8 @@ LayerResult LayerSim::run() {
                            (proto_.signaling == Signaling::kCounter || proto_.signaling == Signaling::kBarrier ||
                             proto_.signaling == Signaling::kPeerFenceFlag);
     if (per_piece) piece_data_ns_[ph].assign(traffic_.pieces.size(), 0);
-    if (per_piece && opt_.signal_queueing && proto_.signaling == Signaling::kCounter)
+    const bool row_order_push = ph == kDispatch && proto_.push_row_order;
+    if (per_piece && (opt_.signal_queueing || row_order_push) && proto_.signaling == Signaling::kCounter)
       counter_wait_ns_[ph].assign(traffic_.pieces.size(), 0);
   }
   gpu_.assign(R_, GpuTimeline{});

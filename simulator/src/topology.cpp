@@ -120,6 +120,10 @@ void validate_topology(const Topology& topo, const std::string& origin) {
       std::ostringstream os;
       os << origin << ": field '" << def.key << "' = " << x << " is missing or out of range [" << def.min_value
          << ", " << def.max_value << "] (" << def.meaning << "); set it in the topology file";
+      const std::string key = def.key;
+      if (key == "gpu.sm_load_gbps" || key == "gpu.sm_tma_load_gbps")
+        os << " (added 2026-12-05: pulls used to be issued at the store rate; every preset sets it equal to "
+           << (key == "gpu.sm_load_gbps" ? "gpu.sm_store_gbps" : "gpu.sm_tma_store_gbps") << ")";
       throw Error(os.str());
     }
   }

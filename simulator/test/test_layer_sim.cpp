@@ -383,7 +383,7 @@ TEST(LayerSim, SignalQueueingDelaysFlagsByTheQueuedBytesAtACongestedPort) {
 // window minus rate x round trip) drains with them. The last flags therefore wait for nothing:
 // last byte issued 917,504 - (2L + f) = 915,804, landed at 916,504; fence done 917,504, flag at
 // 918,204, seen by the 300 ns sweep at 918,600 -- with or without queueing. Before the fix the
-// flags were charged the queue of the flows that had just ended (923,100 ns, 1.7 us stall late).
+// flags were charged the queue of the flows that had just ended (921,300 ns).
 TEST(LayerSim, SignalQueueingChargesNoQueueToFlagsRaisedAsTheQueueDrains) {
   Topology topo = resolve_topology("hgx-h200");
   topo.nvlink_gbps = 30;
@@ -403,6 +403,48 @@ TEST(LayerSim, SignalQueueingChargesNoQueueToFlagsRaisedAsTheQueueDrains) {
     EXPECT_EQ(r.dispatch.data_end_ns, 916504);
     EXPECT_EQ(r.dispatch.end_ns, 918600);
     EXPECT_EQ(r.dispatch.completion_signal.max_ns, 918600 - 916504);
+  }
+}
+
+// A row-order chunk that writes to a GPU of its own domain and to one across the NIC (review,
+// 2026-12-05): hgx-h200 cut into 2 domains of 2 GPUs; rank 0's 512 tokens go to GPU 1 (NVLink)
+// and GPU 2 (NIC), 4 chunks on 4 SMs. A chunk's NVLink member (1,835,008 B) gets half of the
+// SM's window cap (23.406 GB/s x 0.5), and its fence waits for the acks of the SM's NVLink
+// stores only (the NIC's DMA engines move the rest): 2L + f = 1,700 ns folded in, so the flow
+// ends at 156,800 + 1,700 = 158,500 ns. Its last byte left at 156,800 and lands at 157,500; the
+// fence ends at 158,500, the flag lands at 159,200 and the receiver's 300 ns poll sees it at
+// 159,600. Counter: 4 atomics land at 157,500 + 1,700 = 159,200, served 20 ns apart (159,280),
+// seen at 159,600. Before, the fence was folded with the NIC member's latency (6,300 ns) but
+// timed with the NVLink one's, so GPU 1 "knew" its data at 159,600, 3.5 us before its flows
+// ended (163,100): an event in the past.
+TEST(LayerSim, RowOrderChunkFencesOnItsNvlinkStoresOnly) {
+  Topology topo = resolve_topology("hgx-h200");
+  topo.num_domains = 2;
+  topo.gpus_per_domain = 2;
+  const spec::LayerConfig cfg{7168, 2048, 0, 4, 2, 4, 512};
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int t = 0; t < 512; ++t) {
+    topk[2 * t] = 1;
+    topk[2 * t + 1] = 2;
+  }
+  const Workload w = Workload::from_topk(cfg, topk, "one chunk, two domains");
+  for (Signaling sig : {Signaling::kFenceFlag, Signaling::kCounter}) {
+    ProtocolConfig p;
+    p.dispatch = Direction::kPush;
+    p.push_row_order = true;
+    p.phases = Phases::kDispatch;
+    p.signaling = sig;
+    SimOptions o;
+    o.record_trace = true;
+    const LayerResult r = simulate_layer(topo, w, p, o);
+    int nvlink_flows = 0;
+    for (const auto& span : r.trace)
+      if (span.gpu == 0 && span.name == "dispatch push 0->1") {
+        ++nvlink_flows;
+        EXPECT_EQ(span.end_ns, 158500);
+      }
+    EXPECT_EQ(nvlink_flows, 4);
+    EXPECT_EQ(r.gpus[1].dispatch_known_ns, 159600);
   }
 }
 
@@ -522,8 +564,9 @@ TEST(LayerSim, ProgressLinesChangeNoResult) {
 namespace mok::sim {
 namespace {
 
-// A fenced push's chunk, by hand (review, 2026-12-05): hgx-h200 with the TMA store rate raised
-// to 1000 GB/s, so the SM's 32 KiB window over 2L = 1.4 us caps it (23.406 GB/s). Rank 0's 512
+// A fenced push's chunk, by hand (review, 2026-12-05): hgx-h200, where the SM's 32 KiB window
+// over 2L = 1.4 us caps it (23.406 GB/s, below the 40 GB/s TMA store rate, which is raised to
+// 1000 here only so that the window stays the one cap if the preset changes). Rank 0's 512
 // tokens go to rank 1's expert, 4 chunks of 128 rows (1,835,008 B each), one SM each. A chunk's
 // bytes take 78,400 ns; the fence after it (2L + f = 1,700 ns) is folded into the flow's rate, so
 // its fluid milestone is 80,100 ns. Its last byte was issued at 78,400 and lands one way later:

@@ -72,7 +72,9 @@ RC_GTEST_PROP(Properties, MoreBandwidthIsNeverSlowerForOneTransferPerSm, ()) {
 
 RC_GTEST_PROP(Properties, PushingMoreLoadOntoOneExpertIsNeverFaster, ()) {
   // Concentrate load: move slots onto the hottest expert of the GPU whose dispatch completes
-  // last, taking them from tokens that did not reach that GPU (so its bytes strictly grow).
+  // last, taking them from other GPUs' tokens that did not reach that GPU (so the bytes it
+  // receives over NVLink strictly grow). A token of the hot GPU itself would turn a remote slot
+  // into a local copy, which can well be faster (a counterexample CI found: 2,400 -> 2,300 ns).
   const int ranks = *rc::gen::element(2, 4, 8);
   RoutingSpec s;
   s.kind = RoutingKind::kPowerLaw;
@@ -98,6 +100,7 @@ RC_GTEST_PROP(Properties, PushingMoreLoadOntoOneExpertIsNeverFaster, ()) {
   const int moves = *rc::gen::inRange(1, 64);
   for (int m = 0; m < moves; ++m) {
     const int64_t g = *rc::gen::inRange<int64_t>(0, cfg.num_tokens());
+    if (g / cfg.tokens_per_rank == hot_gpu) continue;  // the hot GPU's own token
     int32_t* row = &topk[g * cfg.top_k];
     bool reaches_hot_gpu = false;
     for (int k = 0; k < cfg.top_k; ++k) reaches_hot_gpu |= row[k] >= 0 && cfg.owner_rank(row[k]) == hot_gpu;
@@ -106,9 +109,23 @@ RC_GTEST_PROP(Properties, PushingMoreLoadOntoOneExpertIsNeverFaster, ()) {
   RC_PRE(topk != base.topk_experts);  // at least one slot moved (else the property is trivially true)
   const Workload moved = Workload::from_topk(cfg, topk, "moved");
   const LayerResult b = simulate_layer(topo, moved, p);
-  // Integer-nanosecond milestones round each rate change up by < 1 ns, so two different
-  // workloads may differ by a few ns of rounding; allow 0.1%.
-  RC_ASSERT(b.dispatch.end_ns >= a.dispatch.end_ns - a.dispatch.end_ns / 1000);
+  RC_ASSERT(b.gpus[hot_gpu].recv_payload_bytes_dispatch > a.gpus[hot_gpu].recv_payload_bytes_dispatch);
+  // Not a theorem of the model, only close to one, as for list schedules (Graham's anomalies):
+  // - max-min sharing couples flows through shared ports: more bytes into the hot GPU from one
+  //   source can end that source's transfer to a third GPU sooner, freeing its out-port for its
+  //   own transfer to the hot GPU (a case CI found, 8 GPUs, 77 tokens, flag_in_data: the hot
+  //   GPU's last byte 9 ns earlier, 3,204 -> 3,195 ns);
+  // - a fenced transfer's rate holds one fence stall per chunk, so a slot moved into a new chunk
+  //   of a transfer lowers that transfer's rate, and the others into the hot GPU get more of its
+  //   in-port early instead of one slow flow running alone at the end (4 GPUs, 137 tokens,
+  //   fence_flag: the hot GPU's last flow 4,537 -> 4,354 ns, known 5,700 -> 5,500);
+  // - either shift can cross a boundary of the receiver's flag sweep (100 ns here).
+  // Measured with this generator (20 x 10,000 cases): the phase end moved earlier in 9 cases,
+  // each by one sweep after a 5-17 ns shift of the data; the second case above, by two sweeps,
+  // came once in about 360,000. So: 0.1 % for integer-nanosecond rounding, 5 % for the
+  // anomalies, and one sweep; a mechanism that made concentrated load really faster fails it.
+  const int64_t sweep = std::max<int64_t>(p.poll_interval_ns, static_cast<int64_t>(topo.local_poll_ns));
+  RC_ASSERT(b.dispatch.end_ns >= a.dispatch.end_ns - a.dispatch.end_ns / 1000 - a.dispatch.end_ns / 20 - sweep);
 }
 
 RC_GTEST_PROP(Properties, ASeedFixesTheOutput, ()) {

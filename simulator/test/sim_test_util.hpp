@@ -40,6 +40,16 @@ inline Topology simple_topology(int gpus) {
   return t;
 }
 
+// A dispatch-only push with the given signaling (and comm SMs, 0 keeping the default).
+inline ProtocolConfig push_dispatch(Signaling signaling, int comm_sms = 0) {
+  ProtocolConfig p;
+  p.dispatch = Direction::kPush;
+  p.phases = Phases::kDispatch;
+  p.signaling = signaling;
+  if (comm_sms > 0) p.comm_sms = comm_sms;
+  return p;
+}
+
 inline spec::LayerConfig layer(int64_t ranks, int64_t tokens, int64_t experts_per_rank, int64_t top_k) {
   spec::LayerConfig cfg;
   cfg.hidden = 1024;

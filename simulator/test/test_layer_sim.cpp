@@ -12,6 +12,7 @@ namespace {
 
 using testing::layer;
 using testing::simple_topology;
+using testing::push_dispatch;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -42,11 +43,7 @@ TEST(LayerSim, IncastSharesTheReceiverPort) {
     const auto cfg = layer(n, 256, 1, 1);
     std::vector<int32_t> topk(cfg.num_slots(), 0);
     const Workload w = Workload::from_topk(cfg, topk, "incast");
-    ProtocolConfig p;
-    p.dispatch = Direction::kPush;
-    p.signaling = Signaling::kFlagInData;
-    p.phases = Phases::kDispatch;
-    p.comm_sms = 4;
+    ProtocolConfig p = push_dispatch(Signaling::kFlagInData, 4);
     const LayerResult r = simulate_layer(simple_topology(n), w, p);
     const int64_t remote_wire = r.dispatch.scaleup_bytes;
     EXPECT_EQ(remote_wire, (n - 1) * ceil_div(int64_t{128} * 1024 * 2 * 128, 120) * 2) << n;
@@ -68,11 +65,7 @@ TEST(LayerSim, AllToAllOnANonBlockingSwitchIsPortBound) {
         if (e != r) topk[(r * 128 + t) * (n - 1) + k++] = e;
     }
   const Workload w = Workload::from_topk(cfg, topk, "all-to-all");
-  ProtocolConfig p;
-  p.dispatch = Direction::kPush;
-  p.signaling = Signaling::kFlagInData;
-  p.phases = Phases::kDispatch;
-  p.comm_sms = n;  // one SM per peer, all concurrent
+  ProtocolConfig p = push_dispatch(Signaling::kFlagInData, n);  // one SM per peer, all concurrent
   const LayerResult r = simulate_layer(simple_topology(n), w, p);
   const int64_t per_pair = ceil_div(int64_t{128} * 1024 * 2 * 128, 120);
   EXPECT_NEAR(static_cast<double>(r.dispatch.data_end_ns), static_cast<double>(ceil_div((n - 1) * per_pair, 100) + 1000),
@@ -199,11 +192,7 @@ TEST(LayerSim, RowOrderPushSharesTheWindowAndBlocksTheFastDestinationBehindTheSl
       topk[(r * T + t) * 2 + 1] = other[r];
     }
   const Workload w = Workload::from_topk(cfg, topk, "hot and cold");
-  ProtocolConfig p;
-  p.dispatch = Direction::kPush;
-  p.signaling = Signaling::kFlagInData;
-  p.phases = Phases::kDispatch;
-  p.comm_sms = 4;  // per_peer: one SM per peer, independent windows
+  ProtocolConfig p = push_dispatch(Signaling::kFlagInData, 4);  // per_peer: one SM per peer, independent windows
   p.chunk_tokens = 32;
   const Topology topo = simple_topology(n);
   const LayerResult per_peer = simulate_layer(topo, w, p);
@@ -356,11 +345,7 @@ TEST(LayerSim, SignalQueueingDelaysFlagsByTheQueuedBytesAtACongestedPort) {
   const Workload w = Workload::from_topk(cfg, topk, "incast");
   Topology topo = simple_topology(n);
   topo.sm_store_inflight_bytes = 100000;
-  ProtocolConfig p;
-  p.dispatch = Direction::kPush;
-  p.signaling = Signaling::kFenceFlag;
-  p.phases = Phases::kDispatch;
-  p.comm_sms = 4;
+  ProtocolConfig p = push_dispatch(Signaling::kFenceFlag, 4);
   SimOptions off, on;
   on.signal_queueing = true;
   const LayerResult a = simulate_layer(topo, w, p, off);
@@ -391,11 +376,7 @@ TEST(LayerSim, SignalQueueingChargesNoQueueToFlagsRaisedAsTheQueueDrains) {
   std::vector<int32_t> topk(cfg.num_slots(), 0);
   for (int t = 0; t < 512; ++t) topk[t] = -1;  // GPU 0 sends nothing
   const Workload w = Workload::from_topk(cfg, topk, "three-way incast");
-  ProtocolConfig p;
-  p.dispatch = Direction::kPush;
-  p.phases = Phases::kDispatch;
-  p.signaling = Signaling::kFenceFlag;
-  p.comm_sms = 4;
+  ProtocolConfig p = push_dispatch(Signaling::kFenceFlag, 4);
   SimOptions off, on;
   on.signal_queueing = true;
   for (const SimOptions& o : {off, on}) {
@@ -507,11 +488,7 @@ TEST(LayerSim, PeerFenceFlagSerialisesOneRoundTripPerPeerPerSignalThread) {
         if (e != r) topk[(r * 128 + t) * (n - 1) + k++] = e;
     }
   const Workload w = Workload::from_topk(cfg, topk, "all-to-all");
-  ProtocolConfig p;
-  p.dispatch = Direction::kPush;
-  p.signaling = Signaling::kPeerFenceFlag;
-  p.phases = Phases::kDispatch;
-  p.comm_sms = n;
+  ProtocolConfig p = push_dispatch(Signaling::kPeerFenceFlag, n);
   const Topology topo = simple_topology(n);
   auto observe = [](int64_t v) { return ceil_div(v, 100) * 100 + 100; };
   const int64_t L = 1000, f = 100;
@@ -579,10 +556,7 @@ TEST(LayerSim, FencedPushChunkArrivesBeforeItsFenceAndIsKnownAfterTheFlag) {
   std::vector<int32_t> topk(cfg.num_slots(), -1);
   for (int t = 0; t < 512; ++t) topk[t] = 1;
   const Workload w = Workload::from_topk(cfg, topk, "one fenced push");
-  ProtocolConfig p;
-  p.dispatch = Direction::kPush;
-  p.phases = Phases::kDispatch;
-  p.signaling = Signaling::kFenceFlag;
+  ProtocolConfig p = push_dispatch(Signaling::kFenceFlag);
   const LayerResult r = simulate_layer(topo, w, p);
   EXPECT_EQ(r.dispatch.data_end_ns, 79100);
   EXPECT_EQ(r.dispatch.end_ns, 81300);

@@ -40,6 +40,13 @@ inline Topology simple_topology(int gpus) {
   return t;
 }
 
+// Rank 0's `tokens` tokens (top-1) all go to `expert`; every other slot is empty: one flow.
+inline Workload rank0_to_expert(const spec::LayerConfig& cfg, int32_t expert, int64_t tokens, const char* name) {
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int64_t t = 0; t < tokens; ++t) topk[t] = expert;
+  return Workload::from_topk(cfg, topk, name);
+}
+
 // A dispatch-only push with the given signaling (and comm SMs, 0 keeping the default).
 inline ProtocolConfig push_dispatch(Signaling signaling, int comm_sms = 0) {
   ProtocolConfig p;

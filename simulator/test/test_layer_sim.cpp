@@ -13,15 +13,14 @@ namespace {
 using testing::layer;
 using testing::simple_topology;
 using testing::push_dispatch;
+using testing::rank0_to_expert;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 TEST(LayerSim, OnePulledFlowTakesBytesOverBandwidthPlusARoundTrip) {
   // Rank 0's tokens all go to the expert on rank 1; rank 1's slots are empty.
   const auto cfg = layer(2, 512, 1, 1);
-  std::vector<int32_t> topk(cfg.num_slots(), -1);
-  for (int t = 0; t < 512; ++t) topk[t] = 1;
-  const Workload w = Workload::from_topk(cfg, topk, "one flow");
+  const Workload w = rank0_to_expert(cfg, 1, 512, "one flow");
   ProtocolConfig p;
   p.dispatch = Direction::kPull;
   p.phases = Phases::kDispatch;
@@ -436,9 +435,7 @@ TEST(LayerSim, RowOrderChunkFencesOnItsNvlinkStoresOnly) {
 // 21,000 ns. The store rate plays no part in a pull.
 TEST(LayerSim, PullIsBoundByTheLoadIssueRateOrTheLoadWindowNotTheStoreRate) {
   const spec::LayerConfig cfg{7168, 2048, 0, 2, 1, 2, 128};
-  std::vector<int32_t> topk(cfg.num_slots(), -1);
-  for (int t = 0; t < 128; ++t) topk[t] = 1;
-  const Workload w = Workload::from_topk(cfg, topk, "one pulled chunk");
+  const Workload w = rank0_to_expert(cfg, 1, 128, "one pulled chunk");
   ProtocolConfig p;
   p.dispatch = Direction::kPull;
   p.phases = Phases::kDispatch;
@@ -553,9 +550,7 @@ TEST(LayerSim, FencedPushChunkArrivesBeforeItsFenceAndIsKnownAfterTheFlag) {
   Topology topo = resolve_topology("hgx-h200");
   topo.sm_tma_store_gbps = 1000;
   const spec::LayerConfig cfg{7168, 2048, 0, 2, 1, 2, 512};  // bf16 rows of 14,336 B
-  std::vector<int32_t> topk(cfg.num_slots(), -1);
-  for (int t = 0; t < 512; ++t) topk[t] = 1;
-  const Workload w = Workload::from_topk(cfg, topk, "one fenced push");
+  const Workload w = rank0_to_expert(cfg, 1, 512, "one fenced push");
   ProtocolConfig p = push_dispatch(Signaling::kFenceFlag);
   const LayerResult r = simulate_layer(topo, w, p);
   EXPECT_EQ(r.dispatch.data_end_ns, 79100);

@@ -47,6 +47,13 @@ class ScratchDir {
   fs::path path_;
 };
 
+// Writes `golden` as dir/name and opens that file for editing (the caller closes it): for tests
+// that damage a valid file in one place.
+hid_t write_and_open(const ScratchDir& dir, const std::string& name, const Golden& golden) {
+  write_golden(dir.file(name), golden);
+  return H5Fopen(dir.file(name).c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+}
+
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -242,8 +249,7 @@ TEST(GoldenIo, LoadOptionsSkipGroups) {
 TEST(GoldenIo, AcceptsVariableLengthStringAttributes) {
   const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 5);
   ScratchDir dir;
-  write_golden(dir.file("a.h5"), golden);
-  const hid_t file = H5Fopen(dir.file("a.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  const hid_t file = write_and_open(dir, "a.h5", golden);
   ASSERT_GE(file, 0);
   ASSERT_GE(H5Adelete(file, "routing"), 0);
   const hid_t type = H5Tcopy(H5T_C_S1);
@@ -453,8 +459,7 @@ TEST(GoldenIo, ProfileModelAndRootAttributesAreChecked) {
       EXPECT_EQ(e.kind(), mok::ErrorKind::kUnsupported) << e.what();
     }
     // ... and the reader refuses one made elsewhere (both copies of the attribute changed).
-    write_golden(dir.file("other.h5"), golden);
-    const hid_t file = H5Fopen(dir.file("other.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t file = write_and_open(dir, "other.h5", golden);
     ASSERT_GE(file, 0);
     set_string_attr(file, field, "some-other-v9");
     const hid_t config = H5Gopen2(file, "/config", H5P_DEFAULT);
@@ -470,8 +475,7 @@ TEST(GoldenIo, ProfileModelAndRootAttributesAreChecked) {
     }
   }
   for (const char* attr : {"generator", "generator_version", "seed"}) {
-    write_golden(dir.file("bare.h5"), golden);
-    const hid_t file = H5Fopen(dir.file("bare.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t file = write_and_open(dir, "bare.h5", golden);
     ASSERT_GE(file, 0);
     ASSERT_GE(H5Adelete(file, attr), 0);
     H5Fclose(file);
@@ -490,8 +494,7 @@ TEST(GoldenIo, ProfileModelAndRootAttributesAreChecked) {
 TEST(GoldenIo, CandidatesNeedNoInputs) {
   const Golden golden = test::make_random_golden(make_config(16, 16, 0, 2, 1, 1, 2), 9);
   ScratchDir dir;
-  write_golden(dir.file("c.h5"), golden);
-  const hid_t file = H5Fopen(dir.file("c.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  const hid_t file = write_and_open(dir, "c.h5", golden);
   ASSERT_GE(file, 0);
   ASSERT_GE(H5Ldelete(file, "/inputs", H5P_DEFAULT), 0);
   H5Fclose(file);

@@ -267,6 +267,10 @@ class LayerSim {
       for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i) fn(i, s);
     }
   }
+  // A pushing SM fences after each chunk (fence_flag, counter).
+  bool fenced_signaling() const {
+    return proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter;
+  }
   int64_t local_poll_period() const {
     return std::max<int64_t>(proto_.poll_interval_ns, static_cast<int64_t>(topo_.local_poll_ns));
   }
@@ -639,7 +643,8 @@ void LayerSim::build_compute_model() {
 // rotated by the initiator's index, so that GPUs do not all start on the same peer.
 void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vector<std::vector<Op>>& programs) {
   const bool is_read = dir == Direction::kPull;
-  auto demand_for = [&](int src, int dst, int64_t bytes, int64_t num_pieces) {
+  // `fenced`: the SM fences after each of the transfer's num_pieces chunks (fence_stall_ns > 0).
+  auto demand_for = [&](int src, int dst, int64_t bytes, int64_t num_pieces, bool fenced) {
     const double L = static_cast<double>(latency(src, dst));
     const bool tma = proto_.copy_engine == CopyEngine::kTma;
     // Issue rates: a push's SM stores, a pull's SM loads; a local copy does both.
@@ -652,7 +657,7 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     const double inflight = is_read ? (tma ? topo_.sm_tma_load_inflight_bytes : topo_.sm_load_inflight_bytes)
                                     : topo_.sm_store_inflight_bytes;
     double d = std::min(issue, inflight / (2.0 * L));
-    if (!is_read && (proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter)) {
+    if (fenced) {
       // After each chunk the SM fences: it issues nothing until the acks of its writes return
       // (one round trip after the last byte lands) and the fence itself retires, and the drained
       // pipe then refills: about 2L + fence overhead of lost issue time per chunk.
@@ -663,8 +668,7 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     return d;
   };
   auto folded_stall = [&](int src, int dst, int64_t L) -> int64_t {
-    const bool fenced = proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter;
-    if (is_read || !fenced || src == dst || topo_.domain_of(src) != topo_.domain_of(dst)) return 0;
+    if (is_read || !fenced_signaling() || src == dst || topo_.domain_of(src) != topo_.domain_of(dst)) return 0;
     return 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns);
   };
   auto make_transfer = [&](int sm, int peer, int64_t first, int64_t stride, int64_t count) {
@@ -682,8 +686,8 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
     t.bytes = 0;
     for (int64_t j = 0; j < count; ++j) t.bytes += piece_wire_bytes(phase, first + j * stride, t.src != t.dst);
     t.latency_ns = latency(t.src, t.dst);
-    t.demand_gbps = demand_for(t.src, t.dst, t.bytes, count);
     t.fence_stall_ns = folded_stall(t.src, t.dst, t.latency_ns);
+    t.demand_gbps = demand_for(t.src, t.dst, t.bytes, count, t.fence_stall_ns > 0);
     const bool tma = proto_.copy_engine == CopyEngine::kTma;
     t.window_bytes = t.src == t.dst || topo_.domain_of(t.src) != topo_.domain_of(t.dst)
                          ? 0.0
@@ -704,7 +708,7 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
       for (int64_t i = traffic_.pair_offsets[pair]; i < traffic_.pair_offsets[pair + 1]; ++i)
         by_chunk[traffic_.pieces[i].chunk_idx].emplace_back(peer, i);
     }
-    const bool fenced = proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter;
+    const bool fenced = fenced_signaling();
     for (int64_t c = 0; c < num_chunks_; ++c) {
       const auto& members = by_chunk[c];
       if (members.empty()) continue;
@@ -1109,8 +1113,7 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
                observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
     return;
   }
-  const bool fenced = proto_.signaling == Signaling::kFenceFlag || proto_.signaling == Signaling::kCounter;
-  if (fenced && opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst)) {
+  if (fenced_signaling() && opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst)) {
     // The flag's wait depends on the port queues, and this instant's completions change them:
     // it is looked up after the instant's rates and queues are settled.
     pending_signals_.push_back(PendingSignal{static_cast<int32_t>(&tr - transfers_.data()), piece, t_issue});

@@ -18,7 +18,9 @@
 // times the layer's weight-gradient epilogue since the eighth session: the staged rows leave by
 // asynchronous bulk copies (BulkRowsF32), bits checked the same way. For fwd2 and bwd1 two more
 // lines time the storing-warpgroup experiment (ws_store_kernel, below; bits checked the same
-// way): the consumers hand a bf16 staging tile to storing warps and go on. Prints a table: ms
+// way): the consumers hand a bf16 staging tile to storing warps and go on. A last line per mode
+// times ping-pong consumers (pp_kernel: each warpgroup owns alternate 64-row half-tiles, so one
+// stores while the other multiplies; bits checked the same way). Prints a table: ms
 // (median), TFLOP/s, % of the bf16 peak measured in the same run (an 8192^3 cublasGemmEx), and
 // cuBLAS on the same M, N, K.
 // Exit 3 without a GPU with sm_90a, 2 on bad arguments.
@@ -541,9 +543,143 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
 #endif
 }
 
+// ---- Experimental (twenty-seventh session): ping-pong consumers. As ws_kernel (one loader
+// thread, two consumer warpgroups at 232 registers, full / empty mbarriers), but each consumer
+// warpgroup owns whole 64-row half-tiles: of the block's tile t, rows 0-63 go to warpgroup 1 and
+// rows 64-127 to warpgroup 2, each over the full K with the tile's whole B. The loader fills the
+// ring strictly in the order (tile, half, chunk), so the two main loops alternate: warpgroup 2's
+// chunks come after all of warpgroup 1's, and warpgroup 1 stores its epilogue while warpgroup 2
+// multiplies. The tensor cores then idle only where one half's main loop is shorter than the
+// other's epilogue. The cost: every stage carries the B tile for 64 rows, not 128 (B is read
+// twice from L2 per tile: 40 KiB per stage for half the work of the cooperative engine's 48 KiB).
+// Same dot-chain order per element, so the same bits as the engine.
+constexpr int kPpStages = 5;
+template <bool kDual, int kBN>
+constexpr int kPpStageBytes = kBoxBytes + kBN / 64 * kBoxBytes + (kDual ? 2 * kBoxBytes : 0);
+constexpr size_t kPpSmem = kPpStages * 40 * 1024 + 2 * kPpStages * 8 + 1024;
+static_assert(kPpStageBytes<true, kTileNFast> == 40 * 1024 && kPpStageBytes<false, kTileNWide> == 40 * 1024,
+              "every ping-pong stage is 40 KiB");
+static_assert(kPpSmem <= 227 * 1024, "the ping-pong ring fits in an H200 block's shared memory");
+
+template <int kMode>
+__global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
+#if defined(MOK_WGMMA)
+  extern __shared__ __align__(1024) unsigned char dyn[];
+  uint8_t* smem = aligned_smem(dyn);
+  constexpr bool kDual = kMode == kFwd1;
+  constexpr int kBN = kDual ? kTileNFast : kTileNWide;
+  constexpr int TA = kMode == kWgrad ? 1 : 0, TB = (kMode == kFwd1 || kMode == kFwd2) ? 0 : 1;
+  constexpr int kStageBytes = kPpStageBytes<kDual, kBN>;
+  constexpr int NJ = kBN / 8;
+  uint8_t* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPpStages * kStageBytes);
+  uint64_t* empty = full + kPpStages;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kPpStages; ++st) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[st])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&empty[st])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  acquire_tensor_maps(a.maps, 3);
+  __syncthreads();
+  const int64_t total = a.row_tiles * a.col_tiles;
+  const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      const TensorMapBytes* mp = a.maps;
+      int64_t it = 0;  // ORDER: the ring's sequence is (tile, half, chunk); both consumers count it the same way
+      for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+        int64_t rt, ct;
+        grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+        const int64_t n0 = ct * kBN;
+        for (int h = 0; h < 2; ++h) {
+          const int64_t m0 = rt * kTileM + 64 * h;
+          const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+          const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
+          const FastOperand B2 = kmajor(mp + 2, n0);
+          for (int64_t c = 0; c < chunks; ++c, ++it) {
+            const int st = static_cast<int>(it % kPpStages);
+            mbar_wait(&empty[st], static_cast<uint32_t>(((it / kPpStages) & 1) ^ 1));
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
+                         "r"(kStageBytes)
+                         : "memory");
+            uint8_t* sp = ring + st * kStageBytes;
+            fast_load(sp, A, c * kChunkK, &full[st], 64);
+            fast_load(sp + kBoxBytes, B, c * kChunkK, &full[st], kBN);
+            if constexpr (kDual) fast_load(sp + kBoxBytes + kBN / 64 * kBoxBytes, B2, c * kChunkK, &full[st], 128);
+          }
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1;
+    const int warp = (threadIdx.x - 128) / 32, lane = threadIdx.x % 32, g = lane >> 2, cq = lane & 3;
+    int64_t t = 0;
+    for (int64_t item = blockIdx.x; item < total; item += gridDim.x, ++t) {
+      int64_t rt, ct;
+      grouped(item, a.row_tiles, a.col_tiles, rt, ct);
+      const int64_t m0 = rt * kTileM, n0 = ct * kBN;
+      const int64_t rows = min(int64_t{kTileM}, a.M - m0), cols = min(int64_t{kBN}, a.N - n0);
+      float acc[NJ][4], acc2[16][4];
+      zero_accumulators(acc);
+      if constexpr (kDual) zero_accumulators(acc2);
+      const int64_t base = (2 * t + cw) * chunks;  // this half's first place in the ring's sequence
+      // ORDER: dot-chain: chunks in increasing k, one wgmma per 16 K-elements in increasing k.
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t it = base + c;
+        const int st = static_cast<int>(it % kPpStages);
+        mbar_wait(&full[st], static_cast<uint32_t>((it / kPpStages) & 1));
+        uint8_t* sp = ring + st * kStageBytes;
+        const uint32_t sa = smem_u32(sp), sb = smem_u32(sp + kBoxBytes), sb2 = smem_u32(sp + kBoxBytes + kBN / 64 * kBoxBytes);
+        const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kChunkK / kStepK; ++j) {
+          const uint64_t da = desc_sw128(sa + j * a_step, TA != 0);
+          wgmma_m64nNk16<TA, TB, NJ>(acc, da, desc_sw128(sb + j * b_step, TB != 0));
+          if constexpr (kDual) wgmma_m64n128k16<TA, TB>(acc2, da, desc_sw128(sb2 + j * b_step, TB != 0));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous chunk is done: hand its stage back
+        if (c > 0 && threadIdx.x % 128 == 0) {
+          const int prev = static_cast<int>((it - 1) % kPpStages);
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[prev])) : "memory");
+        }
+      }
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      if constexpr (kDual) fence_accumulators(acc2);
+      if (threadIdx.x % 128 == 0) {
+        const int last = static_cast<int>((base + chunks - 1) % kPpStages);
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[last])) : "memory");
+      }
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int64_t i = cw * 64 + warp % 4 * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * cq;
+          if (i >= rows || jj >= cols) continue;
+          const int64_t idx = (m0 + i) * a.N + n0 + jj;
+          if constexpr (kDual)
+            store_gate_up(a, idx, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
+          else
+            store_pair<kMode>(a, idx, acc[j][e], acc[j][e + 1]);
+        }
+    }
+  }
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
 // One persistent block per SM of the layer's engine or of the warp-specialised variant.
 // variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores,
-// 3 (wgrad only): the engine with bulk row copies.
+// 3 (wgrad only): the engine with bulk row copies, 4 / 5 (fwd2, bwd1): the storing warpgroup, 6: ping-pong.
 template <int kMode>
 void launch_mode(const Args& a, int sms, size_t smem, int variant) {
   if constexpr (kMode == kWgrad)
@@ -559,6 +695,10 @@ void launch_mode(const Args& a, int sms, size_t smem, int variant) {
         ws_store_kernel<kMode, true><<<sms, kWsThreads, (kWsStoreSmem<true>)>>>(a);
       return;
     }
+  if (variant == 6) {
+    pp_kernel<kMode><<<sms, kWsThreads, kPpSmem>>>(a);
+    return;
+  }
   if (variant == 1)
     ws_kernel<kMode><<<sms, kWsThreads, smem>>>(a);
   else if (variant == 2)
@@ -820,6 +960,8 @@ int main(int argc, char** argv) {
                     engine_kernel<kBwd1, true>, engine_kernel<kWgrad, true>, ws_kernel<kFwd1>, ws_kernel<kFwd2>,
                     ws_kernel<kBwd1>, ws_kernel<kWgrad>, engine_kernel<kWgrad, true, true>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    for (auto* f : {pp_kernel<kFwd1>, pp_kernel<kFwd2>, pp_kernel<kBwd1>, pp_kernel<kWgrad>})
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPpSmem)));
     for (auto* f : {ws_store_kernel<kFwd2, false>, ws_store_kernel<kBwd1, false>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsStoreSmem<false>)));
     for (auto* f : {ws_store_kernel<kFwd2, true>, ws_store_kernel<kBwd1, true>})
@@ -861,6 +1003,7 @@ int main(int argc, char** argv) {
     const bool storer = (mode == kFwd2 || mode == kBwd1) && !args.layer;  // the storing-warpgroup variant's cases
     const bool storer_same = storer && output_of([&] { launch_variant(4); }) == ref;
     const bool half_same = storer && output_of([&] { launch_variant(5); }) == ref;
+    const bool pp_same = !args.layer && output_of([&] { launch_variant(6); }) == ref;
     args.store = keep;
     args.fwd1_stores = keep_stores;
     const double ms = time_ms(launch, warmup, reps);
@@ -871,6 +1014,8 @@ int main(int argc, char** argv) {
     // The storing-warpgroup variant always stores too.
     const double storer_ms = storer ? time_ms([&] { launch_variant(4); }, warmup, reps) : 0.0;
     const double half_ms = storer ? time_ms([&] { launch_variant(5); }, warmup, reps) : 0.0;
+    // Ping-pong has the fragment epilogues only (not the layer's bwd1 epilogue).
+    const double pp_ms = !args.layer ? time_ms([&] { launch_variant(6); }, warmup, reps) : 0.0;
     const double flops = 2.0 * GM * GN * GK * (mode == kFwd1 ? 2 : 1);
     // cuBLAS on the same product (column-major view: C^T [GN, GM] = B^T A^T); for fwd1 one GEMM
     // with 2N columns (gate and up stacked).
@@ -904,6 +1049,10 @@ int main(int argc, char** argv) {
       std::printf("%-6s storing warpgroup, 4-stage ring, one 64-row staging area the two consumers fill in turn: "
                   "%.3f ms, %.1f TFLOP/s, %.1f%% peak, bits %s\n",
                   name, half_ms, tf(half_ms), 100.0 * tf(half_ms) / peak, half_same ? "same" : "DIFFER");
+    if (!args.layer)
+      std::printf("%-6s ping-pong (two consumer warpgroups on alternate 64-row half-tiles, fragment stores; one "
+                  "overlaps its epilogue with the other's main loop): %.3f ms, %.1f TFLOP/s, %.1f%% peak, bits %s\n",
+                  name, pp_ms, tf(pp_ms), 100.0 * tf(pp_ms) / peak, pp_same ? "same" : "DIFFER");
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
                     static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]), static_cast<void*>(args.out_f32[2]),

@@ -2,8 +2,10 @@
 // (simulator/topologies/*.json) otherwise assumes: per-SM copy rate against bytes in flight,
 // one SM's load-only and store-only rate from L2 (its issue rate), the service time of atomics
 // on one hot address, the cost of a release fence with stores pending, and the one-way latency
-// of a flag between two SMs. Local memory only: on a one-GPU
-// machine nothing crosses NVLink, so these are the issuing side's figures, not the wire's.
+// of a flag between two SMs. Local memory by default: on a one-GPU machine nothing crosses
+// NVLink, so these are the issuing side's figures, not the wire's. With --peer D (a machine with
+// several GPUs) it also measures against device D's memory across NVLink: one SM's remote load and
+// store rate against bytes in flight, every SM pushing and pulling, and the flag hand-off.
 // Prints a table (or --json); exit 3 without a GPU.
 #include "mok/cli.hpp"
 #include "mok/cuda_check.hpp"
@@ -108,6 +110,28 @@ __global__ void pingpong_kernel(volatile unsigned int* flag, int rounds, unsigne
   }
 }
 
+// The same hand-off between two GPUs: one block on each, the flag in the peer GPU's memory (`role`
+// 0 runs on this GPU and polls across NVLink, role 1 on the peer polls its own memory); role 0
+// records the total time.
+__global__ void pingpong_role_kernel(volatile unsigned int* flag, int rounds, int role, unsigned long long* ns) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t0 = 0, t1 = 0;
+  if (role == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (int r = 0; r < rounds; ++r) {
+    const unsigned int mine = 2 * r + role;
+    while (*flag != mine) {
+    }
+    __threadfence_system();
+    *flag = mine + 1;
+  }
+  if (role == 0) {
+    while (*flag != 2u * rounds) {
+    }
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    *ns = t1 - t0;
+  }
+}
+
 float time_ms(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
@@ -133,6 +157,13 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "repetitions per figure (median reported; 1 to 1000)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  int peer = -1;
+  app.add_option("--peer", peer,
+                 "also measure across NVLink against this CUDA device (1 to 63; needs peer access from device 0): one "
+                 "SM's remote load-only and store-only rate against bytes in flight (the simulator's "
+                 "sm_*_inflight_bytes and issue rates), every SM pushing to and pulling from it, and the flag hand-off "
+                 "between the two GPUs")
+      ->check(CLI::Range(1, 63));
   app.add_flag("--json", json, "one JSON object on stdout");
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   int n_dev = 0;
@@ -140,6 +171,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mok-gpu-probe: no usable CUDA device\n");
     return 3;
   }
+  if (peer >= 0) {
+    int can = 0;
+    if (peer >= n_dev || cudaDeviceCanAccessPeer(&can, 0, peer) != cudaSuccess || !can) {
+      std::fprintf(stderr, "mok-gpu-probe: --peer %d: this machine has %d CUDA device(s) and device 0 %s; run it on a "
+                   "machine with several GPUs joined by NVLink, or leave --peer out\n",
+                   peer, n_dev, peer >= n_dev ? "has no such peer" : "cannot access it as a peer");
+      return 3;
+    }
+  }
+  CK(cudaSetDevice(0));
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -285,6 +326,106 @@ int main(int argc, char** argv) {
   }
   const double flag_ns = median(tp);
 
+  // 5. Across NVLink (--peer): the buffers live on the peer, the SMs of device 0 reach them.
+  struct PeerCopyRow {
+    const char* dir;
+    int blocks;
+    double gbps;
+  };
+  std::vector<IssueRow> peer_issue;
+  std::vector<PeerCopyRow> peer_copy;
+  double peer_flag_ns = 0;
+  if (peer >= 0) {
+    CK(cudaDeviceEnablePeerAccess(peer, 0));
+    const int64_t n_l2 = int64_t{4} * 1024 * 1024 / 16, n_big = int64_t{256} * 1024 * 1024 / 16;
+    uint4 *remote = nullptr, *remote_big = nullptr, *local_big = nullptr, *sink = nullptr;
+    unsigned int* rflag = nullptr;
+    CK(cudaSetDevice(peer));
+    CK(cudaMalloc(&remote, n_l2 * 16));
+    CK(cudaMalloc(&remote_big, n_big * 16));
+    CK(cudaMalloc(&rflag, 4));
+    CK(cudaMemset(remote, 5, n_l2 * 16));
+    CK(cudaMemset(remote_big, 6, n_big * 16));
+    CK(cudaDeviceSynchronize());
+    CK(cudaSetDevice(0));
+    CK(cudaMalloc(&local_big, n_big * 16));
+    CK(cudaMalloc(&sink, 1024 * 16));
+    CK(cudaMemset(local_big, 7, n_big * 16));
+    auto timed = [&](auto launch) {
+      std::vector<double> t;
+      for (int r = 0; r < reps + 1; ++r) {
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaGetLastError());
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        if (r > 0) t.push_back(time_ms(a, b));
+      }
+      return median(t);
+    };
+    // One SM alone against the peer's memory: rate against bytes in flight (warps x 32 x 16 x in flight).
+    const int passes = 4;
+    for (int store = 0; store < 2; ++store)
+      for (int warps : {8, 32})
+        for (int inflight : {1, 4, 8}) {
+          const int threads = warps * 32;
+          const double ms = timed([&] {
+            if (store) {
+              switch (inflight) {
+                case 1: store_only_kernel<1><<<1, threads>>>(remote, n_l2, passes); break;
+                case 4: store_only_kernel<4><<<1, threads>>>(remote, n_l2, passes); break;
+                default: store_only_kernel<8><<<1, threads>>>(remote, n_l2, passes); break;
+              }
+            } else {
+              switch (inflight) {
+                case 1: load_only_kernel<1><<<1, threads>>>(remote, n_l2, passes, sink); break;
+                case 4: load_only_kernel<4><<<1, threads>>>(remote, n_l2, passes, sink); break;
+                default: load_only_kernel<8><<<1, threads>>>(remote, n_l2, passes, sink); break;
+              }
+            }
+          });
+          peer_issue.push_back({store ? "store" : "load", warps, inflight, double(passes) * n_l2 * 16 / (ms * 1e-3) / 1e9});
+        }
+    // Every SM pushing to the peer (local source, remote destination) and pulling from it.
+    for (int pull = 0; pull < 2; ++pull)
+      for (int blocks : {1, 16, 32, sms}) {
+        const double ms = timed([&] {
+          if (pull)
+            copy_kernel<4><<<blocks, 256>>>(remote_big, local_big, n_big);
+          else
+            copy_kernel<4><<<blocks, 256>>>(local_big, remote_big, n_big);
+        });
+        peer_copy.push_back({pull ? "pull" : "push", blocks, double(n_big) * 16 / (ms * 1e-3) / 1e9});
+      }
+    // Flag hand-off between the GPUs, the flag in the peer's memory.
+    unsigned long long* pns = nullptr;
+    CK(cudaMalloc(&pns, 8));
+    std::vector<double> tf;
+    const int rounds = 1000;
+    for (int r = 0; r < reps; ++r) {
+      CK(cudaSetDevice(peer));
+      CK(cudaMemset(rflag, 0, 4));
+      CK(cudaDeviceSynchronize());
+      pingpong_role_kernel<<<1, 32>>>(rflag, rounds, 1, nullptr);
+      CK(cudaGetLastError());
+      CK(cudaSetDevice(0));
+      pingpong_role_kernel<<<1, 32>>>(rflag, rounds, 0, pns);
+      CK(cudaGetLastError());
+      CK(cudaDeviceSynchronize());
+      CK(cudaSetDevice(peer));
+      CK(cudaDeviceSynchronize());
+      CK(cudaSetDevice(0));
+      unsigned long long h = 0;
+      CK(cudaMemcpy(&h, pns, 8, cudaMemcpyDeviceToHost));
+      tf.push_back(double(h) / (2.0 * rounds));
+    }
+    peer_flag_ns = median(tf);
+    for (void* q : {static_cast<void*>(local_big), static_cast<void*>(sink), static_cast<void*>(pns)}) CK(cudaFree(q));
+    CK(cudaSetDevice(peer));
+    for (void* q : {static_cast<void*>(remote), static_cast<void*>(remote_big), static_cast<void*>(rflag)}) CK(cudaFree(q));
+    CK(cudaSetDevice(0));
+  }
+
   if (json) {
     std::printf("{\"gpu\": \"%s\", \"sms\": %d, \"copy\": [", prop.name, sms);
     for (size_t i = 0; i < copy_rows.size(); ++i)
@@ -300,7 +441,21 @@ int main(int argc, char** argv) {
     std::printf("], \"hot_atomic_ns\": %.3f, \"fence_ns\": {", atomic_ns);
     for (size_t i = 0; i < fence_rows.size(); ++i)
       std::printf("%s\"%d\": %.1f", i ? ", " : "", fence_rows[i].pending, fence_rows[i].ns);
-    std::printf("}, \"flag_one_way_ns\": %.1f}\n", flag_ns);
+    std::printf("}, \"flag_one_way_ns\": %.1f", flag_ns);
+    if (peer >= 0) {
+      std::printf(", \"peer\": {\"device\": %d, \"one_sm\": [", peer);
+      for (size_t i = 0; i < peer_issue.size(); ++i)
+        std::printf("%s{\"op\": \"%s\", \"warps\": %d, \"inflight_per_lane\": %d, \"inflight_bytes\": %d, "
+                    "\"gbps\": %.2f}",
+                    i ? ", " : "", peer_issue[i].op, peer_issue[i].warps, peer_issue[i].inflight,
+                    peer_issue[i].warps * 32 * 16 * peer_issue[i].inflight, peer_issue[i].gbps);
+      std::printf("], \"copy\": [");
+      for (size_t i = 0; i < peer_copy.size(); ++i)
+        std::printf("%s{\"dir\": \"%s\", \"blocks\": %d, \"gbps\": %.1f}", i ? ", " : "", peer_copy[i].dir,
+                    peer_copy[i].blocks, peer_copy[i].gbps);
+      std::printf("], \"flag_one_way_ns\": %.1f}", peer_flag_ns);
+    }
+    std::printf("}\n");
     return 0;
   }
   std::printf("# mok-gpu-probe %s (%d SMs), local memory, median of %d\n", prop.name, sms, reps);
@@ -316,5 +471,14 @@ int main(int argc, char** argv) {
   for (const auto& f : fence_rows)
     std::printf("__threadfence with %2d stores pending: %.0f ns (median of %d)\n", f.pending, f.ns, freps - 4);
   std::printf("flag one-way latency between two SMs (volatile poll, fence, store): %.0f ns\n", flag_ns);
+  if (peer >= 0) {
+    std::printf("across NVLink to device %d, one SM alone, 4 MiB in the peer's memory: op  warps  in flight/lane  "
+                "bytes in flight  GB/s\n", peer);
+    for (const auto& r : peer_issue)
+      std::printf("      %5s %6d %15d %16d %6.2f\n", r.op, r.warps, r.inflight, r.warps * 32 * 16 * r.inflight, r.gbps);
+    std::printf("across NVLink, 256 MiB, blocks of 8 warps with 4 loads in flight per lane: dir  blocks  GB/s one way\n");
+    for (const auto& r : peer_copy) std::printf("      %4s %7d %8.1f\n", r.dir, r.blocks, r.gbps);
+    std::printf("flag hand-off between the two GPUs (flag in the peer's memory): %.0f ns one way\n", peer_flag_ns);
+  }
   return 0;
 }

@@ -10,12 +10,14 @@
 # Build here first (Release, sm_90a), as kernel/notes/grid_constant_params_run.sh's header says for
 # gpu-run/binM, and add the launcher and the golden writer:
 #   ninja -C build-gpu mok-bench mok-verify mok-launch mok-golden test_kernel
-#   cp build-gpu/tools/{mok-bench,mok-launch,mok-golden} build-gpu/verify/mok-verify build-gpu/kernel/test/test_kernel gpu-run/binM/
+#   cp build-gpu/tools/{mok-bench,mok-launch,mok-golden,mok-gpu-probe} build-gpu/verify/mok-verify build-gpu/kernel/test/test_kernel gpu-run/binM/
 #   ../shared/tools/gpu-pack gpu-run; rm -f gpu-run/.libs/libcublas*
 # Device call (carry ["gpu-run"]; kind nvidia-h200-x8, or x4 / x2):
 #   source gpu-run/gpu-env.sh; export PATH=$PATH:/usr/local/cuda/bin LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/cuda/lib64
 #   STAGE=checks bash kernel/notes/multi_gpu_run.sh 2>&1 | tee $OUT/multi_checks.txt
 # NVLink multicast stays off (the machines have it off; NCCL_NVLS_ENABLE=0 below as well).
+# STAGE=bench also runs mok-gpu-probe --peer 1: the per-SM NVLink parameters the simulator assumes
+# (remote store window and load rate; simulator/VALIDATION.md says the MoK comparison turns on them).
 # Not measured by this script: the dispatch and combine NVLink bandwidth and completion-signal
 # latency that issue 6 asks to set beside the simulator's predictions. The kernel's per-block trace
 # (mok-bench --trace) runs with the virtual transport only; it needs the NCCL path first.
@@ -70,6 +72,10 @@ bench)
       done
     done
   done
+  echo "--- $(date -u +%T) NVLink parameters of the simulator (mok-gpu-probe --peer 1, added in the twenty-seventh session):"
+  echo "    one SM's remote load / store rate against bytes in flight, every SM pushing and pulling, the flag hand-off"
+  "$BIN/mok-gpu-probe" --peer 1 --reps 3 --mib 256 2>&1 | tee "$OUT/gpu_probe_peer.txt"
+  "$BIN/mok-gpu-probe" --peer 1 --reps 3 --mib 256 --json > "$OUT/gpu_probe_peer.json" 2>&1
   R=${RANKS[-1]}
   echo "--- $(date -u +%T) qwen3 uniform R=$R as one process per GPU (mok-launch)"
   "$BIN/mok-launch" -n "$R" -- "$BIN/mok-bench" --case qwen3 --R "$R" --transport nccl $A 2>&1 |

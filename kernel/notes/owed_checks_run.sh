@@ -42,6 +42,7 @@ rc_of $B/mok-bench --T 0
 rc_of $B/mok-gemm-bench --modes nosuch
 rc_of $B/mok-gpu-probe --mib 1
 rc_of $B/mok-launch --timeout -1 -- true
+rc_of $B/mok-gpu-probe --peer 1   # one GPU here: exit 3, naming the missing peer
 echo "=== $(date -u +%T) mok-gpu-probe --reps 3 (the 'one SM alone' rows are new)"
 $B/mok-gpu-probe --reps 3
 echo "=== $(date -u +%T) done"

@@ -553,10 +553,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
 // other's epilogue. The cost: every stage carries the B tile for 64 rows, not 128 (B is read
 // twice from L2 per tile: 40 KiB per stage for half the work of the cooperative engine's 48 KiB).
 // Same dot-chain order per element, so the same bits as the engine.
+// Turns: a consumer waits on a stage's `full` barrier by parity, which cannot tell phase k from
+// phase k - 2, so it must never wait for a use of a stage whose previous use has not been loaded
+// yet. The previous use of each of the first stages of a half belongs to the other warpgroup's
+// half, which the loader may still be filling while this warpgroup, its epilogue done, comes
+// back for its next half (the first version, without turns, deadlocked on the H200 that way). So
+// a warpgroup starts half u only after the other has waited for every chunk of half u - 1:
+// `turn[cw]` completes once per half of the other warpgroup (one arrival, after its main loop).
+// This also makes the alternation strict, as CUTLASS's ping-pong kernels order their MMAs.
 constexpr int kPpStages = 5;
 template <bool kDual, int kBN>
 constexpr int kPpStageBytes = kBoxBytes + kBN / 64 * kBoxBytes + (kDual ? 2 * kBoxBytes : 0);
-constexpr size_t kPpSmem = kPpStages * 40 * 1024 + 2 * kPpStages * 8 + 1024;
+constexpr size_t kPpSmem = kPpStages * 40 * 1024 + (2 * kPpStages + 2) * 8 + 1024;
 static_assert(kPpStageBytes<true, kTileNFast> == 40 * 1024 && kPpStageBytes<false, kTileNWide> == 40 * 1024,
               "every ping-pong stage is 40 KiB");
 static_assert(kPpSmem <= 227 * 1024, "the ping-pong ring fits in an H200 block's shared memory");
@@ -574,11 +582,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
   uint8_t* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPpStages * kStageBytes);
   uint64_t* empty = full + kPpStages;
+  uint64_t* turn = empty + kPpStages;  // [2]: turn[cw] completes when the other warpgroup has loaded-and-waited a half
   if (threadIdx.x == 0) {
     for (int st = 0; st < kPpStages; ++st) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[st])) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&empty[st])) : "memory");
     }
+    for (int w = 0; w < 2; ++w)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&turn[w])) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   acquire_tensor_maps(a.maps, 3);
@@ -628,6 +639,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
       zero_accumulators(acc);
       if constexpr (kDual) zero_accumulators(acc2);
       const int64_t base = (2 * t + cw) * chunks;  // this half's first place in the ring's sequence
+      // Half u = 2t + cw waits for the other warpgroup's half u - 1: its t-th completion of
+      // turn[0] (warpgroup 1's half of tile t - 1) or its (t + 1)-th of turn[1] (warpgroup 0's
+      // half of tile t). Neither barrier can be two phases ahead of its waiter: the other
+      // warpgroup's next half waits in turn for this one.
+      if (cw == 1)
+        mbar_wait(&turn[1], static_cast<uint32_t>(t & 1));
+      else if (t > 0)
+        mbar_wait(&turn[0], static_cast<uint32_t>((t - 1) & 1));
       // ORDER: dot-chain: chunks in increasing k, one wgmma per 16 K-elements in increasing k.
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t it = base + c;
@@ -650,6 +669,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
           asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[prev])) : "memory");
         }
       }
+      // Every chunk of this half has been waited for (so loaded): the other warpgroup's turn.
+      if (threadIdx.x % 128 == 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&turn[1 - cw])) : "memory");
       wgmma_wait<0>();
       fence_accumulators(acc);
       if constexpr (kDual) fence_accumulators(acc2);

@@ -299,6 +299,47 @@ __device__ __forceinline__ void ws_load(const Args& a, uint8_t* ring, uint64_t* 
     }
   }
 }
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// One 64-wide K chunk of a consumer warpgroup's 64 rows (ws_kernel, ws_store_kernel, pp_kernel):
+// A at sa, B at sb (and B2 at sb2 with kDual) in shared memory.
+// ORDER: four wgmma steps of 16 K-elements in increasing k, committed as one group.
+template <int TA, int TB, bool kDual, int NJ>
+__device__ __forceinline__ void ws_mma_chunk(float (&acc)[NJ][4], float (&acc2)[16][4], uint32_t sa, uint32_t sb,
+                                             uint32_t sb2) {
+  const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
+  wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < kChunkK / kStepK; ++j) {
+    const uint64_t da = desc_sw128(sa + j * a_step, TA != 0);
+    wgmma_m64nNk16<TA, TB, NJ>(acc, da, desc_sw128(sb + j * b_step, TB != 0));
+    if constexpr (kDual) wgmma_m64n128k16<TA, TB>(acc2, da, desc_sw128(sb2 + j * b_step, TB != 0));
+  }
+  wgmma_commit();
+}
+
+// A consumer warpgroup's 64 accumulator rows (tile rows row0 .. row0 + 63) stored from the
+// fragments, as the engine's fragment epilogue writes them.
+template <int kMode, bool kDual, int NJ>
+__device__ __forceinline__ void ws_store_fragments(const Args& a, const float (&acc)[NJ][4], const float (&acc2)[16][4],
+                                                   int row0, int64_t m0, int64_t n0, int64_t rows, int64_t cols) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane >> 2, cq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int64_t i = row0 + warp * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * cq;
+      if (i >= rows || jj >= cols) continue;
+      const int64_t idx = (m0 + i) * a.N + n0 + jj;
+      if constexpr (kDual)
+        store_gate_up(a, idx, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
+      else
+        store_pair<kMode>(a, idx, acc[j][e], acc[j][e + 1]);
+    }
+}
 #endif
 
 template <int kMode>
@@ -334,7 +375,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - 1;
-    const int warp = (threadIdx.x - 128) / 32, lane = threadIdx.x % 32, g = lane >> 2, cq = lane & 3;
     int64_t it = 0;
     for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
       int64_t rt, ct;
@@ -344,47 +384,21 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
       float acc[NJ][4], acc2[16][4];
       zero_accumulators(acc);
       if constexpr (kDual) zero_accumulators(acc2);
-      // ORDER: dot-chain: chunks in increasing k, one wgmma per 16 K-elements in increasing k.
+      // ORDER: dot-chain: chunks in increasing k (ws_mma_chunk: 16 K-elements at a time in increasing k).
       for (int64_t c = 0; c < chunks; ++c, ++it) {
         const int st = static_cast<int>(it % kStages);
         mbar_wait(&full[st], static_cast<uint32_t>((it / kStages) & 1));
         uint8_t* sp = ring + st * kStageBytes;
-        const uint32_t sa = smem_u32(sp) + cw * kBoxBytes, sb = smem_u32(sp + kOperandBytes),
-                       sb2 = smem_u32(sp + 2 * kOperandBytes);
-        const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kChunkK / kStepK; ++j) {
-          const uint64_t da = desc_sw128(sa + j * a_step, TA != 0);
-          wgmma_m64nNk16<TA, TB, NJ>(acc, da, desc_sw128(sb + j * b_step, TB != 0));
-          if constexpr (kDual) wgmma_m64n128k16<TA, TB>(acc2, da, desc_sw128(sb2 + j * b_step, TB != 0));
-        }
-        wgmma_commit();
+        ws_mma_chunk<TA, TB, kDual, NJ>(acc, acc2, smem_u32(sp) + cw * kBoxBytes, smem_u32(sp + kOperandBytes),
+                                        smem_u32(sp + 2 * kOperandBytes));
         wgmma_wait<1>();  // the previous chunk is done: hand its stage back
-        if (c > 0 && threadIdx.x % 128 == 0) {
-          const int prev = static_cast<int>((it - 1) % kStages);
-          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[prev])) : "memory");
-        }
+        if (c > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kStages]);
       }
       wgmma_wait<0>();
       fence_accumulators(acc);
       if constexpr (kDual) fence_accumulators(acc2);
-      if (threadIdx.x % 128 == 0) {
-        const int last = static_cast<int>((it - 1) % kStages);
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[last])) : "memory");
-      }
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int64_t i = cw * 64 + warp % 4 * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * cq;
-          if (i >= rows || jj >= cols) continue;
-          const int64_t idx = (m0 + i) * a.N + n0 + jj;
-          if constexpr (kDual)
-            store_gate_up(a, idx, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
-          else
-            store_pair<kMode>(a, idx, acc[j][e], acc[j][e + 1]);
-        }
+      if (threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kStages]);
+      ws_store_fragments<kMode, kDual, NJ>(a, acc, acc2, cw * 64, m0, n0, rows, cols);
     }
   }
 #else
@@ -498,20 +512,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
         const int st = static_cast<int>(it % kStages);
         mbar_wait(&full[st], static_cast<uint32_t>((it / kStages) & 1));
         uint8_t* sp = ring + st * kStageBytes;
-        const uint32_t sa = smem_u32(sp) + cw * kBoxBytes, sb = smem_u32(sp + kOperandBytes);
-        const uint32_t a_step = 32, b_step = TB ? 16 * 128 : 32;
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kChunkK / kStepK; ++j)
-          wgmma_m64nNk16<TA, TB, NJ>(acc, desc_sw128(sa + j * a_step, false), desc_sw128(sb + j * b_step, TB != 0));
-        wgmma_commit();
+        ws_mma_chunk<TA, TB, false, NJ>(acc, acc2, smem_u32(sp) + cw * kBoxBytes, smem_u32(sp + kOperandBytes), 0);
         wgmma_wait<1>();  // the previous chunk is done: hand its stage back
-        if (c > 0 && threadIdx.x % 128 == 0) {
-          const int prev = static_cast<int>((it - 1) % kStages);
-          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[prev])) : "memory");
-        }
+        if (c > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kStages]);
       }
-      (void)acc2;
       wgmma_wait<0>();
       fence_accumulators(acc);
       if (threadIdx.x % 128 == 0) {
@@ -545,11 +549,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
 
 // ---- Experimental (twenty-seventh session): ping-pong consumers. As ws_kernel (one loader
 // thread, two consumer warpgroups at 232 registers, full / empty mbarriers), but each consumer
-// warpgroup owns whole 64-row half-tiles: of the block's tile t, rows 0-63 go to warpgroup 1 and
-// rows 64-127 to warpgroup 2, each over the full K with the tile's whole B. The loader fills the
-// ring strictly in the order (tile, half, chunk), so the two main loops alternate: warpgroup 2's
-// chunks come after all of warpgroup 1's, and warpgroup 1 stores its epilogue while warpgroup 2
-// multiplies. The tensor cores then idle only where one half's main loop is shorter than the
+// warpgroup owns whole 64-row half-tiles: of the block's tile t, rows 0-63 go to consumer 0
+// (warpgroup 1) and rows 64-127 to consumer 1 (warpgroup 2), each over the full K with the tile's
+// whole B. The loader fills the ring strictly in the order (tile, half, chunk), so the two main
+// loops alternate: consumer 1's chunks come after all of consumer 0's, and consumer 0 stores its
+// epilogue while consumer 1 multiplies. The tensor cores then idle only where one half's main loop is shorter than the
 // other's epilogue. The cost: every stage carries the B tile for 64 rows, not 128 (B is read
 // twice from L2 per tile: 40 KiB per stage for half the work of the cooperative engine's 48 KiB).
 // Same dot-chain order per element, so the same bits as the engine.
@@ -559,7 +563,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
 // half, which the loader may still be filling while this warpgroup, its epilogue done, comes
 // back for its next half (the first version, without turns, deadlocked on the H200 that way). So
 // a warpgroup starts half u only after the other has waited for every chunk of half u - 1:
-// `turn[cw]` completes once per half of the other warpgroup (one arrival, after its main loop).
+// `turn[cw]` completes once per half of the other warpgroup (128 arrivals, every thread after its
+// main loop: a review found that one thread's arrival let a lagging warp of the waiter miss a phase
+// when K is a single chunk). Waits here are bounded (pp_wait): a hang traps after 2 s, so the bench
+// exits with a CUDA error instead of spinning until the device call's limit.
 // This also makes the alternation strict, as CUTLASS's ping-pong kernels order their MMAs.
 constexpr int kPpStages = 5;
 template <bool kDual, int kBN>
@@ -568,6 +575,28 @@ constexpr size_t kPpSmem = kPpStages * 40 * 1024 + (2 * kPpStages + 2) * 8 + 102
 static_assert(kPpStageBytes<true, kTileNFast> == 40 * 1024 && kPpStageBytes<false, kTileNWide> == 40 * 1024,
               "every ping-pong stage is 40 KiB");
 static_assert(kPpSmem <= 227 * 1024, "the ping-pong ring fits in an H200 block's shared memory");
+
+#if defined(MOK_WGMMA)
+// mbar_wait with a bound: after 2 s of failed polls (the clock read every 4,096 polls) it traps.
+__device__ __forceinline__ void pp_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done = 0, polls = 0;
+  uint64_t t0 = 0;
+  while (true) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(phase)
+        : "memory");
+    if (done) return;
+    if ((++polls & 4095) == 0) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t0 == 0) t0 = t;
+      else if (t - t0 > 2000000000ull) __trap();
+    }
+  }
+}
+#endif
 
 template <int kMode>
 __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
@@ -589,10 +618,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&empty[st])) : "memory");
     }
     for (int w = 0; w < 2; ++w)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&turn[w])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(smem_u32(&turn[w])) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   acquire_tensor_maps(a.maps, 3);
+  stagger_start(a);
   __syncthreads();
   const int64_t total = a.row_tiles * a.col_tiles;
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
@@ -613,7 +643,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
           const FastOperand B2 = kmajor(mp + 2, n0);
           for (int64_t c = 0; c < chunks; ++c, ++it) {
             const int st = static_cast<int>(it % kPpStages);
-            mbar_wait(&empty[st], static_cast<uint32_t>(((it / kPpStages) & 1) ^ 1));
+            pp_wait(&empty[st], static_cast<uint32_t>(((it / kPpStages) & 1) ^ 1));
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
                          "r"(kStageBytes)
                          : "memory");
@@ -628,7 +658,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - 1;
-    const int warp = (threadIdx.x - 128) / 32, lane = threadIdx.x % 32, g = lane >> 2, cq = lane & 3;
     int64_t t = 0;
     for (int64_t item = blockIdx.x; item < total; item += gridDim.x, ++t) {
       int64_t rt, ct;
@@ -639,58 +668,34 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
       zero_accumulators(acc);
       if constexpr (kDual) zero_accumulators(acc2);
       const int64_t base = (2 * t + cw) * chunks;  // this half's first place in the ring's sequence
-      // Half u = 2t + cw waits for the other warpgroup's half u - 1: its t-th completion of
-      // turn[0] (warpgroup 1's half of tile t - 1) or its (t + 1)-th of turn[1] (warpgroup 0's
-      // half of tile t). Neither barrier can be two phases ahead of its waiter: the other
+      // Half u = 2t + cw waits for the other consumer's half u - 1: consumer 0 for the t-th
+      // completion of turn[0] (consumer 1's half of tile t - 1), consumer 1 for the (t + 1)-th of
+      // turn[1] (consumer 0's half of tile t). Neither barrier can be two phases ahead of its waiter: the other
       // warpgroup's next half waits in turn for this one.
       if (cw == 1)
-        mbar_wait(&turn[1], static_cast<uint32_t>(t & 1));
+        pp_wait(&turn[1], static_cast<uint32_t>(t & 1));
       else if (t > 0)
-        mbar_wait(&turn[0], static_cast<uint32_t>((t - 1) & 1));
-      // ORDER: dot-chain: chunks in increasing k, one wgmma per 16 K-elements in increasing k.
+        pp_wait(&turn[0], static_cast<uint32_t>((t - 1) & 1));
+      // ORDER: dot-chain: chunks in increasing k (ws_mma_chunk: 16 K-elements at a time in increasing k).
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t it = base + c;
         const int st = static_cast<int>(it % kPpStages);
-        mbar_wait(&full[st], static_cast<uint32_t>((it / kPpStages) & 1));
+        pp_wait(&full[st], static_cast<uint32_t>((it / kPpStages) & 1));
         uint8_t* sp = ring + st * kStageBytes;
-        const uint32_t sa = smem_u32(sp), sb = smem_u32(sp + kBoxBytes), sb2 = smem_u32(sp + kBoxBytes + kBN / 64 * kBoxBytes);
-        const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kChunkK / kStepK; ++j) {
-          const uint64_t da = desc_sw128(sa + j * a_step, TA != 0);
-          wgmma_m64nNk16<TA, TB, NJ>(acc, da, desc_sw128(sb + j * b_step, TB != 0));
-          if constexpr (kDual) wgmma_m64n128k16<TA, TB>(acc2, da, desc_sw128(sb2 + j * b_step, TB != 0));
-        }
-        wgmma_commit();
+        ws_mma_chunk<TA, TB, kDual, NJ>(acc, acc2, smem_u32(sp), smem_u32(sp + kBoxBytes),
+                                        smem_u32(sp + kBoxBytes + kBN / 64 * kBoxBytes));
         wgmma_wait<1>();  // the previous chunk is done: hand its stage back
-        if (c > 0 && threadIdx.x % 128 == 0) {
-          const int prev = static_cast<int>((it - 1) % kPpStages);
-          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[prev])) : "memory");
-        }
+        if (c > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kPpStages]);
       }
-      // Every chunk of this half has been waited for (so loaded): the other warpgroup's turn.
-      if (threadIdx.x % 128 == 0)
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&turn[1 - cw])) : "memory");
+      // Every chunk of this half has been waited for (so loaded): the other warpgroup's turn. Every
+      // thread of the warpgroup arrives (count 128), so the turn cannot complete while one of its
+      // warps is still behind, e.g. storing the previous half when K is one chunk.
+      mbar_arrive(&turn[1 - cw]);
       wgmma_wait<0>();
       fence_accumulators(acc);
       if constexpr (kDual) fence_accumulators(acc2);
-      if (threadIdx.x % 128 == 0) {
-        const int last = static_cast<int>((base + chunks - 1) % kPpStages);
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(&empty[last])) : "memory");
-      }
-#pragma unroll
-      for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int64_t i = cw * 64 + warp % 4 * 16 + g + (e >= 2 ? 8 : 0), jj = j * 8 + 2 * cq;
-          if (i >= rows || jj >= cols) continue;
-          const int64_t idx = (m0 + i) * a.N + n0 + jj;
-          if constexpr (kDual)
-            store_gate_up(a, idx, acc[j][e], acc[j][e + 1], acc2[j][e], acc2[j][e + 1]);
-          else
-            store_pair<kMode>(a, idx, acc[j][e], acc[j][e + 1]);
-        }
+      if (threadIdx.x % 128 == 0) mbar_arrive(&empty[(base + chunks - 1) % kPpStages]);
+      ws_store_fragments<kMode, kDual, NJ>(a, acc, acc2, cw * 64, m0, n0, rows, cols);
     }
   }
 #else

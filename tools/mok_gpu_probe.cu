@@ -113,20 +113,32 @@ __global__ void pingpong_kernel(volatile unsigned int* flag, int rounds, unsigne
 // The same hand-off between two GPUs: one block on each, the flag in the peer GPU's memory (`role`
 // 0 runs on this GPU and polls across NVLink, role 1 on the peer polls its own memory); role 0
 // records the total time.
+// The clock starts just before role 0's first store (value 1), so the peer kernel's start-up is not
+// counted: the time covers the 2 x rounds hand-offs of values 1 .. 2 x rounds. A poll that sees nothing for 2 s traps (the host then
+// reports a CUDA error instead of hanging).
+__device__ __forceinline__ void poll_until(volatile unsigned int* flag, unsigned int value) {
+  unsigned long long t0 = 0, t;
+  for (unsigned int polls = 1; *flag != value; ++polls)
+    if ((polls & 4095) == 0) {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t0 == 0)
+        t0 = t;
+      else if (t - t0 > 2000000000ull)
+        __trap();
+    }
+}
 __global__ void pingpong_role_kernel(volatile unsigned int* flag, int rounds, int role, unsigned long long* ns) {
   if (threadIdx.x != 0) return;
   unsigned long long t0 = 0, t1 = 0;
-  if (role == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   for (int r = 0; r < rounds; ++r) {
     const unsigned int mine = 2 * r + role;
-    while (*flag != mine) {
-    }
+    poll_until(flag, mine);
     __threadfence_system();
+    if (role == 0 && r == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     *flag = mine + 1;
   }
   if (role == 0) {
-    while (*flag != 2u * rounds) {
-    }
+    poll_until(flag, 2u * rounds);
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
     *ns = t1 - t0;
   }
@@ -335,8 +347,10 @@ int main(int argc, char** argv) {
   std::vector<IssueRow> peer_issue;
   std::vector<PeerCopyRow> peer_copy;
   double peer_flag_ns = 0;
+  int peer_rank = -1;  // the driver's relative performance rank of the link (NVLink above PCIe)
   if (peer >= 0) {
     CK(cudaDeviceEnablePeerAccess(peer, 0));
+    CK(cudaDeviceGetP2PAttribute(&peer_rank, cudaDevP2PAttrPerformanceRank, 0, peer));
     const int64_t n_l2 = int64_t{4} * 1024 * 1024 / 16, n_big = int64_t{256} * 1024 * 1024 / 16;
     uint4 *remote = nullptr, *remote_big = nullptr, *local_big = nullptr, *sink = nullptr;
     unsigned int* rflag = nullptr;
@@ -443,7 +457,7 @@ int main(int argc, char** argv) {
       std::printf("%s\"%d\": %.1f", i ? ", " : "", fence_rows[i].pending, fence_rows[i].ns);
     std::printf("}, \"flag_one_way_ns\": %.1f", flag_ns);
     if (peer >= 0) {
-      std::printf(", \"peer\": {\"device\": %d, \"one_sm\": [", peer);
+      std::printf(", \"peer\": {\"device\": %d, \"link_performance_rank\": %d, \"one_sm\": [", peer, peer_rank);
       for (size_t i = 0; i < peer_issue.size(); ++i)
         std::printf("%s{\"op\": \"%s\", \"warps\": %d, \"inflight_per_lane\": %d, \"inflight_bytes\": %d, "
                     "\"gbps\": %.2f}",
@@ -472,8 +486,9 @@ int main(int argc, char** argv) {
     std::printf("__threadfence with %2d stores pending: %.0f ns (median of %d)\n", f.pending, f.ns, freps - 4);
   std::printf("flag one-way latency between two SMs (volatile poll, fence, store): %.0f ns\n", flag_ns);
   if (peer >= 0) {
-    std::printf("across NVLink to device %d, one SM alone, 4 MiB in the peer's memory: op  warps  in flight/lane  "
-                "bytes in flight  GB/s\n", peer);
+    std::printf("across the peer link to device %d (P2P performance rank %d; NVLink on the machines this is for), one SM "
+                "alone, 4 MiB in the peer's memory (its L2): op  warps  in flight/lane  bytes in flight  GB/s\n",
+                peer, peer_rank);
     for (const auto& r : peer_issue)
       std::printf("      %5s %6d %15d %16d %6.2f\n", r.op, r.warps, r.inflight, r.warps * 32 * 16 * r.inflight, r.gbps);
     std::printf("across NVLink, 256 MiB, blocks of 8 warps with 4 loads in flight per lane: dir  blocks  GB/s one way\n");

@@ -300,6 +300,19 @@ __device__ __forceinline__ void ws_load(const Args& a, uint8_t* ring, uint64_t* 
   }
 }
 
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// After thread 0 has initialised the block's mbarriers: publish them, fetch the tensor maps, wait
+// out --stagger-us, and meet (the warp-specialised kernels' common start).
+__device__ __forceinline__ void ws_begin(const Args& a, int maps) {
+  if (threadIdx.x == 0) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  acquire_tensor_maps(a.maps, maps);
+  stagger_start(a);
+  __syncthreads();
+}
+
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -358,14 +371,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
   uint64_t* empty = full + kMaxStages;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[st])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;\n" ::"r"(smem_u32(&empty[st])) : "memory");
+      mbar_init(&full[st], 1);
+      mbar_init(&empty[st], 2);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  acquire_tensor_maps(a.maps, 3);
-  stagger_start(a);
-  __syncthreads();
+  ws_begin(a, 3);
   const int64_t total = a.row_tiles * a.col_tiles;
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
   const int wg = threadIdx.x / 128;
@@ -452,17 +462,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
   constexpr int kStoreWarps = 3;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[st])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;\n" ::"r"(smem_u32(&empty[st])) : "memory");
+      mbar_init(&full[st], 1);
+      mbar_init(&empty[st], 2);
     }
     for (int h = 0; h < 2; ++h) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(smem_u32(&staged[h])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(&freed[h])), "r"(kStoreWarps) : "memory");
+      mbar_init(&staged[h], 128);
+      mbar_init(&freed[h], kStoreWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  acquire_tensor_maps(a.maps, 2);
-  __syncthreads();
+  ws_begin(a, 2);
   const int64_t total = a.row_tiles * a.col_tiles;
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
   const int wg = threadIdx.x / 128;
@@ -614,16 +622,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
   uint64_t* turn = empty + kPpStages;  // [2]: turn[cw] completes when the other warpgroup has loaded-and-waited a half
   if (threadIdx.x == 0) {
     for (int st = 0; st < kPpStages; ++st) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&full[st])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&empty[st])) : "memory");
+      mbar_init(&full[st], 1);
+      mbar_init(&empty[st], 1);
     }
     for (int w = 0; w < 2; ++w)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(smem_u32(&turn[w])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      mbar_init(&turn[w], 128);
   }
-  acquire_tensor_maps(a.maps, 3);
-  stagger_start(a);
-  __syncthreads();
+  ws_begin(a, 3);
   const int64_t total = a.row_tiles * a.col_tiles;
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
   const int wg = threadIdx.x / 128;

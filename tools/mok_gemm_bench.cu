@@ -271,34 +271,74 @@ __global__ void __launch_bounds__(kThreads, 1) engine_kernel(Args a) {
 constexpr int kWsThreads = 384;
 
 #if defined(MOK_WGMMA)
-// The warp-specialised variants' loader (one thread): every tile of this block in turn, each
-// chunk into the next stage of the ring once both consumer warpgroups have handed it back.
-template <int TA, int TB, bool kDual, int kBN, int kStages>
+// mbar_wait with a bound: after 2 s of failed polls (the clock read every 4,096 polls) it traps.
+__device__ __forceinline__ void pp_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done = 0, polls = 0;
+  uint64_t t0 = 0;
+  while (true) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(phase)
+        : "memory");
+    if (done) return;
+    if ((++polls & 4095) == 0) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t0 == 0) t0 = t;
+      else if (t - t0 > 2000000000ull) __trap();
+    }
+  }
+}
+
+// The warp-specialised variants' loader (one thread): every tile of this block in turn, in
+// 128 / kRows parts of kRows rows (the ping-pong consumers' halves when kRows is 64), each chunk
+// into the next stage of the ring once its consumer(s) have handed it back. A stage holds A's kRows
+// rows, then B, then B2 (kDual). kBounded: waits trap after 2 s (pp_wait).
+// ORDER: the ring's sequence is (tile, part, chunk); the consumers count it the same way.
+template <int TA, int TB, bool kDual, int kBN, int kStages, int kRows = kTileM, bool kBounded = false>
 __device__ __forceinline__ void ws_load(const Args& a, uint8_t* ring, uint64_t* full, uint64_t* empty, int64_t chunks) {
-  constexpr int kStageBytes = kUnitsPerStage<kDual, kBN> * kOperandBytes;
+  constexpr int kB = kRows / 64 * kBoxBytes, kB2 = kB + kBN / 64 * kBoxBytes;
+  constexpr int kStageBytes = kB2 + (kDual ? 2 * kBoxBytes : 0);
   const int64_t total = a.row_tiles * a.col_tiles;
   const TensorMapBytes* mp = a.maps;
   int64_t it = 0;
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
     int64_t rt, ct;
     grouped(item, a.row_tiles, a.col_tiles, rt, ct);
-    const int64_t m0 = rt * kTileM, n0 = ct * kBN;
-    const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+    const int64_t n0 = ct * kBN;
     const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
     const FastOperand B2 = kmajor(mp + 2, n0);
-    for (int64_t c = 0; c < chunks; ++c, ++it) {
-      const int st = static_cast<int>(it % kStages);
-      mbar_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
-                   "r"(kStageBytes)
-                   : "memory");
-      uint8_t* sp = ring + st * kStageBytes;
-      fast_load(sp, A, c * kChunkK, &full[st], kTileM);
-      fast_load(sp + kOperandBytes, B, c * kChunkK, &full[st], kBN);
-      if constexpr (kDual) fast_load(sp + 2 * kOperandBytes, B2, c * kChunkK, &full[st], 128);
+    for (int part = 0; part < kTileM / kRows; ++part) {
+      const int64_t m0 = rt * kTileM + int64_t{kRows} * part;
+      const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+      for (int64_t c = 0; c < chunks; ++c, ++it) {
+        const int st = static_cast<int>(it % kStages);
+        const uint32_t parity = static_cast<uint32_t>(((it / kStages) & 1) ^ 1);
+        if constexpr (kBounded)
+          pp_wait(&empty[st], parity);
+        else
+          mbar_wait(&empty[st], parity);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
+                     "r"(kStageBytes)
+                     : "memory");
+        uint8_t* sp = ring + st * kStageBytes;
+        fast_load(sp, A, c * kChunkK, &full[st], kRows);
+        fast_load(sp + kB, B, c * kChunkK, &full[st], kBN);
+        if constexpr (kDual) fast_load(sp + kB2, B2, c * kChunkK, &full[st], 128);
+      }
     }
   }
 }
+
+// Each mode's operand layout in the warp-specialised kernels: two B operands (fwd1) or one, the
+// tile width, and whether A / B are MN-major.
+template <int kMode>
+struct WsShape {
+  static constexpr bool kDual = kMode == kFwd1;
+  static constexpr int kBN = kDual ? kTileNFast : kTileNWide;
+  static constexpr int TA = kMode == kWgrad ? 1 : 0, TB = (kMode == kFwd1 || kMode == kFwd2) ? 0 : 1;
+};
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -360,9 +400,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
 #if defined(MOK_WGMMA)
   extern __shared__ __align__(1024) unsigned char dyn[];
   uint8_t* smem = aligned_smem(dyn);
-  constexpr bool kDual = kMode == kFwd1;
-  constexpr int kBN = kDual ? kTileNFast : kTileNWide;
-  constexpr int TA = kMode == kWgrad ? 1 : 0, TB = (kMode == kFwd1 || kMode == kFwd2) ? 0 : 1;
+  constexpr bool kDual = WsShape<kMode>::kDual;
+  constexpr int kBN = WsShape<kMode>::kBN, TA = WsShape<kMode>::TA, TB = WsShape<kMode>::TB;
   constexpr int kStages = 12 / kUnitsPerStage<kDual, kBN>;
   constexpr int kStageBytes = kUnitsPerStage<kDual, kBN> * kOperandBytes;
   constexpr int NJ = kBN / 8;
@@ -584,36 +623,14 @@ static_assert(kPpStageBytes<true, kTileNFast> == 40 * 1024 && kPpStageBytes<fals
               "every ping-pong stage is 40 KiB");
 static_assert(kPpSmem <= 227 * 1024, "the ping-pong ring fits in an H200 block's shared memory");
 
-#if defined(MOK_WGMMA)
-// mbar_wait with a bound: after 2 s of failed polls (the clock read every 4,096 polls) it traps.
-__device__ __forceinline__ void pp_wait(uint64_t* bar, uint32_t phase) {
-  uint32_t done = 0, polls = 0;
-  uint64_t t0 = 0;
-  while (true) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(phase)
-        : "memory");
-    if (done) return;
-    if ((++polls & 4095) == 0) {
-      uint64_t t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (t0 == 0) t0 = t;
-      else if (t - t0 > 2000000000ull) __trap();
-    }
-  }
-}
-#endif
 
 template <int kMode>
 __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
 #if defined(MOK_WGMMA)
   extern __shared__ __align__(1024) unsigned char dyn[];
   uint8_t* smem = aligned_smem(dyn);
-  constexpr bool kDual = kMode == kFwd1;
-  constexpr int kBN = kDual ? kTileNFast : kTileNWide;
-  constexpr int TA = kMode == kWgrad ? 1 : 0, TB = (kMode == kFwd1 || kMode == kFwd2) ? 0 : 1;
+  constexpr bool kDual = WsShape<kMode>::kDual;
+  constexpr int kBN = WsShape<kMode>::kBN, TA = WsShape<kMode>::TA, TB = WsShape<kMode>::TB;
   constexpr int kStageBytes = kPpStageBytes<kDual, kBN>;
   constexpr int NJ = kBN / 8;
   uint8_t* ring = smem;
@@ -634,32 +651,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x == 0) {
-      const TensorMapBytes* mp = a.maps;
-      int64_t it = 0;  // ORDER: the ring's sequence is (tile, half, chunk); both consumers count it the same way
-      for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-        int64_t rt, ct;
-        grouped(item, a.row_tiles, a.col_tiles, rt, ct);
-        const int64_t n0 = ct * kBN;
-        for (int h = 0; h < 2; ++h) {
-          const int64_t m0 = rt * kTileM + 64 * h;
-          const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
-          const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
-          const FastOperand B2 = kmajor(mp + 2, n0);
-          for (int64_t c = 0; c < chunks; ++c, ++it) {
-            const int st = static_cast<int>(it % kPpStages);
-            pp_wait(&empty[st], static_cast<uint32_t>(((it / kPpStages) & 1) ^ 1));
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
-                         "r"(kStageBytes)
-                         : "memory");
-            uint8_t* sp = ring + st * kStageBytes;
-            fast_load(sp, A, c * kChunkK, &full[st], 64);
-            fast_load(sp + kBoxBytes, B, c * kChunkK, &full[st], kBN);
-            if constexpr (kDual) fast_load(sp + kBoxBytes + kBN / 64 * kBoxBytes, B2, c * kChunkK, &full[st], 128);
-          }
-        }
-      }
-    }
+    if (threadIdx.x == 0) ws_load<TA, TB, kDual, kBN, kPpStages, 64, true>(a, ring, full, empty, chunks);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - 1;

@@ -203,6 +203,19 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  // Median milliseconds of `reps` launches after one untimed, each between two events.
+  auto timed_ms = [&](auto launch) {
+    std::vector<double> t;
+    for (int r = 0; r < reps + 1; ++r) {
+      CK(cudaEventRecord(a));
+      launch();
+      CK(cudaGetLastError());
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      if (r > 0) t.push_back(time_ms(a, b));
+    }
+    return median(t);
+  };
 
   // 1. Copy rate per SM against SMs and bytes in flight (8 warps per block, one block per SM).
   const int64_t n = mib * 1024 * 1024 / 16;
@@ -218,20 +231,15 @@ int main(int argc, char** argv) {
   std::vector<CopyRow> copy_rows;
   for (int blocks : {1, 4, 16, sms})
     for (int inflight : {1, 2, 4, 8}) {
-      std::vector<double> t;
-      for (int r = 0; r < reps + 1; ++r) {
-        CK(cudaEventRecord(a));
+      const double ms = timed_ms([&] {
         switch (inflight) {
           case 1: copy_kernel<1><<<blocks, 256>>>(src, dst, n); break;
           case 2: copy_kernel<2><<<blocks, 256>>>(src, dst, n); break;
           case 4: copy_kernel<4><<<blocks, 256>>>(src, dst, n); break;
           default: copy_kernel<8><<<blocks, 256>>>(src, dst, n); break;
         }
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        if (r > 0) t.push_back(time_ms(a, b));
-      }
-      const double gbps = 2.0 * n * 16 / (median(t) * 1e-3) / 1e9;  // read + write
+      });
+      const double gbps = 2.0 * n * 16 / (ms * 1e-3) / 1e9;  // read + write
       copy_rows.push_back({blocks, inflight, gbps, gbps / blocks, int64_t{8} * 32 * 16 * inflight});
     }
   CK(cudaFree(src));
@@ -243,42 +251,42 @@ int main(int argc, char** argv) {
     int warps, inflight;
     double gbps;
   };
+  // One block streaming `passes` times over n 16-byte words of buf, loads only then stores only,
+  // with 8 and 32 warps and 1 / 4 / 8 accesses in flight per lane (the local rows from L2 here,
+  // the remote rows of --peer below).
+  auto issue_sweep = [&](uint4* buf, int64_t n_words, int passes, uint4* sink) {
+    std::vector<IssueRow> rows;
+    for (int store = 0; store < 2; ++store)
+      for (int warps : {8, 32})
+        for (int inflight : {1, 4, 8}) {
+          const int threads = warps * 32;
+          const double ms = timed_ms([&] {
+            if (store) {
+              switch (inflight) {
+                case 1: store_only_kernel<1><<<1, threads>>>(buf, n_words, passes); break;
+                case 4: store_only_kernel<4><<<1, threads>>>(buf, n_words, passes); break;
+                default: store_only_kernel<8><<<1, threads>>>(buf, n_words, passes); break;
+              }
+            } else {
+              switch (inflight) {
+                case 1: load_only_kernel<1><<<1, threads>>>(buf, n_words, passes, sink); break;
+                case 4: load_only_kernel<4><<<1, threads>>>(buf, n_words, passes, sink); break;
+                default: load_only_kernel<8><<<1, threads>>>(buf, n_words, passes, sink); break;
+              }
+            }
+          });
+          rows.push_back({store ? "store" : "load", warps, inflight, double(passes) * n_words * 16 / (ms * 1e-3) / 1e9});
+        }
+    return rows;
+  };
   std::vector<IssueRow> issue_rows;
   {
     const int64_t n_l2 = int64_t{4} * 1024 * 1024 / 16;
-    const int passes = 16;
     uint4 *buf = nullptr, *sink = nullptr;
     CK(cudaMalloc(&buf, n_l2 * 16));
     CK(cudaMalloc(&sink, 1024 * 16));
     CK(cudaMemset(buf, 3, n_l2 * 16));
-    for (int store = 0; store < 2; ++store)
-      for (int warps : {8, 32})
-        for (int inflight : {1, 4, 8}) {
-          std::vector<double> t;
-          for (int r = 0; r < reps + 1; ++r) {
-            CK(cudaEventRecord(a));
-            const int threads = warps * 32;
-            if (store) {
-              switch (inflight) {
-                case 1: store_only_kernel<1><<<1, threads>>>(buf, n_l2, passes); break;
-                case 4: store_only_kernel<4><<<1, threads>>>(buf, n_l2, passes); break;
-                default: store_only_kernel<8><<<1, threads>>>(buf, n_l2, passes); break;
-              }
-            } else {
-              switch (inflight) {
-                case 1: load_only_kernel<1><<<1, threads>>>(buf, n_l2, passes, sink); break;
-                case 4: load_only_kernel<4><<<1, threads>>>(buf, n_l2, passes, sink); break;
-                default: load_only_kernel<8><<<1, threads>>>(buf, n_l2, passes, sink); break;
-              }
-            }
-            CK(cudaGetLastError());
-            CK(cudaEventRecord(b));
-            CK(cudaEventSynchronize(b));
-            if (r > 0) t.push_back(time_ms(a, b));
-          }
-          const double gbps = double(passes) * n_l2 * 16 / (median(t) * 1e-3) / 1e9;
-          issue_rows.push_back({store ? "store" : "load", warps, inflight, gbps});
-        }
+    issue_rows = issue_sweep(buf, n_l2, 16, sink);
     CK(cudaFree(buf));
     CK(cudaFree(sink));
   }
@@ -365,45 +373,12 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&local_big, n_big * 16));
     CK(cudaMalloc(&sink, 1024 * 16));
     CK(cudaMemset(local_big, 7, n_big * 16));
-    auto timed = [&](auto launch) {
-      std::vector<double> t;
-      for (int r = 0; r < reps + 1; ++r) {
-        CK(cudaEventRecord(a));
-        launch();
-        CK(cudaGetLastError());
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        if (r > 0) t.push_back(time_ms(a, b));
-      }
-      return median(t);
-    };
     // One SM alone against the peer's memory: rate against bytes in flight (warps x 32 x 16 x in flight).
-    const int passes = 4;
-    for (int store = 0; store < 2; ++store)
-      for (int warps : {8, 32})
-        for (int inflight : {1, 4, 8}) {
-          const int threads = warps * 32;
-          const double ms = timed([&] {
-            if (store) {
-              switch (inflight) {
-                case 1: store_only_kernel<1><<<1, threads>>>(remote, n_l2, passes); break;
-                case 4: store_only_kernel<4><<<1, threads>>>(remote, n_l2, passes); break;
-                default: store_only_kernel<8><<<1, threads>>>(remote, n_l2, passes); break;
-              }
-            } else {
-              switch (inflight) {
-                case 1: load_only_kernel<1><<<1, threads>>>(remote, n_l2, passes, sink); break;
-                case 4: load_only_kernel<4><<<1, threads>>>(remote, n_l2, passes, sink); break;
-                default: load_only_kernel<8><<<1, threads>>>(remote, n_l2, passes, sink); break;
-              }
-            }
-          });
-          peer_issue.push_back({store ? "store" : "load", warps, inflight, double(passes) * n_l2 * 16 / (ms * 1e-3) / 1e9});
-        }
+    peer_issue = issue_sweep(remote, n_l2, 4, sink);
     // Every SM pushing to the peer (local source, remote destination) and pulling from it.
     for (int pull = 0; pull < 2; ++pull)
       for (int blocks : {1, 16, 32, sms}) {
-        const double ms = timed([&] {
+        const double ms = timed_ms([&] {
           if (pull)
             copy_kernel<4><<<blocks, 256>>>(remote_big, local_big, n_big);
           else

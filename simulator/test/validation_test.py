@@ -55,8 +55,8 @@ def main():
         check(abs(err) <= tol, f"{role} ({name}): {got:.1f} GB/s against {measured:.0f} measured, "
                                f"error {100 * err:+.2f} % (allowed {100 * tol:.0f} %)")
 
-    def pull_over_push(extra):
-        out = os.path.join(work, "mok_" + str(abs(hash(tuple(extra)))))
+    def pull_over_push(name, extra):
+        out = os.path.join(work, name)
         run(sim, [os.path.join(val, "mok_push_vs_pull.json"), "--set", "/plots=[]", *extra, "--out", out,
                   "--threads", "2"])
         with open(os.path.join(out, "runs.csv")) as f:
@@ -64,11 +64,11 @@ def main():
                     for r in csv.DictReader(f)}
         return {e: util[("pull", e)] / util[("push", e)] for (_, e) in util}
 
-    ratio = pull_over_push([])
+    ratio = pull_over_push("mok_preset", [])
     for e, r in sorted(ratio.items()):
         check(r > 1.0, f"MoK direction, exponent {e}: pull / push dispatch NVLink utilisation {r:.3f} > 1")
     window = json.dumps({"preset": "gb200-nvl72", "overrides": {"gpu.sm_store_inflight_bytes": 65536}})
-    ratio64 = pull_over_push(["--set", "/topology=" + window])
+    ratio64 = pull_over_push("mok_window64", ["--set", "/topology=" + window])
     check(ratio64[0.0] < ratio64[0.6],
           f"MoK shape with a 64 KiB store window: pull / push {ratio64[0.0]:.3f} at uniform < {ratio64[0.6]:.3f} at 0.6")
 

@@ -353,6 +353,24 @@ __device__ __forceinline__ void ws_begin(const Args& a, int maps) {
   __syncthreads();
 }
 
+// Thread 0's set-up of a ring: full[st] completes on the loader's arrival plus the stage's bytes,
+// empty[st] on one arrival per consumer warpgroup that reads the stage.
+__device__ __forceinline__ void ws_init_ring(uint64_t* full, uint64_t* empty, int stages, uint32_t readers) {
+  for (int st = 0; st < stages; ++st) {
+    mbar_init(&full[st], 1);
+    mbar_init(&empty[st], readers);
+  }
+}
+
+// The register split of the 384-thread kernels: the loader's warpgroup gives registers up, the
+// two consumer warpgroups take them (40 + 2 x 232 per thread of each warpgroup).
+__device__ __forceinline__ void ws_loader_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+}
+__device__ __forceinline__ void ws_consumer_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
@@ -409,20 +427,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_kernel(Args a) {
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingBytes);
   uint64_t* empty = full + kMaxStages;
   if (threadIdx.x == 0) {
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(&full[st], 1);
-      mbar_init(&empty[st], 2);
-    }
+    ws_init_ring(full, empty, kStages, 2);
   }
   ws_begin(a, 3);
   const int64_t total = a.row_tiles * a.col_tiles;
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    ws_loader_registers();
     if (threadIdx.x == 0) ws_load<TA, TB, kDual, kBN, kStages>(a, ring, full, empty, chunks);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    ws_consumer_registers();
     const int cw = wg - 1;
     int64_t it = 0;
     for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
@@ -500,10 +515,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
   uint64_t* freed = staged + 2;        // [2]
   constexpr int kStoreWarps = 3;
   if (threadIdx.x == 0) {
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(&full[st], 1);
-      mbar_init(&empty[st], 2);
-    }
+    ws_init_ring(full, empty, kStages, 2);
     for (int h = 0; h < 2; ++h) {
       mbar_init(&staged[h], 128);
       mbar_init(&freed[h], kStoreWarps);
@@ -514,7 +526,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    ws_loader_registers();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {  // the loader
       ws_load<TA, TB, false, kBN, kStages>(a, ring, full, empty, chunks);
@@ -547,7 +559,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    ws_consumer_registers();
     const int cw = wg - 1;
     const int warp = (threadIdx.x - 128) / 32, lane = threadIdx.x % 32, g = lane >> 2, cq = lane & 3;
     int64_t it = 0, t = 0;
@@ -638,10 +650,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
   uint64_t* empty = full + kPpStages;
   uint64_t* turn = empty + kPpStages;  // [2]: turn[cw] completes when the other warpgroup has loaded-and-waited a half
   if (threadIdx.x == 0) {
-    for (int st = 0; st < kPpStages; ++st) {
-      mbar_init(&full[st], 1);
-      mbar_init(&empty[st], 1);
-    }
+    ws_init_ring(full, empty, kPpStages, 1);
     for (int w = 0; w < 2; ++w)
       mbar_init(&turn[w], 128);
   }
@@ -650,10 +659,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
   const int64_t chunks = a.K / kChunkK;  // the bench keeps K a multiple of 64
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    ws_loader_registers();
     if (threadIdx.x == 0) ws_load<TA, TB, kDual, kBN, kPpStages, 64, true>(a, ring, full, empty, chunks);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    ws_consumer_registers();
     const int cw = wg - 1;
     int64_t t = 0;
     for (int64_t item = blockIdx.x; item < total; item += gridDim.x, ++t) {

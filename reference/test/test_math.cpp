@@ -6,6 +6,9 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 
 namespace {
 
@@ -123,3 +126,33 @@ TEST(SpecMath, SiluIsTheFixedOperationSequence) {
 }
 
 }  // namespace
+
+// The end-to-end oracle (reference/src/oracle_end_to_end.cpp) takes silu_f32's error against the
+// real silu as at most 2^-18 relative plus 2^-118 absolute (the absolute part covers the
+// range where exp(-x) overflows and silu_f32 returns -0 while the real silu is about x e^x).
+// Every 97th fp32 bit pattern (44 million finite values, both signs), against long double.
+TEST(SpecMath, SiluErrorWithinTheEndToEndOraclesAssumption) {
+  int64_t checked = 0;
+  long double worst = 0;
+  float worst_x = 0;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 97) {
+    float x;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&x, &b, 4);
+    if (!std::isfinite(x)) continue;
+    const long double xl = x;
+    const long double want = xl / (1.0L + std::exp(-xl));
+    const long double err = std::fabs(static_cast<long double>(silu_f32(x)) - want);
+    const long double allowed = 0x1.0p-18L * std::fabs(want) + 0x1.0p-118L;
+    if (err / allowed > worst) {
+      worst = err / allowed;
+      worst_x = x;
+    }
+    ++checked;
+  }
+  std::printf("silu_f32 against long double: worst error %.3Lg of the allowance, at x = %.9g\n", worst, worst_x);
+  EXPECT_GT(checked, 40'000'000);
+  EXPECT_LE(worst, 1.0L) << "silu_f32(" << worst_x << ") is outside the assumed error";
+  // The assumption has margin: the worst case uses well under half of it.
+  EXPECT_LT(worst, 0.5L) << "at x = " << worst_x;
+}

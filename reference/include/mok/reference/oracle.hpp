@@ -28,6 +28,22 @@ struct OracleOptions {
 TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                         const TensorMap& reference, const OracleOptions& options = {});
 
+// End to end, the forward only: for every (sampled) element of outputs/output,
+//   bounds/output_exact: the layer's output computed from the inputs alone without the profile's
+//     roundings: gate and up as exact sums, act = silu(gate) * up in double, y and shared_out as
+//     exact sums of act's products, the combine as an exact sum; each stage rounded once to
+//     double, the result stored as fp32;
+//   bounds/output_bound: a radius such that any implementation of profile bf16-v1 with the Hopper
+//     MMA model, fed the same inputs (and nothing of the reference's), lands within it. Each
+//     stage's radius carries the earlier stages' radii forward (through |weights| and silu's
+//     Lipschitz constant 1.1) and adds its own roundings; silu_f32's own error is taken as
+//     2^-18 relative plus 2^-118 (reference/test/test_emulate.cpp sweeps it). reference/README.md
+//     ("End to end") writes the analysis out.
+// So "within its end-to-end bound" says a backend is right without trusting the emulator's
+// intermediates. Unsampled tokens get NaN.
+TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs,
+                                    const OracleOptions& options = {});
+
 // One bf16 MMA dot chain from 0 (ORDER: dot-chain): its exact value (rounded to double) and the
 // radius that every output element's bound is built from. Exposed for tests.
 struct ChainBound {

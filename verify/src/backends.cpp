@@ -71,6 +71,11 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   const bool intermediates = has_group(golden.tensors, "intermediates/");
   const ref::TensorMap inputs = inputs_of(golden);
   Report report;
+  ref::Tensor output;  // the backend's outputs/output, for the end-to-end check
+  auto keep_output = [&](const ref::TensorMap& m) -> const ref::TensorMap& {
+    if (auto it = m.find("outputs/output"); it != m.end()) output = it->second;
+    return m;
+  };
   // emulate and cuda: every tensor bit-identical to the golden (and within its bounds).
   auto compare_bitwise = [&](const ref::TensorMap& candidate) {
     say("comparing");
@@ -89,7 +94,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     eo.intermediates = intermediates;
     eo.num_threads = options.num_threads;
     eo.sample = options.sample;
-    report = compare_bitwise(ref::emulate(golden.cfg, inputs, eo));
+    report = compare_bitwise(keep_output(ref::emulate(golden.cfg, inputs, eo)));
   } else if (backend == Backend::kOracle) {
     ref::TensorMap reference;
     if (intermediates) {
@@ -124,7 +129,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;
     co.golden_name = options.golden_name + " (bounds computed now by the oracle)";
-    report = compare(judged, candidate, co);
+    report = compare(judged, keep_output(candidate), co);
   } else {
 #if defined(MOK_HAVE_CUDA_KERNEL)
     const bool nccl = options.transport == "nccl";
@@ -132,12 +137,37 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
         (nccl ? " ranks, one GPU each, NCCL transport)" : " virtual ranks on one GPU)") +
         (backward ? ", forward and backward" : ", forward"));
     // Under mok-launch each process runs one rank; otherwise one thread per GPU of this process.
-    report = compare_bitwise(!nccl ? kernel::run_layer(golden.cfg, inputs, backward)
-                             : kernel::launched_by_mok_launch() ? kernel::run_layer_nccl_process(golden.cfg, inputs, backward)
-                                                                : kernel::run_layer_nccl(golden.cfg, inputs, backward));
+    report = compare_bitwise(keep_output(
+        !nccl ? kernel::run_layer(golden.cfg, inputs, backward)
+        : kernel::launched_by_mok_launch() ? kernel::run_layer_nccl_process(golden.cfg, inputs, backward)
+                                           : kernel::run_layer_nccl(golden.cfg, inputs, backward)));
 #else
     throw Error("backend cuda is not supported here: this build has no CUDA kernel", ErrorKind::kUnsupported);
 #endif
+  }
+  if (options.end_to_end) {
+    say("end to end: the output's true value and radius from the inputs alone");
+    if (output.numel() == 0) throw Error("end-to-end check: the backend returned no outputs/output");
+    ref::OracleOptions oo;
+    oo.num_threads = options.num_threads;
+    oo.sample = options.sample;
+    ref::Golden judged;
+    judged.meta = golden.meta;
+    judged.cfg = golden.cfg;
+    for (const auto& [path, t] : inputs) judged.tensors[path] = t;
+    judged.tensors["outputs/output"] = golden.tensors.at("outputs/output");
+    for (auto& [path, t] : ref::oracle_forward_end_to_end(golden.cfg, inputs, oo)) judged.tensors[path] = std::move(t);
+    CompareOptions co;
+    co.criterion = Criterion::kWithinBounds;
+    co.sample = options.sample;
+    co.golden_name = options.golden_name + " (end-to-end bounds computed now)";
+    const Report e2e = compare(judged, ref::TensorMap{{"outputs/output", output}}, co);
+    for (TensorReport t : e2e.tensors) {
+      t.path += " (end to end)";
+      if (!t.passed && report.passed) report.first_bad_stage = "end to end: " + e2e.first_bad_stage;
+      report.passed = report.passed && t.passed;
+      report.tensors.push_back(std::move(t));
+    }
   }
   report.backend = backend_name(backend);
   if (backend == Backend::kCuda) report.backend += " (" + options.transport + " transport)";

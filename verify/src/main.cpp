@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "mok-verify 0.1.0");
 
   std::string file, backend = "auto", golden_path, candidate_path, criterion = "bitwise";
-  bool json = false, full = false, no_bounds = false;
+  bool json = false, full = false, no_bounds = false, end_to_end = false;
   int threads = 0;
   int64_t sample_tokens = 0, sample_cols = 0;
   uint64_t sample_seed = 1;
@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
   run->add_option("--sample-seed", sample_seed, "seed for choosing the sample")->capture_default_str();
   run->add_flag("--full", full, "check every element even when the case is large (default: sample above ~4e9 multiply-adds)");
   run->add_flag("--no-bounds", no_bounds, "skip the per-element error-bound check");
+  run->add_flag("--end-to-end", end_to_end,
+                "also check the output against its true value computed from the inputs alone (exact sums, "
+                "silu in double) with a radius that covers any bf16-v1 implementation, so the verdict does not "
+                "rest on the emulator's intermediates (forward output only; costs a few times an emulation of "
+                "the checked tokens' forward: sample large cases with --sample-tokens)");
   std::string transport = "virtual";
   run->add_option("--transport", transport,
                   "cuda backend: virtual (all R ranks on one GPU) or nccl (one GPU per rank, NCCL symmetric memory)")
@@ -197,6 +202,7 @@ int main(int argc, char** argv) {
       ro.num_threads = threads;
       ro.sample = sample ? &*sample : nullptr;
       ro.check_bounds = !no_bounds;
+      ro.end_to_end = end_to_end;
       ro.transport = transport;
       ro.progress = progress;
       ro.golden_name = file;

@@ -5,6 +5,7 @@
 #include "mok/reference/generate.hpp"
 #include "mok/reference/golden.hpp"
 #include "mok/reference/oracle.hpp"
+#include "mok/spec/bf16.hpp"
 #include "mok/verify/backends.hpp"
 
 #include <gtest/gtest.h>
@@ -109,6 +110,35 @@ TEST_F(CliTest, OutputOutsideItsBoundFailsTheOracleCheck) {
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   // The report lists every tensor by path; the verdict is the failing-stage line.
   EXPECT_NE(r.out.find("# first failing stage: outputs/output"), std::string::npos) << r.out;
+}
+
+// The end-to-end check sees what the stage-local oracle cannot: a golden whose results were made
+// with other weights than its inputs hold (here the routed down projection x 1.25) is consistent
+// stage by stage, since every stage is judged from the golden's own intermediates, but its output
+// is far from the true output of its inputs.
+TEST_F(CliTest, EndToEndCatchesResultsMadeFromOtherWeights) {
+  CliRun r = run_cli("run " + good_ + " --backend emulate --end-to-end");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("outputs/output (end to end)"), std::string::npos) << r.out;
+
+  ref::Golden bad = golden_;
+  ref::TensorMap other = bad.tensors;
+  ref::Tensor& wd = other.at("inputs/w_routed_down");
+  uint16_t* w = wd.data<uint16_t>();
+  for (int64_t i = 0; i < wd.numel(); ++i) w[i] = spec::bf16_from_f32_rne(1.25f * spec::f32_from_bf16(w[i]));
+  const ref::TensorMap result = ref::emulate(bad.cfg, other, {.backward = true, .intermediates = true});
+  for (auto& [p, t] : result) bad.tensors[p] = t;
+  for (auto& [p, t] : ref::oracle_bounds(bad.cfg, golden_.tensors, result)) bad.tensors[p] = t;
+  const std::string path = (dir_ / "other_weights.h5").string();
+  ref::write_golden(path, bad);
+  r = run_cli("run " + path + " --backend oracle");
+  EXPECT_EQ(r.code, 0) << "stage by stage the golden is consistent\n" << r.out << r.err;
+  r = run_cli("run " + path + " --backend oracle --end-to-end");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: end to end: outputs/output"), std::string::npos) << r.out;
+  r = run_cli("run " + path + " --backend oracle --end-to-end --json");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("\"tensor\": \"outputs/output (end to end)\""), std::string::npos) << r.out;
 }
 
 // Found by review (2026-12-05): a candidate of another shape, one without the layer output, a

@@ -10,6 +10,7 @@
 #include "mok/reference/schema.hpp"
 #include "mok/spec/bf16.hpp"
 #include "mok/spec/mma_model.hpp"
+#include "mok/spec/orders.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -51,87 +52,158 @@ void add_product(ExactSum& s, double a, double b) {
 struct Chain {
   double value;   // the exact sum of the true operands' products, rounded to double
   double radius;  // |any implementation's chain - value|
-  double abs;     // a bound on the sum of the implementation's |products|
 };
 
-// A dot chain (ORDER: dot-chain, kMmaK products per MMA step) whose A operand is known only as a
-// true value a[i] with a radius ra[i] (the implementation's bf16 operand lies within it), and
-// whose B operand is an exact bf16 input. The radius adds (1) the operands' radii times |b|,
-// (2) each MMA step's truncations as the oracle's Element bounds them, with the step's largest
-// alignment exponent and the running magnitude taken from the operands' bounds, and (3) the
-// rounding of the exact sum to double.
-Chain bounded_chain(const double* a, const double* ra, const uint16_t* b, int64_t b_stride, int64_t n) {
-  ExactSum sum;
-  double propagated = 0.0, arith = 0.0, abs_bound = 0.0;
-  int64_t products = 0;
-  for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
-    const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
-    int max_exp = std::numeric_limits<int>::min();
-    int count = 0;
-    const double before = abs_bound + arith;  // bounds the implementation's running value
-    for (int64_t i = k0; i < k0 + len; ++i) {
-      const uint16_t bb = b[i * b_stride];
-      const double bv = f32_from_bf16(bb);
-      const double amax = std::fabs(a[i]) + ra[i];  // the implementation's |a| is at most this
-      if (bv == 0.0 || amax == 0.0) continue;
-      add_product(sum, a[i], bv);
-      ++products;
-      propagated += ra[i] * std::fabs(bv);
-      abs_bound += amax * std::fabs(bv);
-      // A bf16 operand below amax has an exponent field of at most ilogb(amax); subnormals align at -126.
-      max_exp = std::max(max_exp, std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb));
-      ++count;
+// A dot chain (ORDER: dot-chain, kMmaK products per MMA step, one accumulator across add()
+// calls) whose A operand is known only as a true value a[i] with a radius ra[i] (the
+// implementation's bf16 operand lies within it), and whose B operand is an exact bf16 input.
+// The radius adds (1) the operands' radii times |b|, (2) each MMA step's truncations as the
+// oracle's Element bounds them, with the step's largest alignment exponent and the running
+// magnitude taken from the operands' bounds, and (3) the rounding of the exact sum to double.
+class BoundedChain {
+ public:
+  void add(const double* a, const double* ra, const uint16_t* b, int64_t b_stride, int64_t n) {
+    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
+      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
+      int max_exp = std::numeric_limits<int>::min();
+      int count = 0;
+      const double before = abs_bound_ + arith_;  // bounds the implementation's running value
+      for (int64_t i = k0; i < k0 + len; ++i) {
+        const uint16_t bb = b[i * b_stride];
+        const double bv = f32_from_bf16(bb);
+        const double amax = std::fabs(a[i]) + ra[i];  // the implementation's |a| is at most this
+        if (bv == 0.0 || amax == 0.0) continue;
+        add_product(sum_, a[i], bv);
+        ++products_;
+        propagated_ += ra[i] * std::fabs(bv);
+        abs_bound_ += amax * std::fabs(bv);
+        // A bf16 operand below amax has an exponent of at most ilogb(amax); subnormals align at -126.
+        max_exp = std::max(max_exp, std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb));
+        ++count;
+      }
+      if (before > 0) {
+        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
+        ++count;
+      }
+      if (count == 0) continue;
+      max_exp = std::max(max_exp, spec::kMmaZeroExp);
+      arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
     }
-    if (before > 0) {
-      max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
-      ++count;
-    }
-    if (count == 0) continue;
-    max_exp = std::max(max_exp, spec::kMmaZeroExp);
-    arith += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound + arith) * kSlack + 0x1.0p-149;
   }
-  const double value = sum.to_double();
-  const double radius = (propagated + arith + 0x1.0p-52 * std::fabs(value) + products * kDropped) * kSlack;
-  return {value, radius, abs_bound + arith};
+  // As add(), for an operand that every implementation computes exactly from the inputs (impl[i]:
+  // dy = rn_bf16(rn(w * d_output))), with true value a[i]. Its contribution to the radius is then
+  // the exact |sum of (impl - a) b| (the signed errors partly cancel) rather than the sum of
+  // |impl - a| |b|. impl - a is exact in double (a bf16 value against an fp32-by-bf16 product).
+  void add_known(const double* a, const double* impl, const uint16_t* b, int64_t b_stride, int64_t n) {
+    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
+      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
+      int max_exp = std::numeric_limits<int>::min();
+      int count = 0;
+      const double before = abs_bound_ + arith_;
+      for (int64_t i = k0; i < k0 + len; ++i) {
+        const uint16_t bb = b[i * b_stride];
+        const double bv = f32_from_bf16(bb);
+        add_product(sum_, a[i], bv);
+        add_product(diff_, impl[i] - a[i], bv);
+        if (bv == 0.0 || impl[i] == 0.0) continue;
+        products_ += 2;
+        abs_bound_ += std::fabs(impl[i] * bv);
+        max_exp = std::max(max_exp, std::max(std::ilogb(impl[i]), -126) + bf16_exp(bb));
+        ++count;
+      }
+      if (before > 0) {
+        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
+        ++count;
+      }
+      if (count == 0) continue;
+      max_exp = std::max(max_exp, spec::kMmaZeroExp);
+      arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
+    }
+  }
+  Chain result() const {
+    const double value = sum_.to_double();
+    const double known = std::fabs(diff_.to_double()) * (1 + 0x1.0p-52);
+    return {value, (propagated_ + known + arith_ + 0x1.0p-52 * std::fabs(value) + products_ * kDropped) * kSlack};
+  }
+
+ private:
+  ExactSum sum_, diff_;
+  double propagated_ = 0.0, arith_ = 0.0, abs_bound_ = 0.0;
+  int64_t products_ = 0;
+};
+
+Chain bounded_chain(const double* a, const double* ra, const uint16_t* b, int64_t b_stride, int64_t n) {
+  BoundedChain c;
+  c.add(a, ra, b, b_stride, n);
+  return c.result();
 }
 
-// An MMA chain over two exact bf16 operands (gate and up over H): the exact sum and the same
-// per-step radius, as bounded_chain with zero operand radii.
-Chain exact_chain(const uint16_t* a, const uint16_t* b, int64_t n, std::vector<double>& av, std::vector<double>& zero) {
-  av.resize(n);
-  zero.assign(n, 0.0);
-  for (int64_t i = 0; i < n; ++i) av[i] = f32_from_bf16(a[i]);
-  return bounded_chain(av.data(), zero.data(), b, 1, n);
+// The true values and radii of a vector of bf16 inputs (radius 0).
+void exact_operand(const uint16_t* a, int64_t n, std::vector<double>& v, std::vector<double>& r) {
+  v.resize(n);
+  r.assign(n, 0.0);
+  for (int64_t i = 0; i < n; ++i) v[i] = f32_from_bf16(a[i]);
 }
 
-// silu in double: the value the oracle calls true.
-double silu(double x) { return x / (1.0 + std::exp(-x)); }
-
-// act = rn_bf16(rn(silu_f32(g) * u)) for g, u within (rg, ru) of their true values: the true
-// product silu(g) * u and a radius for the implementation's act.
-//  - silu_f32 (spec/math.hpp) within 2^-18 relative plus 2^-118 of the real silu (the
-//    reference's tests sweep it against long double);
-//  - silu is 1.1-Lipschitz, so g's radius moves it by at most 1.1 rg;
-//  - one fp32 rounding of the product, one bf16 rounding, and the double evaluation here.
-void act_bound(double g, double rg, double u, double ru, double* act, double* radius) {
-  const double s = silu(g);
-  const double t = s * u;
-  const double s_true = std::fabs(s) * (1 + 0x1.0p-40);        // |silu(g)| for the real g
-  const double s_impl = s_true + kSiluLipschitz * rg;           // |silu| at the implementation's g
-  const double u_impl = std::fabs(u) + ru;
-  const double silu_err = 0x1.0p-18 * s_impl + 0x1.0p-118;      // silu_f32 against the real silu
-  double r = (silu_err + kSiluLipschitz * rg) * u_impl + s_true * ru + 0x1.0p-44 * std::fabs(t);
-  r += half_ulp(std::fabs(t) + r, 24);  // fmul
-  r += half_ulp(std::fabs(t) + r, 8);   // bf16
-  *act = t;
-  *radius = r * kSlack;
+// silu, silu' and silu'' bounds in double: the values the oracle calls true.
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double silu(double x) { return x * sigmoid(x); }
+double silu_grad(double x) {
+  const double s = sigmoid(x);
+  return s * (1.0 + x * (1.0 - s));
 }
+constexpr double kSiluGradLipschitz = 0.51;  // sup |silu''(x)| = 0.5 (at x = 0)
+
+// The spec's fp32 silu and silu' against the real functions (spec/math.hpp; test_spec_math sweeps
+// both against long double): silu_f32 within 2^-18 |silu(x)| + 2^-118; silu_grad_f32, whose
+// 1 + x (1 - s) cancels near silu's minimum, within 2^-18 (s + |x| s (1 - s)) + 2^-118.
+double silu_allowance(double x_max_silu) { return 0x1.0p-18 * x_max_silu + 0x1.0p-118; }
+
+// A true value and a radius.
+struct Bounded {
+  double v = 0.0, r = 0.0;
+  double max() const { return std::fabs(v) + r; }
+};
+
+// a * b for bounded a and b: the true product and the radius of the implementation's exact
+// product of its own a and b (before any rounding).
+Bounded times(const Bounded& a, const Bounded& b) {
+  return {a.v * b.v, (a.r * b.max() + std::fabs(a.v) * b.r + 0x1.0p-52 * std::fabs(a.v * b.v)) * kSlack};
+}
+// One rounding to fp32 (bits 24) or bf16 (8) of a bounded value.
+Bounded rounded(Bounded x, int bits) {
+  x.r = (x.r + half_ulp(x.max(), bits)) * kSlack;
+  return x;
+}
+
+// silu(g) at the implementation's g (within g.r of g.v), as silu_f32 computes it.
+Bounded silu_of(const Bounded& g) {
+  const double s = silu(g.v);
+  const double s_true = std::fabs(s) * (1 + 0x1.0p-40);  // |silu| at the real g.v (double evaluation)
+  const double s_impl = s_true + kSiluLipschitz * g.r;    // |silu| at the implementation's g
+  return {s, (kSiluLipschitz * g.r + silu_allowance(s_impl) + 0x1.0p-44 * std::fabs(s)) * kSlack};
+}
+// silu'(g) as silu_grad_f32 computes it.
+Bounded silu_grad_of(const Bounded& g) {
+  const double d = silu_grad(g.v);
+  const double gmax = std::fabs(g.v) + g.r;
+  // s + |x| s (1 - s) over the implementation's g: s <= 1 and s (1 - s) <= 1/4.
+  const double parts = 1.0 + 0.25 * gmax;
+  return {d, (kSiluGradLipschitz * g.r + 0x1.0p-18 * parts + 0x1.0p-118 + 0x1.0p-44 * (1 + std::fabs(g.v))) * kSlack};
+}
+
+// What one token's end-to-end pass keeps of a routed slot or of the shared expert: gate, up
+// and act per intermediate column.
+struct Swiglu {
+  std::vector<Bounded> g, u;
+  std::vector<double> act, act_r;
+};
 
 }  // namespace
 
-TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs,
-                                    const OracleOptions& options) {
-  validate_inputs(cfg, inputs, /*backward=*/false, "end-to-end oracle inputs");
+TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options) {
+  const bool backward = inputs.count("inputs/d_output") > 0;
+  validate_inputs(cfg, inputs, backward, "end-to-end oracle inputs");
   if (options.sample) validate_sample(cfg, *options.sample, "end-to-end oracle");
   if (options.num_threads < 0 || options.num_threads > 4096)
     throw Error("end-to-end oracle: num_threads = " + std::to_string(options.num_threads) +
@@ -149,49 +221,89 @@ TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMa
   const uint16_t* wsg = shared ? in16("inputs/w_shared_gate") : nullptr;
   const uint16_t* wsu = shared ? in16("inputs/w_shared_up") : nullptr;
   const uint16_t* wsd = shared ? in16("inputs/w_shared_down") : nullptr;
+  const uint16_t* d_out = backward ? in16("inputs/d_output") : nullptr;
   const int32_t* topk = at(inputs, "inputs/topk_experts").data<int32_t>();
   const float* rw = at(inputs, "inputs/router_weights").data<float>();
 
-  const std::string checked = "outputs/output";
-  const std::vector<int64_t> shape = spec_shape(*find_spec(checked), cfg);
-  Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
-  float* exact_out = ex.data<float>();
-  float* bound_out = bd.data<float>();
-  std::fill(exact_out, exact_out + ex.numel(), std::numeric_limits<float>::quiet_NaN());
-  std::fill(bound_out, bound_out + bd.numel(), std::numeric_limits<float>::quiet_NaN());
+  TensorMap out;
+  struct Out {
+    float* exact;
+    float* bound;
+  };
+  auto make = [&](const std::string& checked) -> Out {
+    const std::vector<int64_t> shape = spec_shape(*find_spec(checked), cfg);
+    Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
+    std::fill(ex.data<float>(), ex.data<float>() + ex.numel(), std::numeric_limits<float>::quiet_NaN());
+    std::fill(bd.data<float>(), bd.data<float>() + bd.numel(), std::numeric_limits<float>::quiet_NaN());
+    const std::string pe = bound_exact_path(checked), pb = bound_radius_path(checked);
+    out[pe] = std::move(ex);
+    out[pb] = std::move(bd);
+    return {out[pe].data<float>(), out[pb].data<float>()};
+  };
+  // The true value stored as fp32; the storage rounding joins the radius, which is rounded up.
+  auto store = [](const Bounded& b, float* exact, float* bound) {
+    const float v32 = static_cast<float>(b.v);
+    const double rr = (b.r + std::fabs(static_cast<double>(v32) - b.v)) * kSlack;
+    float b32 = static_cast<float>(rr);
+    if (static_cast<double>(b32) < rr) b32 = std::nextafter(b32, std::numeric_limits<float>::infinity());
+    *exact = v32;
+    *bound = b32;
+  };
+  const Out o_out = make("outputs/output");
+  const Out o_drw = backward ? make("grads/d_router_weights") : Out{};
+  const Out o_dx = backward ? make("grads/d_x") : Out{};
 
   parallel_for(G, threads, [&](int64_t begin, int64_t end) {
-    std::vector<double> av, zero, act, act_r, y(K * H), y_r(K * H), so(H), so_r(H);
-    // The SwiGLU of one row over n columns: gate and up chains over H from x, then act_bound.
-    auto swiglu = [&](const uint16_t* x_row, const uint16_t* wg, const uint16_t* wu, int64_t n) {
-      act.resize(n);
-      act_r.resize(n);
+    std::vector<double> xv, xr, dv, dr, tmp_v, tmp_r, dgv, dgr, duv, dur;
+    std::vector<Swiglu> slots(K);
+    Swiglu sh;
+    std::vector<Bounded> y(K * H), so(H), dxs(H), dx_slot(K * H), da_;
+    // gate, up and act of one row over n intermediate columns (weights wg, wu: [n, H]).
+    auto swiglu = [&](const uint16_t* wg, const uint16_t* wu, int64_t n, Swiglu& s) {
+      s.g.resize(n);
+      s.u.resize(n);
+      s.act.resize(n);
+      s.act_r.resize(n);
       for (int64_t j = 0; j < n; ++j) {
-        const Chain g = exact_chain(x_row, wg + j * H, H, av, zero);
-        const Chain u = exact_chain(x_row, wu + j * H, H, av, zero);
-        act_bound(g.value, g.radius, u.value, u.radius, &act[j], &act_r[j]);
+        const Chain g = bounded_chain(xv.data(), xr.data(), wg + j * H, 1, H);
+        const Chain u = bounded_chain(xv.data(), xr.data(), wu + j * H, 1, H);
+        s.g[j] = {g.value, g.radius};
+        s.u[j] = {u.value, u.radius};
+        // act = rn_bf16(rn(silu_f32(g) * u)).
+        const Bounded a = rounded(rounded(times(silu_of(s.g[j]), s.u[j]), 24), 8);
+        s.act[j] = a.v;
+        s.act_r[j] = a.r;
       }
     };
-    for (int64_t g = begin; g < end; ++g) {
-      if (sample && !sample->token_mask[g]) continue;
-      const uint16_t* x_row = x + g * H;
+    // The SwiGLU gradients of one row from d_act (bounded, per column): dg = rn_bf16(rn(rn(da * u)
+    // * silu'(g))), du = rn_bf16(rn(da * silu(g))).
+    auto swiglu_grads = [&](const std::vector<Bounded>& da, const Swiglu& s) {
+      const int64_t n = static_cast<int64_t>(da.size());
+      dgv.resize(n), dgr.resize(n), duv.resize(n), dur.resize(n);
+      for (int64_t j = 0; j < n; ++j) {
+        const Bounded dg = rounded(rounded(times(rounded(times(da[j], s.u[j]), 24), silu_grad_of(s.g[j])), 24), 8);
+        const Bounded du = rounded(rounded(times(da[j], silu_of(s.g[j])), 24), 8);
+        dgv[j] = dg.v, dgr[j] = dg.r, duv[j] = du.v, dur[j] = du.r;
+      }
+    };
+    for (int64_t t = begin; t < end; ++t) {
+      if (sample && !sample->token_mask[t]) continue;
+      exact_operand(x + t * H, H, xv, xr);
+      // ---- forward
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t e = topk[g * K + k];
+        const int64_t e = topk[t * K + k];
         if (e < 0) continue;
-        swiglu(x_row, wrg + e * I * H, wru + e * I * H, I);
+        swiglu(wrg + e * I * H, wru + e * I * H, I, slots[k]);
         for (int64_t h = 0; h < H; ++h) {
-          const Chain c = bounded_chain(act.data(), act_r.data(), wrd + (e * H + h) * I, 1, I);
-          y[k * H + h] = c.value;
-          // y is stored as bf16 (and the true value's double rounding is inside c.radius).
-          y_r[k * H + h] = (c.radius + half_ulp(std::fabs(c.value) + c.radius, 8)) * kSlack;
+          const Chain c = bounded_chain(slots[k].act.data(), slots[k].act_r.data(), wrd + (e * H + h) * I, 1, I);
+          y[k * H + h] = rounded({c.value, c.radius}, 8);  // y is stored as bf16
         }
       }
       if (shared) {
-        swiglu(x_row, wsg, wsu, Is);
+        swiglu(wsg, wsu, Is, sh);
         for (int64_t h = 0; h < H; ++h) {
-          const Chain c = bounded_chain(act.data(), act_r.data(), wsd + h * Is, 1, Is);
-          so[h] = c.value;  // shared_out stays fp32: no rounding past the chain's own
-          so_r[h] = c.radius;
+          const Chain c = bounded_chain(sh.act.data(), sh.act_r.data(), wsd + h * Is, 1, Is);
+          so[h] = {c.value, c.radius};  // shared_out stays fp32: no rounding past the chain's own
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -199,37 +311,124 @@ TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMa
         ExactSum sum;
         double r = 0.0, mag = 0.0;
         if (shared) {
-          add_product(sum, so[h], 1.0);
-          r = kDropped;
-          r += so_r[h];
-          mag = std::fabs(so[h]);
+          add_product(sum, so[h].v, 1.0);
+          r = so[h].r + kDropped;
+          mag = std::fabs(so[h].v);
         }
         for (int64_t k = 0; k < K; ++k) {
-          if (topk[g * K + k] < 0) continue;
-          const double w = rw[g * K + k];
-          add_product(sum, w, y[k * H + h]);
-          r += std::fabs(w) * y_r[k * H + h] + kDropped;
-          mag += std::fabs(w * y[k * H + h]);
+          if (topk[t * K + k] < 0) continue;
+          const double w = rw[t * K + k];
+          add_product(sum, w, y[k * H + h].v);
+          r += std::fabs(w) * y[k * H + h].r + kDropped;
+          mag += std::fabs(w * y[k * H + h].v);
           r += half_ulp(mag + r, 24);  // the fma's rounding
         }
         const double value = sum.to_double();
-        r += 0x1.0p-52 * std::fabs(value);
-        r += half_ulp(std::fabs(value) + r, 8);  // the output's bf16 rounding
-        // Stored as fp32: the storage rounding joins the radius, which is rounded up.
-        const float v32 = static_cast<float>(value);
-        const double rr = (r + std::fabs(static_cast<double>(v32) - value)) * kSlack;
-        float b32 = static_cast<float>(rr);
-        if (static_cast<double>(b32) < rr) b32 = std::nextafter(b32, std::numeric_limits<float>::infinity());
-        exact_out[g * H + h] = v32;
-        bound_out[g * H + h] = b32;
+        store(rounded({value, r + 0x1.0p-52 * std::fabs(value)}, 8), o_out.exact + t * H + h, o_out.bound + t * H + h);
+      }
+      if (!backward) continue;
+      // ---- backward, per token: d_router_weights and d_x.
+      const uint16_t* dout = d_out + t * H;
+      std::vector<Bounded>& da = da_;
+      std::fill(dxs.begin(), dxs.end(), Bounded{});
+      if (shared) {
+        // The shared expert's output gradient is d_output itself: d_act = chain over H of
+        // d_output and W_shared_down's column j.
+        exact_operand(dout, H, dv, dr);
+        da.resize(Is);
+        for (int64_t j = 0; j < Is; ++j) {
+          const Chain c = bounded_chain(dv.data(), dr.data(), wsd + j, Is, H);
+          da[j] = {c.value, c.radius};
+        }
+        swiglu_grads(da, sh);
+        for (int64_t h = 0; h < H; ++h) {
+          // ORDER: dot-chain over 2 Is, gate half then up half, one accumulator.
+          BoundedChain c;
+          c.add(dgv.data(), dgr.data(), wsg + h, H, Is);
+          c.add(duv.data(), dur.data(), wsu + h, H, Is);
+          const Chain v = c.result();
+          dxs[h] = {v.value, v.radius};  // dx_shared stays fp32
+        }
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t e = topk[t * K + k];
+        float* ex_rw = o_drw.exact + t * K + k;
+        float* bd_rw = o_drw.bound + t * K + k;
+        if (e < 0) {  // an empty slot's gradient is exactly 0 and it adds nothing to d_x
+          *ex_rw = 0.0f;
+          *bd_rw = 0.0f;
+          continue;
+        }
+        // d_router_weights: 32 fma lanes over H and a 31-add butterfly (ORDER: router-grad-lanes),
+        // every result bounded by the sum of the |products|' bounds.
+        {
+          ExactSum sum;
+          double r = 0.0, mag = 0.0;
+          for (int64_t h = 0; h < H; ++h) {
+            const double dvh = f32_from_bf16(dout[h]);
+            add_product(sum, dvh, y[k * H + h].v);
+            r += std::fabs(dvh) * y[k * H + h].r + kDropped;
+            mag += std::fabs(dvh) * y[k * H + h].max();
+          }
+          const double value = sum.to_double();
+          const double ops = static_cast<double>(H + spec::kRouterGradLanes - 1);
+          r += ops * half_ulp(mag + r, 24) + 0x1.0p-52 * std::fabs(value);
+          store({value, r * kSlack}, ex_rw, bd_rw);
+        }
+        // dy: true w * d_output; every implementation's is rn_bf16(rn(w * d_output)), known exactly.
+        const float w = rw[t * K + k];
+        tmp_v.resize(H), tmp_r.resize(H);
+        for (int64_t h = 0; h < H; ++h) {
+          tmp_v[h] = static_cast<double>(w) * f32_from_bf16(dout[h]);
+          tmp_r[h] = f32_from_bf16(spec::scale_grad(w, dout[h]));
+        }
+        // d_act: chain over H of dy and W_down[e]'s column i (stride I).
+        da.resize(I);
+        for (int64_t i = 0; i < I; ++i) {
+          BoundedChain c;
+          c.add_known(tmp_v.data(), tmp_r.data(), wrd + e * H * I + i, I, H);
+          const Chain v = c.result();
+          da[i] = {v.value, v.radius};
+        }
+        swiglu_grads(da, slots[k]);
+        for (int64_t h = 0; h < H; ++h) {
+          // ORDER: dot-chain over 2I, gate half then up half, one accumulator; then bf16.
+          BoundedChain c;
+          c.add(dgv.data(), dgr.data(), wrg + e * I * H + h, H, I);
+          c.add(duv.data(), dur.data(), wru + e * I * H + h, H, I);
+          const Chain v = c.result();
+          dx_slot[k * H + h] = rounded({v.value, v.radius}, 8);
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        // ORDER: dx-slots: acc = dx_shared, then one fp32 add per non-empty slot, then bf16.
+        ExactSum sum;
+        double r = 0.0, mag = 0.0;
+        if (shared) {
+          add_product(sum, dxs[h].v, 1.0);
+          r = dxs[h].r + kDropped;
+          mag = std::fabs(dxs[h].v);
+        }
+        for (int64_t k = 0; k < K; ++k) {
+          if (topk[t * K + k] < 0) continue;
+          add_product(sum, dx_slot[k * H + h].v, 1.0);
+          r += dx_slot[k * H + h].r + kDropped;
+          mag += std::fabs(dx_slot[k * H + h].v);
+          r += half_ulp(mag + r, 24);  // the add's rounding
+        }
+        const double value = sum.to_double();
+        store(rounded({value, r + 0x1.0p-52 * std::fabs(value)}, 8), o_dx.exact + t * H + h, o_dx.bound + t * H + h);
       }
     }
   }, 1);
-
-  TensorMap out;
-  out[bound_exact_path(checked)] = std::move(ex);
-  out[bound_radius_path(checked)] = std::move(bd);
   return out;
+}
+
+TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs,
+                                    const OracleOptions& options) {
+  TensorMap fwd = inputs;
+  fwd.erase("inputs/d_output");
+  return oracle_end_to_end(cfg, fwd, options);
 }
 
 }  // namespace mok::ref

@@ -53,6 +53,28 @@ TEST(ApiChecks, OracleRejectsBadOperands) {
   EXPECT_NE(error_of([&] { ref::oracle_bounds(kCfg, in, result, oo); }).find("not prepared"), std::string::npos);
 }
 
+TEST(ApiChecks, EndToEndOracleRejectsBadOperands) {
+  const ref::TensorMap in = ref::generate_inputs(kCfg, ref::parse_routing("zipf:1.2"), 3);
+  EXPECT_NO_THROW(ref::oracle_end_to_end(kCfg, in));
+  ref::TensorMap bad_w = in;
+  bad_w["inputs/w_routed_down"] = ref::Tensor(ref::DType::kBf16, {4, 32, 8});
+  EXPECT_NE(error_of([&] { ref::oracle_end_to_end(kCfg, bad_w); }).find("w_routed_down"), std::string::npos);
+  ref::TensorMap bad_id = in;
+  bad_id.at("inputs/topk_experts").data<int32_t>()[1] = -5;
+  EXPECT_NE(error_of([&] { ref::oracle_end_to_end(kCfg, bad_id); }).find("topk_experts"), std::string::npos);
+  ref::TensorMap nan_x = in;
+  nan_x.at("inputs/x").data<uint16_t>()[0] = 0x7FC0;
+  EXPECT_NE(error_of([&] { ref::oracle_forward_end_to_end(kCfg, nan_x); }).find("inputs/x"), std::string::npos);
+  ref::OracleOptions threads;
+  threads.num_threads = 5000;
+  EXPECT_NE(error_of([&] { ref::oracle_end_to_end(kCfg, in, threads); }).find("num_threads"), std::string::npos);
+  ref::Sample unprepared;
+  unprepared.tokens = {0};
+  ref::OracleOptions oo;
+  oo.sample = &unprepared;
+  EXPECT_NE(error_of([&] { ref::oracle_end_to_end(kCfg, in, oo); }).find("not prepared"), std::string::npos);
+}
+
 TEST(ApiChecks, EmulateRejectsBadOptions) {
   const ref::TensorMap in = ref::generate_inputs(kCfg, ref::parse_routing("uniform"), 4);
   ref::EmulateOptions no_model;

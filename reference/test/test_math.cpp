@@ -156,3 +156,30 @@ TEST(SpecMath, SiluErrorWithinTheEndToEndOraclesAssumption) {
   // The assumption has margin: the worst case uses well under half of it.
   EXPECT_LT(worst, 0.5L) << "at x = " << worst_x;
 }
+
+// The same for silu_grad_f32 = s (1 + x (1 - s)): its inner sum cancels near silu's minimum
+// (x = -1.278), so the allowance is relative to the magnitudes of its parts, s + |x| s (1 - s).
+TEST(SpecMath, SiluGradErrorWithinTheEndToEndOraclesAssumption) {
+  int64_t checked = 0;
+  long double worst = 0;
+  float worst_x = 0;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 97) {
+    float x;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&x, &b, 4);
+    if (!std::isfinite(x)) continue;
+    const long double xl = x;
+    const long double sg = 1.0L / (1.0L + std::exp(-xl));
+    const long double want = sg * (1.0L + xl * (1.0L - sg));
+    const long double err = std::fabs(static_cast<long double>(silu_grad_f32(x)) - want);
+    const long double allowed = 0x1.0p-18L * (sg + std::fabs(xl) * sg * (1.0L - sg)) + 0x1.0p-118L;
+    if (err / allowed > worst) {
+      worst = err / allowed;
+      worst_x = x;
+    }
+    ++checked;
+  }
+  std::printf("silu_grad_f32 against long double: worst error %.3Lg of the allowance, at x = %.9g\n", worst, worst_x);
+  EXPECT_GT(checked, 40'000'000);
+  EXPECT_LT(worst, 0.5L) << "at x = " << worst_x;
+}

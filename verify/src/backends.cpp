@@ -71,9 +71,13 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   const bool intermediates = has_group(golden.tensors, "intermediates/");
   const ref::TensorMap inputs = inputs_of(golden);
   Report report;
-  ref::Tensor output;  // the backend's outputs/output, for the end-to-end check
+  // The backend's tensors that the end-to-end oracle covers (output; d_router_weights and d_x
+  // when the golden has gradients), kept for that check.
+  static const char* const kEndToEnd[] = {"outputs/output", "grads/d_router_weights", "grads/d_x"};
+  ref::TensorMap kept;
   auto keep_output = [&](const ref::TensorMap& m) -> const ref::TensorMap& {
-    if (auto it = m.find("outputs/output"); it != m.end()) output = it->second;
+    for (const char* p : kEndToEnd)
+      if (auto it = m.find(p); it != m.end() && golden.tensors.count(p)) kept[p] = it->second;
     return m;
   };
   // emulate and cuda: every tensor bit-identical to the golden (and within its bounds).
@@ -146,22 +150,25 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
 #endif
   }
   if (options.end_to_end) {
-    say("end to end: the output's true value and radius from the inputs alone");
-    if (output.numel() == 0) throw Error("end-to-end check: the backend returned no outputs/output");
+    say(std::string("end to end: true values and radii from the inputs alone (the output") +
+        (backward ? ", d_router_weights and d_x)" : ")"));
+    if (!kept.count("outputs/output")) throw Error("end-to-end check: the backend returned no outputs/output");
     ref::OracleOptions oo;
     oo.num_threads = options.num_threads;
     oo.sample = options.sample;
     ref::Golden judged;
     judged.meta = golden.meta;
     judged.cfg = golden.cfg;
-    for (const auto& [path, t] : inputs) judged.tensors[path] = t;
-    judged.tensors["outputs/output"] = golden.tensors.at("outputs/output");
-    for (auto& [path, t] : ref::oracle_forward_end_to_end(golden.cfg, inputs, oo)) judged.tensors[path] = std::move(t);
+    ref::TensorMap e2e_inputs = inputs;
+    if (!backward) e2e_inputs.erase("inputs/d_output");
+    for (const auto& [path, t] : e2e_inputs) judged.tensors[path] = t;
+    for (const auto& [path, t] : kept) judged.tensors[path] = golden.tensors.at(path);
+    for (auto& [path, t] : ref::oracle_end_to_end(golden.cfg, e2e_inputs, oo)) judged.tensors[path] = std::move(t);
     CompareOptions co;
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;
     co.golden_name = options.golden_name + " (end-to-end bounds computed now)";
-    const Report e2e = compare(judged, ref::TensorMap{{"outputs/output", output}}, co);
+    const Report e2e = compare(judged, kept, co);
     for (TensorReport t : e2e.tensors) {
       t.path += " (end to end)";
       if (!t.passed && report.passed) report.first_bad_stage = "end to end: " + e2e.first_bad_stage;

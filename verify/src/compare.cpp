@@ -225,7 +225,7 @@ std::string format_table(const Report& r) {
       << "\n";
   if (!r.sample.empty()) out << "# sample:    " << r.sample << "\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%-30s %10s %10s %8s %10s %10s  %-6s  %s\n", "tensor", "compared", "equal",
+  std::snprintf(line, sizeof line, "%-35s %10s %10s %8s %10s %10s  %-6s  %s\n", "tensor", "compared", "equal",
                 "max_ulp", "#outside", "err/bound", "result", "worst element");
   out << line;
   for (const TensorReport& t : r.tensors) {
@@ -234,7 +234,7 @@ std::string format_table(const Report& r) {
     const std::string ratio = t.has_bounds ? fmt(t.worst_bound_ratio) : "-";
     std::string where = t.worst_location;
     if (t.worst_idx >= 0) where += " (golden " + fmt(t.worst_expected) + ", got " + fmt(t.worst_actual) + ")";
-    std::snprintf(line, sizeof line, "%-30s %10lld %10lld %8s %10s %10s  %-6s  %s\n", t.path.c_str(),
+    std::snprintf(line, sizeof line, "%-35s %10lld %10lld %8s %10s %10s  %-6s  %s\n", t.path.c_str(),
                   static_cast<long long>(t.compared), static_cast<long long>(t.equal), ulp.c_str(), outside.c_str(),
                   ratio.c_str(), t.passed ? "OK" : "FAILED", where.c_str());
     out << line;

@@ -139,6 +139,7 @@ TEST_F(CliTest, EndToEndCatchesResultsMadeFromOtherWeights) {
   r = run_cli("run " + path + " --backend oracle --end-to-end --json");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("\"tensor\": \"outputs/output (end to end)\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"tensor\": \"grads/d_x (end to end)\""), std::string::npos) << r.out;
 }
 
 // Found by review (2026-12-05): a candidate of another shape, one without the layer output, a

@@ -28,19 +28,24 @@ struct OracleOptions {
 TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                         const TensorMap& reference, const OracleOptions& options = {});
 
-// End to end, the forward only: for every (sampled) element of outputs/output,
-//   bounds/output_exact: the layer's output computed from the inputs alone without the profile's
-//     roundings: gate and up as exact sums, act = silu(gate) * up in double, y and shared_out as
-//     exact sums of act's products, the combine as an exact sum; each stage rounded once to
-//     double, the result stored as fp32;
-//   bounds/output_bound: a radius such that any implementation of profile bf16-v1 with the Hopper
+// End to end: for every (sampled) element of outputs/output and, when the inputs hold d_output,
+// of grads/d_router_weights and grads/d_x,
+//   bounds/<name>_exact: the value computed from the inputs alone without the profile's
+//     roundings: every dot product an exact sum of exact products (a double operand's product
+//     split exactly in two by an fma), silu, silu' and the SwiGLU products in double; each stage
+//     rounded once to double, the result stored as fp32;
+//   bounds/<name>_bound: a radius such that any implementation of profile bf16-v1 with the Hopper
 //     MMA model, fed the same inputs (and nothing of the reference's), lands within it. Each
-//     stage's radius carries the earlier stages' radii forward (through |weights| and silu's
-//     Lipschitz constant 1.1) and adds its own roundings; silu_f32's own error is taken as
-//     2^-18 relative plus 2^-118 (reference/test/test_emulate.cpp sweeps it). reference/README.md
-//     ("End to end") writes the analysis out.
+//     stage's radius carries its operands' radii forward (through |weights|, silu's Lipschitz
+//     constant 1.1 and silu''s 0.51) and adds its own roundings; the spec's silu_f32 and
+//     silu_grad_f32 are taken to be within 2^-18 (of |silu|; of s + |x| s (1 - s)) plus 2^-118 of
+//     the real functions (test_spec_math sweeps both). reference/README.md ("End to end") writes
+//     the analysis out.
 // So "within its end-to-end bound" says a backend is right without trusting the emulator's
-// intermediates. Unsampled tokens get NaN.
+// intermediates. Unsampled tokens get NaN. The weight gradients are not covered (oracle_bounds
+// judges them stage by stage).
+TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options = {});
+// The same for outputs/output alone (d_output, if present, is ignored).
 TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs,
                                     const OracleOptions& options = {});
 

@@ -11,6 +11,7 @@
 #include "mok/spec/bf16.hpp"
 #include "mok/spec/mma_model.hpp"
 #include "mok/spec/orders.hpp"
+#include "mok/spec/routing_plan.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -120,6 +121,37 @@ class BoundedChain {
       arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
     }
   }
+  // As add(), for a B operand that every implementation computes exactly from the inputs (its
+  // bf16 bits b_impl: dy) but whose true value b_true differs; A is bounded as in add(). The
+  // radius adds the bounded |a| part against b_impl, and the exact |sum of a (b_impl - b_true)|.
+  void add_mixed(const double* a, const double* ra, const uint16_t* b_impl, const double* b_true, int64_t n) {
+    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
+      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
+      int max_exp = std::numeric_limits<int>::min();
+      int count = 0;
+      const double before = abs_bound_ + arith_;
+      for (int64_t i = k0; i < k0 + len; ++i) {
+        const uint16_t bb = b_impl[i];
+        const double bv = f32_from_bf16(bb);
+        const double amax = std::fabs(a[i]) + ra[i];
+        add_product(sum_, a[i], b_true[i]);
+        add_product(diff_, a[i], bv - b_true[i]);
+        products_ += 2;
+        if (bv == 0.0 || amax == 0.0) continue;
+        propagated_ += ra[i] * std::fabs(bv);
+        abs_bound_ += amax * std::fabs(bv);
+        max_exp = std::max(max_exp, std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb));
+        ++count;
+      }
+      if (before > 0) {
+        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
+        ++count;
+      }
+      if (count == 0) continue;
+      max_exp = std::max(max_exp, spec::kMmaZeroExp);
+      arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
+    }
+  }
   Chain result() const {
     const double value = sum_.to_double();
     const double known = std::fabs(diff_.to_double()) * (1 + 0x1.0p-52);
@@ -198,6 +230,164 @@ struct Swiglu {
   std::vector<Bounded> g, u;
   std::vector<double> act, act_r;
 };
+
+// The weight gradients end to end: for every (sampled) intermediate column of every expert, the
+// column's act, d_gate and d_up over the expert's canonical rows (ORDER: weight-grad chain over the
+// canonical row list, 16 rows per step; the shared expert's over each rank's tokens in order),
+// each from the inputs alone as in the per-token pass, then the chains with x, dy and d_output.
+void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const Sample* sample, int threads,
+                  TensorMap& out) {
+  const int64_t H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate, E = cfg.num_experts,
+                K = cfg.top_k, R = cfg.num_ranks, T = cfg.tokens_per_rank;
+  auto in16 = [&](const char* p) { return at(inputs, p).data<uint16_t>(); };
+  const uint16_t* x = in16("inputs/x");
+  const uint16_t* d_out = in16("inputs/d_output");
+  const int32_t* topk = at(inputs, "inputs/topk_experts").data<int32_t>();
+  const float* rw = at(inputs, "inputs/router_weights").data<float>();
+  auto make = [&](const std::string& checked) {
+    const std::vector<int64_t> shape = spec_shape(*find_spec(checked), cfg);
+    Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
+    std::fill(ex.data<float>(), ex.data<float>() + ex.numel(), std::numeric_limits<float>::quiet_NaN());
+    std::fill(bd.data<float>(), bd.data<float>() + bd.numel(), std::numeric_limits<float>::quiet_NaN());
+    const std::string pe = bound_exact_path(checked), pb = bound_radius_path(checked);
+    out[pe] = std::move(ex);
+    out[pb] = std::move(bd);
+    return std::pair<float*, float*>{out[pe].data<float>(), out[pb].data<float>()};
+  };
+  auto store = [](const Chain& c, float* exact, float* bound) {
+    const float v32 = static_cast<float>(c.value);
+    const double rr = (c.radius + std::fabs(static_cast<double>(v32) - c.value)) * kSlack;
+    float b32 = static_cast<float>(rr);
+    if (static_cast<double>(b32) < rr) b32 = std::nextafter(b32, std::numeric_limits<float>::infinity());
+    *exact = v32;
+    *bound = b32;
+  };
+  // One intermediate column of a row: act, d_gate and d_up from x's row, d_act's operand (dy or
+  // d_output: true values a_true, implementation bits a_impl) and the column's weights.
+  struct Column {
+    Bounded act, dg, du;
+  };
+  auto column = [&](const uint16_t* x_row, const uint16_t* wg_row, const uint16_t* wu_row, const double* dy_true,
+                    const double* dy_impl, const uint16_t* wd_col, int64_t wd_stride, std::vector<double>& xv,
+                    std::vector<double>& xr) {
+    exact_operand(x_row, H, xv, xr);
+    const Chain gc = bounded_chain(xv.data(), xr.data(), wg_row, 1, H);
+    const Chain uc = bounded_chain(xv.data(), xr.data(), wu_row, 1, H);
+    const Bounded g{gc.value, gc.radius}, u{uc.value, uc.radius};
+    BoundedChain dc;
+    dc.add_known(dy_true, dy_impl, wd_col, wd_stride, H);
+    const Chain d = dc.result();
+    const Bounded da{d.value, d.radius};
+    Column c;
+    c.act = rounded(rounded(times(silu_of(g), u), 24), 8);
+    c.dg = rounded(rounded(times(rounded(times(da, u), 24), silu_grad_of(g)), 24), 8);
+    c.du = rounded(rounded(times(da, silu_of(g)), 24), 8);
+    return c;
+  };
+
+  std::vector<int64_t> offsets(E + 1);
+  std::vector<spec::RowRef> rows(cfg.num_slots());
+  std::vector<int32_t> slot_row(cfg.num_slots());
+  spec::build_routing_plan(cfg, topk, {offsets.data(), rows.data(), slot_row.data()});
+  std::vector<int64_t> cols, scols;
+  for (int64_t i = 0; i < I; ++i)
+    if (!sample || sample->inter_mask[i]) cols.push_back(i);
+  for (int64_t j = 0; j < Is; ++j)
+    if (!sample || sample->shared_mask[j]) scols.push_back(j);
+
+  {
+    const auto [gx, gb] = make("grads/d_w_routed_gate");
+    const auto [ux, ub] = make("grads/d_w_routed_up");
+    const auto [dx, db] = make("grads/d_w_routed_down");
+    const uint16_t* wrg = in16("inputs/w_routed_gate");
+    const uint16_t* wru = in16("inputs/w_routed_up");
+    const uint16_t* wrd = in16("inputs/w_routed_down");
+    const int64_t nc = static_cast<int64_t>(cols.size());
+    parallel_for(E * nc, threads, [&](int64_t begin, int64_t end) {
+      // Per expert (cached): x's and dy's columns over its rows, dy true and as implemented.
+      std::vector<uint16_t> x_t, dy_bits;
+      std::vector<double> dy_true, dy_impl, xv, xr, row_true(H), row_impl(H);
+      std::vector<double> av, ar, gv, gr, uv, ur;
+      int64_t cached = -1;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t e = item / nc, i = cols[item % nc];
+        const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (e != cached) {
+          x_t.assign(H * n, 0);
+          dy_bits.assign(H * n, 0);
+          dy_true.assign(H * n, 0.0);
+          dy_impl.assign(H * n, 0.0);
+          for (int64_t r = 0; r < n; ++r) {
+            const spec::RowRef row = rows[r0 + r];
+            const float w = rw[int64_t{row.token_idx} * K + row.slot_idx];
+            for (int64_t h = 0; h < H; ++h) {
+              const uint16_t d = d_out[int64_t{row.token_idx} * H + h];
+              x_t[h * n + r] = x[int64_t{row.token_idx} * H + h];
+              dy_bits[h * n + r] = spec::scale_grad(w, d);
+              dy_true[h * n + r] = static_cast<double>(w) * f32_from_bf16(d);
+              dy_impl[h * n + r] = f32_from_bf16(dy_bits[h * n + r]);
+            }
+          }
+          cached = e;
+        }
+        av.resize(n), ar.resize(n), gv.resize(n), gr.resize(n), uv.resize(n), ur.resize(n);
+        for (int64_t r = 0; r < n; ++r) {
+          const spec::RowRef row = rows[r0 + r];
+          for (int64_t h = 0; h < H; ++h) row_true[h] = dy_true[h * n + r], row_impl[h] = dy_impl[h * n + r];
+          const Column c = column(x + int64_t{row.token_idx} * H, wrg + (e * I + i) * H, wru + (e * I + i) * H,
+                                  row_true.data(), row_impl.data(), wrd + e * H * I + i, I, xv, xr);
+          av[r] = c.act.v, ar[r] = c.act.r, gv[r] = c.dg.v, gr[r] = c.dg.r, uv[r] = c.du.v, ur[r] = c.du.r;
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t gi = (e * I + i) * H + h, di = (e * H + h) * I + i;
+          store(bounded_chain(gv.data(), gr.data(), x_t.data() + h * n, 1, n), gx + gi, gb + gi);
+          store(bounded_chain(uv.data(), ur.data(), x_t.data() + h * n, 1, n), ux + gi, ub + gi);
+          BoundedChain c;
+          c.add_mixed(av.data(), ar.data(), dy_bits.data() + h * n, dy_true.data() + h * n, n);
+          store(c.result(), dx + di, db + di);
+        }
+      }
+    }, std::max<int64_t>(1, nc));
+  }
+  if (Is == 0) return;
+  {
+    const auto [gx, gb] = make("grads/d_w_shared_gate");
+    const auto [ux, ub] = make("grads/d_w_shared_up");
+    const auto [dx, db] = make("grads/d_w_shared_down");
+    const uint16_t* wsg = in16("inputs/w_shared_gate");
+    const uint16_t* wsu = in16("inputs/w_shared_up");
+    const uint16_t* wsd = in16("inputs/w_shared_down");
+    const int64_t nc = static_cast<int64_t>(scols.size());
+    parallel_for(R * nc, threads, [&](int64_t begin, int64_t end) {
+      std::vector<uint16_t> x_t(H * T), do_t(H * T);
+      std::vector<double> xv, xr, dv(H), av(T), ar(T), gv(T), gr(T), uv(T), ur(T);
+      int64_t cached = -1;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t rank = item / nc, j = scols[item % nc], t0 = rank * T;
+        if (rank != cached) {
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t h = 0; h < H; ++h) {
+              x_t[h * T + t] = x[(t0 + t) * H + h];
+              do_t[h * T + t] = d_out[(t0 + t) * H + h];
+            }
+          cached = rank;
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          // The shared expert's d_act operand is d_output itself: true and implemented alike.
+          for (int64_t h = 0; h < H; ++h) dv[h] = f32_from_bf16(d_out[(t0 + t) * H + h]);
+          const Column c = column(x + (t0 + t) * H, wsg + j * H, wsu + j * H, dv.data(), dv.data(), wsd + j, Is, xv, xr);
+          av[t] = c.act.v, ar[t] = c.act.r, gv[t] = c.dg.v, gr[t] = c.dg.r, uv[t] = c.du.v, ur[t] = c.du.r;
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t gi = (rank * Is + j) * H + h, di = (rank * H + h) * Is + j;
+          store(bounded_chain(gv.data(), gr.data(), x_t.data() + h * T, 1, T), gx + gi, gb + gi);
+          store(bounded_chain(uv.data(), ur.data(), x_t.data() + h * T, 1, T), ux + gi, ub + gi);
+          store(bounded_chain(av.data(), ar.data(), do_t.data() + h * T, 1, T), dx + di, db + di);
+        }
+      }
+    }, std::max<int64_t>(1, nc));
+  }
+}
 
 }  // namespace
 
@@ -421,6 +611,7 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
       }
     }
   }, 1);
+  if (backward) weight_grads(cfg, inputs, sample, threads, out);
   return out;
 }
 

@@ -71,9 +71,11 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   const bool intermediates = has_group(golden.tensors, "intermediates/");
   const ref::TensorMap inputs = inputs_of(golden);
   Report report;
-  // The backend's tensors that the end-to-end oracle covers (output; d_router_weights and d_x
-  // when the golden has gradients), kept for that check.
-  static const char* const kEndToEnd[] = {"outputs/output", "grads/d_router_weights", "grads/d_x"};
+  // The backend's tensors that the end-to-end oracle covers (the output; every gradient when the
+  // golden has them), kept for that check.
+  static const char* const kEndToEnd[] = {"outputs/output",        "grads/d_router_weights", "grads/d_x",
+                                          "grads/d_w_routed_gate", "grads/d_w_routed_up",    "grads/d_w_routed_down",
+                                          "grads/d_w_shared_gate", "grads/d_w_shared_up",    "grads/d_w_shared_down"};
   ref::TensorMap kept;
   auto keep_output = [&](const ref::TensorMap& m) -> const ref::TensorMap& {
     for (const char* p : kEndToEnd)
@@ -151,7 +153,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   }
   if (options.end_to_end) {
     say(std::string("end to end: true values and radii from the inputs alone (the output") +
-        (backward ? ", d_router_weights and d_x)" : ")"));
+        (backward ? " and every gradient)" : ")"));
     if (!kept.count("outputs/output")) throw Error("end-to-end check: the backend returned no outputs/output");
     ref::OracleOptions oo;
     oo.num_threads = options.num_threads;

@@ -80,10 +80,10 @@ int main(int argc, char** argv) {
   run->add_flag("--full", full, "check every element even when the case is large (default: sample above ~4e9 multiply-adds)");
   run->add_flag("--no-bounds", no_bounds, "skip the per-element error-bound check");
   run->add_flag("--end-to-end", end_to_end,
-                "also check the output, d_router_weights and d_x against their true values computed from the "
-                "inputs alone (exact sums, silu in double) with radii that cover any bf16-v1 implementation, so "
-                "the verdict does not rest on the emulator's intermediates (weight gradients: not covered; costs "
-                "a few times an emulation of the checked tokens: sample large cases with --sample-tokens)");
+                "also check the output and every gradient against their true values computed from the inputs "
+                "alone (exact sums, silu in double) with radii that cover any bf16-v1 implementation, so the "
+                "verdict does not rest on the emulator's intermediates (costs a few times an emulation: sample "
+                "large cases with --sample-tokens and --sample-cols)");
   std::string transport = "virtual";
   run->add_option("--transport", transport,
                   "cuda backend: virtual (all R ranks on one GPU) or nccl (one GPU per rank, NCCL symmetric memory)")

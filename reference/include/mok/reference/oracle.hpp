@@ -29,7 +29,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                         const TensorMap& reference, const OracleOptions& options = {});
 
 // End to end: for every (sampled) element of outputs/output and, when the inputs hold d_output,
-// of grads/d_router_weights and grads/d_x,
+// of every gradient (d_router_weights, d_x, the routed and shared weight gradients),
 //   bounds/<name>_exact: the value computed from the inputs alone without the profile's
 //     roundings: every dot product an exact sum of exact products (a double operand's product
 //     split exactly in two by an fma), silu, silu' and the SwiGLU products in double; each stage
@@ -37,13 +37,13 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
 //   bounds/<name>_bound: a radius such that any implementation of profile bf16-v1 with the Hopper
 //     MMA model, fed the same inputs (and nothing of the reference's), lands within it. Each
 //     stage's radius carries its operands' radii forward (through |weights|, silu's Lipschitz
-//     constant 1.1 and silu''s 0.51) and adds its own roundings; the spec's silu_f32 and
-//     silu_grad_f32 are taken to be within 2^-18 (of |silu|; of s + |x| s (1 - s)) plus 2^-118 of
-//     the real functions (test_spec_math sweeps both). reference/README.md ("End to end") writes
-//     the analysis out.
+//     constant 1.1 and silu''s 0.51) and adds its own roundings; dy = rn(w d_output), which every
+//     implementation computes exactly from the inputs, enters through the exact signed sum of its
+//     errors; the spec's silu_f32 and silu_grad_f32 are taken to be within 2^-18 (of |silu|; of
+//     s + |x| s (1 - s)) plus 2^-118 of the real functions (test_spec_math sweeps both).
+//     reference/README.md ("End to end") writes the analysis out.
 // So "within its end-to-end bound" says a backend is right without trusting the emulator's
-// intermediates. Unsampled tokens get NaN. The weight gradients are not covered (oracle_bounds
-// judges them stage by stage).
+// intermediates. Unsampled elements (tokens; columns of I and Is for the weight gradients) get NaN.
 TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options = {});
 // The same for outputs/output alone (d_output, if present, is ignored).
 TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs,

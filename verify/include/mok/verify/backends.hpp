@@ -24,8 +24,7 @@ struct RunOptions {
   int num_threads = 0;
   const ref::Sample* sample = nullptr;
   bool check_bounds = true;
-  // Also judge the backend's outputs/output (and grads/d_router_weights and grads/d_x when the
-  // golden has gradients) against the end-to-end oracle (ref::oracle_end_to_end: true values and
+  // Also judge the backend's outputs/output (and every gradient when the golden has them) against the end-to-end oracle (ref::oracle_end_to_end: true values and
   // radii from the inputs alone), so that the verdict does not rest on the emulator's
   // intermediates. Adds rows "<tensor> (end to end)" to the report.
   bool end_to_end = false;
@@ -41,7 +40,7 @@ struct RunOptions {
 //           outputs and grads lie within them;
 //  cuda:    the GPU kernel (mok::Error kind kUnsupported when unavailable);
 //  auto:    cuda when available, else emulate.
-// With end_to_end, the backend's output and per-token gradients (the golden's own, for oracle)
+// With end_to_end, the backend's output and gradients (the golden's own, for oracle)
 // must also lie within the end-to-end bounds.
 Report run_backend(const ref::Golden& golden, const RunOptions& options);
 

@@ -606,7 +606,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) ws_store_kernel(Args a) {
 #endif
 }
 
-// ---- Experimental (twenty-seventh session): ping-pong consumers. As ws_kernel (one loader
+// ---- Experimental (twenty-seventh session; measured in the twenty-eighth on an H100 at about half the
+// engine's speed, so rejected as a layout: BENCHMARKS.md): ping-pong consumers. As ws_kernel (one loader
 // thread, two consumer warpgroups at 232 registers, full / empty mbarriers), but each consumer
 // warpgroup owns whole 64-row half-tiles: of the block's tile t, rows 0-63 go to consumer 0
 // (warpgroup 1) and rows 64-127 to consumer 1 (warpgroup 2), each over the full K with the tile's

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Prepared in the twenty-seventh session (2026-12-05), not yet run: the engine bench's ping-pong variant
+# Prepared in the twenty-seventh session (2026-12-05); run in the twenty-eighth on an H100 (ping-pong 51% of peak,
+# rejected: BENCHMARKS.md, twenty-eighth session; log kernel/notes/bench_v28_run_1_h100_pp_e2e_targets.txt): the engine bench's ping-pong variant
 # (mok-gemm-bench's pp_kernel) with turns; the first version, without them, hung on the H200 (BENCHMARKS.md,
 # twenty-seventh session). Each bench runs under a timeout and line-buffered, so that a hang costs a minute and
 # shows how far it got. About two minutes of device time.

@@ -1,5 +1,9 @@
 // mok-mma-probe: runs single mma.sync.m16n8k16 bf16 instructions on the GPU and compares every
-// output element with the spec's MMA model (crafted edge cases, then millions of random ones).
+// output element with the spec's MMA model (crafted edge cases, then millions of random ones);
+// then single wgmma.m64n8k16 instructions, and then the layer engine's own instruction forms
+// (wgmma.m64n128k16 / m64n256k16 on 128-byte swizzled, K- or MN-major operands, issued through
+// kernel/device/mma_tile.cuh's helpers), one instruction at a time.
+#include "../device/mma_tile.cuh"
 #include "mok/spec/mma_model.hpp"
 
 #include <cuda_runtime.h>
@@ -171,6 +175,152 @@ float model(const Instr& p, int m, int n) {
   return mok::spec::mma_bf16_step(mok::spec::kHopperBf16Mma, p.c[m][n], p.a[m], 1, b_col, 1, 16);
 }
 
+// ---- The engine's instruction forms. One block (one warpgroup) per instruction: A's 64 x 64 box
+// and B's kN / 64 boxes (64 rows of 128 bytes each) copied into shared memory as TMA writes them
+// (128-byte swizzle: the 16-byte chunk c of 128-byte row r sits at chunk c ^ (r % 8)), then one
+// wgmma at k-step s (0-3) of the 64-wide chunk, with the descriptors and immediates the engine
+// uses (desc_sw128, wgmma_m64nNk16<TA, TB, NJ>; fast_chunk's a_step / b_step).
+uint32_t bits(float f);
+namespace dev = mok::kernel::device;
+template <int NJ>
+constexpr int kTileOperandBytes = dev::kBoxBytes * (1 + NJ * 8 / 64);
+
+template <int TA, int TB, int NJ>
+__global__ void tile_probe_kernel(const uint8_t* ops, const float* acc_in, const int* steps, float* out, int n) {
+#if defined(MOK_WGMMA)
+  extern __shared__ unsigned char tile_raw[];
+  uint8_t* sm = dev::aligned_smem(tile_raw);  // swizzle atoms are 1024-byte aligned
+  constexpr int kN = NJ * 8, kBytes = kTileOperandBytes<NJ>;
+  const int i = blockIdx.x;
+  if (i >= n) return;
+  const uint4* src = reinterpret_cast<const uint4*>(ops + static_cast<int64_t>(i) * kBytes);
+  for (int w = threadIdx.x; w < kBytes / 16; w += 128) reinterpret_cast<uint4*>(sm)[w] = src[w];
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane >> 2, c = lane & 3;
+  const float* C = acc_in + static_cast<int64_t>(i) * 64 * kN;
+  float d[NJ][4];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[j][e] = C[(warp * 16 + g + (e >= 2 ? 8 : 0)) * kN + j * 8 + 2 * c + (e & 1)];
+  const int s = steps[i];
+  const uint32_t a = dev::smem_u32(sm), b = a + dev::kBoxBytes;
+  const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
+  dev::wgmma_fence();
+  dev::wgmma_m64nNk16<TA, TB, NJ>(d, dev::desc_sw128(a + s * a_step, TA != 0), dev::desc_sw128(b + s * b_step, TB != 0));
+  dev::wgmma_commit();
+  dev::wgmma_wait<0>();
+  float* o = out + static_cast<int64_t>(i) * 64 * kN;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[(warp * 16 + g + (e >= 2 ? 8 : 0)) * kN + j * 8 + 2 * c + (e & 1)] = d[j][e];
+#else
+  (void)ops, (void)acc_in, (void)steps, (void)out, (void)n;
+#endif
+}
+
+// Byte offset of a K-major operand element (row r of 64-row boxes, k in the 64-wide chunk) and of
+// an MN-major one (k, mn) in the swizzled boxes.
+int64_t kmajor_offset(int r, int k) {
+  const int box = r / 64, rr = r % 64;
+  return int64_t{box} * dev::kBoxBytes + rr * 128 + (((k / 8) ^ (rr % 8)) * 16) + (k % 8) * 2;
+}
+int64_t mnmajor_offset(int k, int mn) {
+  const int box = mn / 64, m = mn % 64;
+  return int64_t{box} * dev::kBoxBytes + k * 128 + (((m / 8) ^ (k % 8)) * 16) + (m % 8) * 2;
+}
+
+// Runs `count` random instructions of one form and returns the elements that disagree with the model.
+template <int TA, int TB, int NJ>
+int64_t probe_tile_form(int64_t count, std::mt19937_64& rng, unsigned threads, int64_t* elements) {
+  constexpr int kN = NJ * 8, kBytes = kTileOperandBytes<NJ>;
+  const char* name = NJ == 16 ? "m64n128k16" : "m64n256k16";
+  const int64_t chunk = 1024;
+  const size_t smem = kBytes + 1024;
+  cudaFuncSetAttribute(tile_probe_kernel<TA, TB, NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  uint8_t* d_ops = nullptr;
+  float *d_acc = nullptr, *d_out = nullptr;
+  int* d_steps = nullptr;
+  cudaMalloc(&d_ops, chunk * kBytes);
+  cudaMalloc(&d_acc, chunk * 64 * kN * sizeof(float));
+  cudaMalloc(&d_out, chunk * 64 * kN * sizeof(float));
+  cudaMalloc(&d_steps, chunk * sizeof(int));
+  // Logical operands per instruction: A[m][k] (64 x 64), B[n][k] (kN x 64), C[m][n], step.
+  std::vector<uint16_t> A(chunk * 64 * 64), B(chunk * kN * 64);
+  std::vector<uint8_t> ops(chunk * kBytes);
+  std::vector<float> acc(chunk * 64 * kN), out(chunk * 64 * kN);
+  std::vector<int> steps(chunk);
+  int64_t bad_total = 0, done = 0;
+  std::atomic<int> printed{0};
+  while (done < count) {
+    const int n = static_cast<int>(std::min<int64_t>(chunk, count - done));
+    for (int i = 0; i < n; ++i) {
+      const int center = static_cast<int>(rng() % 200) - 100;
+      steps[i] = static_cast<int>(rng() % 4);
+      uint8_t* op = ops.data() + static_cast<int64_t>(i) * kBytes;
+      for (int m = 0; m < 64; ++m)
+        for (int k = 0; k < 64; ++k) {
+          const uint16_t v = random_bf16(rng, center / 2);
+          A[(static_cast<int64_t>(i) * 64 + m) * 64 + k] = v;
+          std::memcpy(op + (TA ? mnmajor_offset(k, m) : kmajor_offset(m, k)), &v, 2);
+        }
+      for (int nn = 0; nn < kN; ++nn)
+        for (int k = 0; k < 64; ++k) {
+          const uint16_t v = random_bf16(rng, center / 2);
+          B[(static_cast<int64_t>(i) * kN + nn) * 64 + k] = v;
+          std::memcpy(op + dev::kBoxBytes + (TB ? mnmajor_offset(k, nn) : kmajor_offset(nn, k)), &v, 2);
+        }
+      for (int e = 0; e < 64 * kN; ++e) acc[static_cast<int64_t>(i) * 64 * kN + e] = random_acc(rng, center);
+    }
+    cudaMemcpy(d_ops, ops.data(), static_cast<size_t>(n) * kBytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_acc, acc.data(), static_cast<size_t>(n) * 64 * kN * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(d_steps, steps.data(), n * sizeof(int), cudaMemcpyHostToDevice);
+    tile_probe_kernel<TA, TB, NJ><<<n, 128, smem>>>(d_ops, d_acc, d_steps, d_out, n);
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      std::fprintf(stderr, "mok-mma-probe: %s kernel (TA %d, TB %d) failed: %s\n", name, TA, TB,
+                   cudaGetErrorString(cudaGetLastError()));
+      std::exit(1);
+    }
+    cudaMemcpy(out.data(), d_out, static_cast<size_t>(n) * 64 * kN * sizeof(float), cudaMemcpyDeviceToHost);
+    std::atomic<int64_t> bad{0};
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        uint16_t bcol[16];
+        for (int i = static_cast<int>(t); i < n; i += static_cast<int>(threads))
+          for (int m = 0; m < 64; ++m)
+            for (int nn = 0; nn < kN; ++nn) {
+              const int64_t e = (static_cast<int64_t>(i) * 64 + m) * kN + nn;
+              const int k0 = 16 * steps[i];
+              for (int k = 0; k < 16; ++k) bcol[k] = B[(static_cast<int64_t>(i) * kN + nn) * 64 + k0 + k];
+              const float want = mok::spec::mma_bf16_step(mok::spec::kHopperBf16Mma, acc[e],
+                                                          &A[(static_cast<int64_t>(i) * 64 + m) * 64 + k0], 1, bcol, 1, 16);
+              if (bits(want) != bits(out[e])) {
+                ++bad;
+                if (printed.fetch_add(1) < 8)
+                  std::printf("%s (TA %d, TB %d) MISMATCH instr %lld step %d element (%d,%d): gpu 0x%08x model 0x%08x\n",
+                              name, TA, TB, static_cast<long long>(done + i), steps[i], m, nn, bits(out[e]), bits(want));
+              }
+            }
+      });
+    for (auto& th : pool) th.join();
+    bad_total += bad;
+    *elements += static_cast<int64_t>(n) * 64 * kN;
+    done += n;
+  }
+  std::printf("mok-mma-probe: wgmma.%s, A %s-major, B %s-major, 128-byte swizzle: %lld instructions, %lld elements, "
+              "%lld disagree with %s\n",
+              name, TA ? "MN" : "K", TB ? "MN" : "K", static_cast<long long>(done),
+              static_cast<long long>(done * 64 * kN), static_cast<long long>(bad_total), mok::spec::kHopperBf16Mma.name);
+  cudaFree(d_ops);
+  cudaFree(d_acc);
+  cudaFree(d_out);
+  cudaFree(d_steps);
+  return bad_total;
+}
+
 uint32_t bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -180,19 +330,23 @@ uint32_t bits(float f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t count = 1000000, wgmma_count = 250000;
+  int64_t count = 1000000, wgmma_count = 250000, tile_count = 2048;
   uint64_t seed = 20261202;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--count" && i + 1 < argc) count = std::atoll(argv[++i]);
     else if (a == "--wgmma-count" && i + 1 < argc) wgmma_count = std::atoll(argv[++i]);
+    else if (a == "--tile-count" && i + 1 < argc) tile_count = std::atoll(argv[++i]);
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else {
       std::fprintf(stderr,
-                   "usage: mok-mma-probe [--count N] [--wgmma-count W] [--seed S]\n"
+                   "usage: mok-mma-probe [--count N] [--wgmma-count W] [--tile-count T] [--seed S]\n"
                    "Runs N random mma.sync.m16n8k16 and W random wgmma.m64n8k16 (A, B in shared memory) bf16->f32\n"
-                   "instructions, plus crafted edge cases, on the GPU and compares every output element with the\n"
-                   "spec's Hopper MMA model, bit for bit. wgmma runs only on compute capability 9.0.\n"
+                   "instructions, plus crafted edge cases, then T random instructions of each form the layer's\n"
+                   "engine issues (wgmma.m64n128k16 and m64n256k16, 128-byte swizzled, K- or MN-major operands,\n"
+                   "through the engine's own descriptor and instruction helpers), on the GPU, and compares every\n"
+                   "output element with the spec's Hopper MMA model, bit for bit. wgmma runs only on compute\n"
+                   "capability 9.0.\n"
                    "Exit 0: all agree; 1: a mismatch (the first ones are printed); 3: no GPU.\n");
       return 2;
     }
@@ -347,5 +501,15 @@ int main(int argc, char** argv) {
               static_cast<long long>(w_bad_total), mok::spec::kHopperBf16Mma.name);
   cudaFree(dw_in);
   cudaFree(dw_out);
-  return mismatches == 0 && w_bad_total == 0 ? 0 : 1;
+  // The engine's forms: forward phase 1 (B K-major, n128 per operand), forward phase 2 (n256),
+  // backward phase 1 (B MN-major), weight gradients (A and B MN-major).
+  int64_t tile_bad = 0, tile_elems = 0;
+  if (tile_count > 0) {
+    tile_bad += probe_tile_form<0, 0, 16>(tile_count, rng, threads, &tile_elems);
+    tile_bad += probe_tile_form<0, 0, 32>(tile_count, rng, threads, &tile_elems);
+    tile_bad += probe_tile_form<0, 1, 16>(tile_count, rng, threads, &tile_elems);
+    tile_bad += probe_tile_form<0, 1, 32>(tile_count, rng, threads, &tile_elems);
+    tile_bad += probe_tile_form<1, 1, 32>(tile_count, rng, threads, &tile_elems);
+  }
+  return mismatches == 0 && w_bad_total == 0 && tile_bad == 0 ? 0 : 1;
 }

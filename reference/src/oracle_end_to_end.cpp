@@ -64,93 +64,49 @@ struct Chain {
 class BoundedChain {
  public:
   void add(const double* a, const double* ra, const uint16_t* b, int64_t b_stride, int64_t n) {
-    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
-      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
-      int max_exp = std::numeric_limits<int>::min();
-      int count = 0;
-      const double before = abs_bound_ + arith_;  // bounds the implementation's running value
-      for (int64_t i = k0; i < k0 + len; ++i) {
-        const uint16_t bb = b[i * b_stride];
-        const double bv = f32_from_bf16(bb);
-        const double amax = std::fabs(a[i]) + ra[i];  // the implementation's |a| is at most this
-        if (bv == 0.0 || amax == 0.0) continue;
-        add_product(sum_, a[i], bv);
-        ++products_;
-        propagated_ += ra[i] * std::fabs(bv);
-        abs_bound_ += amax * std::fabs(bv);
-        // A bf16 operand below amax has an exponent of at most ilogb(amax); subnormals align at -126.
-        max_exp = std::max(max_exp, std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb));
-        ++count;
-      }
-      if (before > 0) {
-        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
-        ++count;
-      }
-      if (count == 0) continue;
-      max_exp = std::max(max_exp, spec::kMmaZeroExp);
-      arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
-    }
+    steps(n, [&](int64_t i) -> TermBound {
+      const uint16_t bb = b[i * b_stride];
+      const double bv = f32_from_bf16(bb);
+      const double amax = std::fabs(a[i]) + ra[i];  // the implementation's |a| is at most this
+      if (bv == 0.0 || amax == 0.0) return {};
+      add_product(sum_, a[i], bv);
+      ++products_;
+      propagated_ += ra[i] * std::fabs(bv);
+      // A bf16 operand below amax has an exponent of at most ilogb(amax); subnormals align at -126.
+      return {amax * std::fabs(bv), std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb)};
+    });
   }
   // As add(), for an operand that every implementation computes exactly from the inputs (impl[i]:
   // dy = rn_bf16(rn(w * d_output))), with true value a[i]. Its contribution to the radius is then
   // the exact |sum of (impl - a) b| (the signed errors partly cancel) rather than the sum of
   // |impl - a| |b|. impl - a is exact in double (a bf16 value against an fp32-by-bf16 product).
   void add_known(const double* a, const double* impl, const uint16_t* b, int64_t b_stride, int64_t n) {
-    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
-      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
-      int max_exp = std::numeric_limits<int>::min();
-      int count = 0;
-      const double before = abs_bound_ + arith_;
-      for (int64_t i = k0; i < k0 + len; ++i) {
-        const uint16_t bb = b[i * b_stride];
-        const double bv = f32_from_bf16(bb);
-        add_product(sum_, a[i], bv);
-        add_product(diff_, impl[i] - a[i], bv);
-        if (bv == 0.0 || impl[i] == 0.0) continue;
-        products_ += 2;
-        abs_bound_ += std::fabs(impl[i] * bv);
-        max_exp = std::max(max_exp, std::max(std::ilogb(impl[i]), -126) + bf16_exp(bb));
-        ++count;
-      }
-      if (before > 0) {
-        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
-        ++count;
-      }
-      if (count == 0) continue;
-      max_exp = std::max(max_exp, spec::kMmaZeroExp);
-      arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
-    }
+    steps(n, [&](int64_t i) -> TermBound {
+      const uint16_t bb = b[i * b_stride];
+      const double bv = f32_from_bf16(bb);
+      if (bv == 0.0) return {};
+      add_product(sum_, a[i], bv);
+      add_product(diff_, impl[i] - a[i], bv);
+      products_ += 2;
+      if (impl[i] == 0.0) return {};
+      return {std::fabs(impl[i] * bv), std::max(std::ilogb(impl[i]), -126) + bf16_exp(bb)};
+    });
   }
   // As add(), for a B operand that every implementation computes exactly from the inputs (its
   // bf16 bits b_impl: dy) but whose true value b_true differs; A is bounded as in add(). The
   // radius adds the bounded |a| part against b_impl, and the exact |sum of a (b_impl - b_true)|.
   void add_mixed(const double* a, const double* ra, const uint16_t* b_impl, const double* b_true, int64_t n) {
-    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
-      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
-      int max_exp = std::numeric_limits<int>::min();
-      int count = 0;
-      const double before = abs_bound_ + arith_;
-      for (int64_t i = k0; i < k0 + len; ++i) {
-        const uint16_t bb = b_impl[i];
-        const double bv = f32_from_bf16(bb);
-        const double amax = std::fabs(a[i]) + ra[i];
-        add_product(sum_, a[i], b_true[i]);
-        add_product(diff_, a[i], bv - b_true[i]);
-        products_ += 2;
-        if (bv == 0.0 || amax == 0.0) continue;
-        propagated_ += ra[i] * std::fabs(bv);
-        abs_bound_ += amax * std::fabs(bv);
-        max_exp = std::max(max_exp, std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb));
-        ++count;
-      }
-      if (before > 0) {
-        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
-        ++count;
-      }
-      if (count == 0) continue;
-      max_exp = std::max(max_exp, spec::kMmaZeroExp);
-      arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
-    }
+    steps(n, [&](int64_t i) -> TermBound {
+      const uint16_t bb = b_impl[i];
+      const double bv = f32_from_bf16(bb);
+      const double amax = std::fabs(a[i]) + ra[i];
+      add_product(sum_, a[i], b_true[i]);
+      add_product(diff_, a[i], bv - b_true[i]);
+      products_ += 2;
+      if (bv == 0.0 || amax == 0.0) return {};
+      propagated_ += ra[i] * std::fabs(bv);
+      return {amax * std::fabs(bv), std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb)};
+    });
   }
   Chain result() const {
     const double value = sum_.to_double();
@@ -159,6 +115,39 @@ class BoundedChain {
   }
 
  private:
+  // What one term tells the step's truncation bound: a bound on the implementation's |product|
+  // (0: the product is zero for every implementation) and its largest alignment exponent.
+  struct TermBound {
+    double mag = 0.0;
+    int exp = 0;
+  };
+  // The chain's MMA steps over n terms: term(i) adds term i's products to the sums and returns its
+  // TermBound; each step then adds (n+1) 2^(E-25) for the terms' and the accumulator's
+  // truncations and one fp32 ulp of the running magnitude for the result's.
+  template <class Term>
+  void steps(int64_t n, Term term) {
+    for (int64_t k0 = 0; k0 < n; k0 += spec::kMmaK) {
+      const int64_t len = std::min<int64_t>(spec::kMmaK, n - k0);
+      int max_exp = std::numeric_limits<int>::min();
+      int count = 0;
+      const double before = abs_bound_ + arith_;  // bounds the implementation's running value
+      for (int64_t i = k0; i < k0 + len; ++i) {
+        const TermBound t = term(i);
+        if (t.mag == 0.0) continue;
+        abs_bound_ += t.mag;
+        max_exp = std::max(max_exp, t.exp);
+        ++count;
+      }
+      if (before > 0) {  // the accumulator is a term too; a subnormal one aligns at -126
+        max_exp = std::max({max_exp, std::ilogb(before * kSlack), -126});
+        ++count;
+      }
+      if (count == 0) continue;
+      max_exp = std::max(max_exp, spec::kMmaZeroExp);  // zero terms align at -133
+      arith_ += count * std::ldexp(1.0, max_exp - 25) + 0x1.0p-23 * (abs_bound_ + arith_) * kSlack + 0x1.0p-149;
+    }
+  }
+
   ExactSum sum_, diff_;
   double propagated_ = 0.0, arith_ = 0.0, abs_bound_ = 0.0;
   int64_t products_ = 0;

@@ -351,14 +351,7 @@ RC_GTEST_PROP(OracleEndToEnd, EmulatorWithinTheBoundForTinyValues, ()) {
 // of it (its roundings are random in sign; the bound adds their magnitudes), and an
 // implementation that scales every router weight by 1.1 or 1.25 lands outside it on most elements.
 TEST(OracleEndToEnd, BoundIsTightEnoughToCatchWrongWeightsAndGradients) {
-  spec::LayerConfig cfg;
-  cfg.hidden = 128;
-  cfg.intermediate = 64;
-  cfg.shared_intermediate = 32;
-  cfg.num_ranks = 2;
-  cfg.num_experts = 8;
-  cfg.top_k = 4;
-  cfg.tokens_per_rank = 8;
+  const spec::LayerConfig cfg{128, 64, 32, 8, 4, 2, 8};  // H I Is E K R T
   const TensorMap inputs = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 20261205);
   const TensorMap emu = ref::emulate(cfg, inputs);
   const EndToEnd ok = check_end_to_end(cfg, inputs, emu);
@@ -444,14 +437,7 @@ TEST(OracleEndToEnd, BoundIsTightEnoughToCatchWrongWeightsAndGradients) {
 // the true value.
 TEST(OracleEndToEnd, TrueValuesMatchAFiftyDigitEvaluation) {
   using hp = boost::multiprecision::cpp_bin_float_50;
-  spec::LayerConfig cfg;
-  cfg.hidden = 32;
-  cfg.intermediate = 32;
-  cfg.shared_intermediate = 16;
-  cfg.num_ranks = 1;
-  cfg.num_experts = 4;
-  cfg.top_k = 2;
-  cfg.tokens_per_rank = 6;
+  const spec::LayerConfig cfg{32, 32, 16, 4, 2, 1, 6};  // H I Is E K R T
   ref::RoutingSpec rs = ref::parse_routing("zipf:1.2");
   rs.empty_prob = 0.2;
   const TensorMap inputs = ref::generate_inputs(cfg, rs, 77);
@@ -575,14 +561,7 @@ TEST(OracleEndToEnd, TrueValuesMatchAFiftyDigitEvaluation) {
 // A sample: only the sampled tokens' rows and the sampled columns' weight gradients are computed
 // (the rest NaN), with the same values as the full run.
 TEST(OracleEndToEnd, SampledElementsGetTheSameValuesAndTheRestNaN) {
-  spec::LayerConfig cfg;
-  cfg.hidden = 32;
-  cfg.intermediate = 16;
-  cfg.shared_intermediate = 16;
-  cfg.num_ranks = 2;
-  cfg.num_experts = 4;
-  cfg.top_k = 2;
-  cfg.tokens_per_rank = 8;
+  const spec::LayerConfig cfg{32, 16, 16, 4, 2, 2, 8};  // H I Is E K R T
   const TensorMap inputs = ref::generate_inputs(cfg, ref::parse_routing("hot:1"), 5);
   ref::Sample s = ref::make_sample(cfg, inputs.at("inputs/topk_experts"), 3, 4, 9);
   ref::OracleOptions o;

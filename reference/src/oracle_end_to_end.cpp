@@ -220,6 +220,57 @@ struct Swiglu {
   std::vector<double> act, act_r;
 };
 
+// The exact and bound tensors of a checked tensor in `out`, filled with NaN (unsampled).
+struct Out {
+  float* exact = nullptr;
+  float* bound = nullptr;
+};
+Out make_out(TensorMap& out, const spec::LayerConfig& cfg, const std::string& checked) {
+  const std::vector<int64_t> shape = spec_shape(*find_spec(checked), cfg);
+  Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
+  std::fill(ex.data<float>(), ex.data<float>() + ex.numel(), std::numeric_limits<float>::quiet_NaN());
+  std::fill(bd.data<float>(), bd.data<float>() + bd.numel(), std::numeric_limits<float>::quiet_NaN());
+  const std::string pe = bound_exact_path(checked), pb = bound_radius_path(checked);
+  out[pe] = std::move(ex);
+  out[pb] = std::move(bd);
+  return {out[pe].data<float>(), out[pb].data<float>()};
+}
+// The true value stored as fp32; the storage rounding joins the radius, which is rounded up.
+void store(const Bounded& b, float* exact, float* bound) {
+  const float v32 = static_cast<float>(b.v);
+  const double rr = (b.r + std::fabs(static_cast<double>(v32) - b.v)) * kSlack;
+  float b32 = static_cast<float>(rr);
+  if (static_cast<double>(b32) < rr) b32 = std::nextafter(b32, std::numeric_limits<float>::infinity());
+  *exact = v32;
+  *bound = b32;
+}
+void store(const Chain& c, float* exact, float* bound) { store(Bounded{c.value, c.radius}, exact, bound); }
+
+// ORDER: combine-slots and dx-slots: acc = start (shared_out, dx_shared; 0 without a shared
+// expert), then one fp32 fma of weight[k] * term[k] (an add when the weight is 1) per non-empty
+// slot in slot order, then bf16: the exact sum and the radius of any implementation's result.
+Bounded slot_sum(const Bounded* start, const int32_t* topk_row, const float* weights, const Bounded* terms,
+                 int64_t stride, int64_t K) {
+  ExactSum sum;
+  double r = 0.0, mag = 0.0;
+  if (start) {
+    add_product(sum, start->v, 1.0);
+    r = start->r + kDropped;
+    mag = std::fabs(start->v);
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    if (topk_row[k] < 0) continue;
+    const double w = weights ? weights[k] : 1.0;
+    const Bounded& term = terms[k * stride];
+    add_product(sum, w, term.v);
+    r += std::fabs(w) * term.r + kDropped;
+    mag += std::fabs(w * term.v);
+    r += half_ulp(mag + r, 24);  // the fma's (add's) rounding
+  }
+  const double value = sum.to_double();
+  return rounded({value, r + 0x1.0p-52 * std::fabs(value)}, 8);
+}
+
 // The weight gradients end to end: for every (sampled) intermediate column of every expert, the
 // column's act, d_gate and d_up over the expert's canonical rows (ORDER: weight-grad chain over the
 // canonical row list, 16 rows per step; the shared expert's over each rank's tokens in order),
@@ -234,22 +285,8 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
   const int32_t* topk = at(inputs, "inputs/topk_experts").data<int32_t>();
   const float* rw = at(inputs, "inputs/router_weights").data<float>();
   auto make = [&](const std::string& checked) {
-    const std::vector<int64_t> shape = spec_shape(*find_spec(checked), cfg);
-    Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
-    std::fill(ex.data<float>(), ex.data<float>() + ex.numel(), std::numeric_limits<float>::quiet_NaN());
-    std::fill(bd.data<float>(), bd.data<float>() + bd.numel(), std::numeric_limits<float>::quiet_NaN());
-    const std::string pe = bound_exact_path(checked), pb = bound_radius_path(checked);
-    out[pe] = std::move(ex);
-    out[pb] = std::move(bd);
-    return std::pair<float*, float*>{out[pe].data<float>(), out[pb].data<float>()};
-  };
-  auto store = [](const Chain& c, float* exact, float* bound) {
-    const float v32 = static_cast<float>(c.value);
-    const double rr = (c.radius + std::fabs(static_cast<double>(v32) - c.value)) * kSlack;
-    float b32 = static_cast<float>(rr);
-    if (static_cast<double>(b32) < rr) b32 = std::nextafter(b32, std::numeric_limits<float>::infinity());
-    *exact = v32;
-    *bound = b32;
+    const Out o = make_out(out, cfg, checked);
+    return std::pair<float*, float*>{o.exact, o.bound};
   };
   // One intermediate column of a row: act, d_gate and d_up from x's row, d_act's operand (dy or
   // d_output: true values a_true, implementation bits a_impl) and the column's weights.
@@ -405,29 +442,7 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
   const float* rw = at(inputs, "inputs/router_weights").data<float>();
 
   TensorMap out;
-  struct Out {
-    float* exact;
-    float* bound;
-  };
-  auto make = [&](const std::string& checked) -> Out {
-    const std::vector<int64_t> shape = spec_shape(*find_spec(checked), cfg);
-    Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
-    std::fill(ex.data<float>(), ex.data<float>() + ex.numel(), std::numeric_limits<float>::quiet_NaN());
-    std::fill(bd.data<float>(), bd.data<float>() + bd.numel(), std::numeric_limits<float>::quiet_NaN());
-    const std::string pe = bound_exact_path(checked), pb = bound_radius_path(checked);
-    out[pe] = std::move(ex);
-    out[pb] = std::move(bd);
-    return {out[pe].data<float>(), out[pb].data<float>()};
-  };
-  // The true value stored as fp32; the storage rounding joins the radius, which is rounded up.
-  auto store = [](const Bounded& b, float* exact, float* bound) {
-    const float v32 = static_cast<float>(b.v);
-    const double rr = (b.r + std::fabs(static_cast<double>(v32) - b.v)) * kSlack;
-    float b32 = static_cast<float>(rr);
-    if (static_cast<double>(b32) < rr) b32 = std::nextafter(b32, std::numeric_limits<float>::infinity());
-    *exact = v32;
-    *bound = b32;
-  };
+  auto make = [&](const std::string& checked) { return make_out(out, cfg, checked); };
   const Out o_out = make("outputs/output");
   const Out o_drw = backward ? make("grads/d_router_weights") : Out{};
   const Out o_dx = backward ? make("grads/d_x") : Out{};
@@ -486,24 +501,8 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
         }
       }
       for (int64_t h = 0; h < H; ++h) {
-        // ORDER: combine-slots: acc = shared_out, then one fp32 fma per non-empty slot, then bf16.
-        ExactSum sum;
-        double r = 0.0, mag = 0.0;
-        if (shared) {
-          add_product(sum, so[h].v, 1.0);
-          r = so[h].r + kDropped;
-          mag = std::fabs(so[h].v);
-        }
-        for (int64_t k = 0; k < K; ++k) {
-          if (topk[t * K + k] < 0) continue;
-          const double w = rw[t * K + k];
-          add_product(sum, w, y[k * H + h].v);
-          r += std::fabs(w) * y[k * H + h].r + kDropped;
-          mag += std::fabs(w * y[k * H + h].v);
-          r += half_ulp(mag + r, 24);  // the fma's rounding
-        }
-        const double value = sum.to_double();
-        store(rounded({value, r + 0x1.0p-52 * std::fabs(value)}, 8), o_out.exact + t * H + h, o_out.bound + t * H + h);
+        const Bounded o = slot_sum(shared ? &so[h] : nullptr, topk + t * K, rw + t * K, &y[h], H, K);
+        store(o, o_out.exact + t * H + h, o_out.bound + t * H + h);
       }
       if (!backward) continue;
       // ---- backward, per token: d_router_weights and d_x.
@@ -552,7 +551,7 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
           const double value = sum.to_double();
           const double ops = static_cast<double>(H + spec::kRouterGradLanes - 1);
           r += ops * half_ulp(mag + r, 24) + 0x1.0p-52 * std::fabs(value);
-          store({value, r * kSlack}, ex_rw, bd_rw);
+          store(Bounded{value, r * kSlack}, ex_rw, bd_rw);
         }
         // dy: true w * d_output; every implementation's is rn_bf16(rn(w * d_output)), known exactly.
         const float w = rw[t * K + k];
@@ -580,23 +579,8 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
         }
       }
       for (int64_t h = 0; h < H; ++h) {
-        // ORDER: dx-slots: acc = dx_shared, then one fp32 add per non-empty slot, then bf16.
-        ExactSum sum;
-        double r = 0.0, mag = 0.0;
-        if (shared) {
-          add_product(sum, dxs[h].v, 1.0);
-          r = dxs[h].r + kDropped;
-          mag = std::fabs(dxs[h].v);
-        }
-        for (int64_t k = 0; k < K; ++k) {
-          if (topk[t * K + k] < 0) continue;
-          add_product(sum, dx_slot[k * H + h].v, 1.0);
-          r += dx_slot[k * H + h].r + kDropped;
-          mag += std::fabs(dx_slot[k * H + h].v);
-          r += half_ulp(mag + r, 24);  // the add's rounding
-        }
-        const double value = sum.to_double();
-        store(rounded({value, r + 0x1.0p-52 * std::fabs(value)}, 8), o_dx.exact + t * H + h, o_dx.bound + t * H + h);
+        const Bounded d = slot_sum(shared ? &dxs[h] : nullptr, topk + t * K, nullptr, &dx_slot[h], H, K);
+        store(d, o_dx.exact + t * H + h, o_dx.bound + t * H + h);
       }
     }
   }, 1);

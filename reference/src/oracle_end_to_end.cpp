@@ -42,6 +42,16 @@ double half_ulp(double m, int bits) {
 // that is at most 2^-299 per product, which the callers' radii add (kDropped), far below fp32's
 // smallest subnormal (2^-149).
 constexpr double kDropped = 0x1.0p-299;
+// The bounds do not cover fp32 overflow (a profile result of 2^128 or more is Inf): a value
+// whose magnitude bound reaches 2^127 ends the oracle with a named error instead of a radius
+// that an overflowing implementation would seem to break.
+double in_range(double magnitude) {
+  if (!(magnitude < 0x1.0p127))
+    throw Error("end-to-end oracle: a value of the layer may reach fp32's range limit (|value| + radius = " +
+                std::to_string(magnitude) + " >= 2^127); its bounds do not cover overflow: scale the inputs down");
+  return magnitude;
+}
+
 void add_product(ExactSum& s, double a, double b) {
   const double p = a * b;
   if (!(std::fabs(p) >= 0x1.0p-300)) return;
@@ -111,7 +121,9 @@ class BoundedChain {
   Chain result() const {
     const double value = sum_.to_double();
     const double known = std::fabs(diff_.to_double()) * (1 + 0x1.0p-52);
-    return {value, (propagated_ + known + arith_ + 0x1.0p-52 * std::fabs(value) + products_ * kDropped) * kSlack};
+    const double radius = (propagated_ + known + arith_ + 0x1.0p-52 * std::fabs(value) + products_ * kDropped) * kSlack;
+    in_range(std::fabs(value) + radius);
+    return {value, radius};
   }
 
  private:
@@ -193,7 +205,7 @@ Bounded times(const Bounded& a, const Bounded& b) {
 }
 // One rounding to fp32 (bits 24) or bf16 (8) of a bounded value.
 Bounded rounded(Bounded x, int bits) {
-  x.r = (x.r + half_ulp(x.max(), bits)) * kSlack;
+  x.r = (x.r + half_ulp(in_range(x.max()), bits)) * kSlack;
   return x;
 }
 
@@ -549,8 +561,14 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
             mag += std::fabs(dvh) * y[k * H + h].max();
           }
           const double value = sum.to_double();
+          // Each of the ops roundings is at most half an ulp of a partial sum, and the partial sums
+          // include the roundings before them: M = mag + r + ops half_ulp(M) bounds every one
+          // (half_ulp is a step function of M, so the iteration settles in a step or two).
           const double ops = static_cast<double>(H + spec::kRouterGradLanes - 1);
-          r += ops * half_ulp(mag + r, 24) + 0x1.0p-52 * std::fabs(value);
+          double M = mag + r;
+          for (double next = mag + r + ops * half_ulp(M, 24); next > M; next = mag + r + ops * half_ulp(M, 24))
+            M = in_range(next) * kSlack;
+          r += ops * half_ulp(M, 24) + 0x1.0p-52 * std::fabs(value);
           store(Bounded{value, r * kSlack}, ex_rw, bd_rw);
         }
         // dy: true w * d_output; every implementation's is rn_bf16(rn(w * d_output)), known exactly.

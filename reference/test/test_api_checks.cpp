@@ -68,6 +68,12 @@ TEST(ApiChecks, EndToEndOracleRejectsBadOperands) {
   ref::OracleOptions threads;
   threads.num_threads = 5000;
   EXPECT_NE(error_of([&] { ref::oracle_end_to_end(kCfg, in, threads); }).find("num_threads"), std::string::npos);
+  // Finite inputs whose sums reach fp32's range limit: the bounds do not cover overflow (review,
+  // 2026-12-05), so the oracle says so instead of giving a radius an Inf result would break.
+  ref::TensorMap huge = in;
+  uint16_t* hx = huge.at("inputs/x").data<uint16_t>();
+  for (int64_t i = 0; i < huge.at("inputs/x").numel(); ++i) hx[i] = 0x7F00;  // 2^127
+  EXPECT_NE(error_of([&] { ref::oracle_end_to_end(kCfg, huge); }).find("range limit"), std::string::npos);
   ref::Sample unprepared;
   unprepared.tokens = {0};
   ref::OracleOptions oo;

@@ -1,6 +1,6 @@
-// The end-to-end forward oracle: the layer's output from the inputs alone, without the
-// profile's roundings, and a radius that covers every implementation of bf16-v1 fed only the
-// inputs (the error analysis is written out in reference/README.md, "End to end").
+// The end-to-end oracle: the layer's output and gradients from the inputs alone, without the
+// profile's roundings, and radii that cover every implementation of bf16-v1 fed only the inputs
+// (the error analysis is written out in reference/README.md, "End to end").
 #include "mok/reference/oracle.hpp"
 #include "mok/reference/validate.hpp"
 
@@ -60,9 +60,10 @@ void add_product(ExactSum& s, double a, double b) {
   if (std::fabs(e) >= 0x1.0p-300) s.add(e);
 }
 
-struct Chain {
-  double value;   // the exact sum of the true operands' products, rounded to double
-  double radius;  // |any implementation's chain - value|
+// A true value (here rounded to double) and a radius: |any implementation's value - v| <= r.
+struct Bounded {
+  double v = 0.0, r = 0.0;
+  double max() const { return std::fabs(v) + r; }
 };
 
 // A dot chain (ORDER: dot-chain, kMmaK products per MMA step, one accumulator across add()
@@ -118,7 +119,7 @@ class BoundedChain {
       return {amax * std::fabs(bv), std::max(std::ilogb(amax * kSlack), -126) + bf16_exp(bb)};
     });
   }
-  Chain result() const {
+  Bounded result() const {
     const double value = sum_.to_double();
     const double known = std::fabs(diff_.to_double()) * (1 + 0x1.0p-52);
     const double radius = (propagated_ + known + arith_ + 0x1.0p-52 * std::fabs(value) + products_ * kDropped) * kSlack;
@@ -165,7 +166,7 @@ class BoundedChain {
   int64_t products_ = 0;
 };
 
-Chain bounded_chain(const double* a, const double* ra, const uint16_t* b, int64_t b_stride, int64_t n) {
+Bounded bounded_chain(const double* a, const double* ra, const uint16_t* b, int64_t b_stride, int64_t n) {
   BoundedChain c;
   c.add(a, ra, b, b_stride, n);
   return c.result();
@@ -191,12 +192,6 @@ constexpr double kSiluGradLipschitz = 0.51;  // sup |silu''(x)| = 0.5 (at x = 0)
 // both against long double): silu_f32 within 2^-18 |silu(x)| + 2^-118; silu_grad_f32, whose
 // 1 + x (1 - s) cancels near silu's minimum, within 2^-18 (s + |x| s (1 - s)) + 2^-118.
 double silu_allowance(double x_max_silu) { return 0x1.0p-18 * x_max_silu + 0x1.0p-118; }
-
-// A true value and a radius.
-struct Bounded {
-  double v = 0.0, r = 0.0;
-  double max() const { return std::fabs(v) + r; }
-};
 
 // a * b for bounded a and b: the true product and the radius of the implementation's exact
 // product of its own a and b (before any rounding).
@@ -224,6 +219,16 @@ Bounded silu_grad_of(const Bounded& g) {
   const double parts = 1.0 + 0.25 * gmax;
   return {d, (kSiluGradLipschitz * g.r + 0x1.0p-18 * parts + 0x1.0p-118 + 0x1.0p-44 * (1 + std::fabs(g.v))) * kSlack};
 }
+
+// The SwiGLU's elementwise steps (spec/orders.hpp) on bounded operands:
+// act = rn_bf16(rn(silu_f32(g) * u)),
+Bounded act_of(const Bounded& g, const Bounded& u) { return rounded(rounded(times(silu_of(g), u), 24), 8); }
+// dg = rn_bf16(rn(rn(da * u) * silu'(g))),
+Bounded d_gate_of(const Bounded& da, const Bounded& g, const Bounded& u) {
+  return rounded(rounded(times(rounded(times(da, u), 24), silu_grad_of(g)), 24), 8);
+}
+// du = rn_bf16(rn(da * silu(g))).
+Bounded d_up_of(const Bounded& da, const Bounded& g) { return rounded(rounded(times(da, silu_of(g)), 24), 8); }
 
 // What one token's end-to-end pass keeps of a routed slot or of the shared expert: gate, up
 // and act per intermediate column.
@@ -256,7 +261,6 @@ void store(const Bounded& b, float* exact, float* bound) {
   *exact = v32;
   *bound = b32;
 }
-void store(const Chain& c, float* exact, float* bound) { store(Bounded{c.value, c.radius}, exact, bound); }
 
 // ORDER: combine-slots and dx-slots: acc = start (shared_out, dx_shared; 0 without a shared
 // expert), then one fp32 fma of weight[k] * term[k] (an add when the weight is 1) per non-empty
@@ -296,10 +300,6 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
   const uint16_t* d_out = in16("inputs/d_output");
   const int32_t* topk = at(inputs, "inputs/topk_experts").data<int32_t>();
   const float* rw = at(inputs, "inputs/router_weights").data<float>();
-  auto make = [&](const std::string& checked) {
-    const Out o = make_out(out, cfg, checked);
-    return std::pair<float*, float*>{o.exact, o.bound};
-  };
   // One intermediate column of a row: act, d_gate and d_up from x's row, d_act's operand (dy or
   // d_output: true values a_true, implementation bits a_impl) and the column's weights.
   struct Column {
@@ -309,17 +309,15 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
                     const double* dy_impl, const uint16_t* wd_col, int64_t wd_stride, std::vector<double>& xv,
                     std::vector<double>& xr) {
     exact_operand(x_row, H, xv, xr);
-    const Chain gc = bounded_chain(xv.data(), xr.data(), wg_row, 1, H);
-    const Chain uc = bounded_chain(xv.data(), xr.data(), wu_row, 1, H);
-    const Bounded g{gc.value, gc.radius}, u{uc.value, uc.radius};
+    const Bounded g = bounded_chain(xv.data(), xr.data(), wg_row, 1, H);
+    const Bounded u = bounded_chain(xv.data(), xr.data(), wu_row, 1, H);
     BoundedChain dc;
     dc.add_known(dy_true, dy_impl, wd_col, wd_stride, H);
-    const Chain d = dc.result();
-    const Bounded da{d.value, d.radius};
+    const Bounded da = dc.result();
     Column c;
-    c.act = rounded(rounded(times(silu_of(g), u), 24), 8);
-    c.dg = rounded(rounded(times(rounded(times(da, u), 24), silu_grad_of(g)), 24), 8);
-    c.du = rounded(rounded(times(da, silu_of(g)), 24), 8);
+    c.act = act_of(g, u);
+    c.dg = d_gate_of(da, g, u);
+    c.du = d_up_of(da, g);
     return c;
   };
 
@@ -334,9 +332,8 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
     if (!sample || sample->shared_mask[j]) scols.push_back(j);
 
   {
-    const auto [gx, gb] = make("grads/d_w_routed_gate");
-    const auto [ux, ub] = make("grads/d_w_routed_up");
-    const auto [dx, db] = make("grads/d_w_routed_down");
+    const Out og = make_out(out, cfg, "grads/d_w_routed_gate"), ou = make_out(out, cfg, "grads/d_w_routed_up"),
+              od = make_out(out, cfg, "grads/d_w_routed_down");
     const uint16_t* wrg = in16("inputs/w_routed_gate");
     const uint16_t* wru = in16("inputs/w_routed_up");
     const uint16_t* wrd = in16("inputs/w_routed_down");
@@ -378,20 +375,19 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
         }
         for (int64_t h = 0; h < H; ++h) {
           const int64_t gi = (e * I + i) * H + h, di = (e * H + h) * I + i;
-          store(bounded_chain(gv.data(), gr.data(), x_t.data() + h * n, 1, n), gx + gi, gb + gi);
-          store(bounded_chain(uv.data(), ur.data(), x_t.data() + h * n, 1, n), ux + gi, ub + gi);
+          store(bounded_chain(gv.data(), gr.data(), x_t.data() + h * n, 1, n), og.exact + gi, og.bound + gi);
+          store(bounded_chain(uv.data(), ur.data(), x_t.data() + h * n, 1, n), ou.exact + gi, ou.bound + gi);
           BoundedChain c;
           c.add_mixed(av.data(), ar.data(), dy_bits.data() + h * n, dy_true.data() + h * n, n);
-          store(c.result(), dx + di, db + di);
+          store(c.result(), od.exact + di, od.bound + di);
         }
       }
     }, std::max<int64_t>(1, nc));
   }
   if (Is == 0) return;
   {
-    const auto [gx, gb] = make("grads/d_w_shared_gate");
-    const auto [ux, ub] = make("grads/d_w_shared_up");
-    const auto [dx, db] = make("grads/d_w_shared_down");
+    const Out og = make_out(out, cfg, "grads/d_w_shared_gate"), ou = make_out(out, cfg, "grads/d_w_shared_up"),
+              od = make_out(out, cfg, "grads/d_w_shared_down");
     const uint16_t* wsg = in16("inputs/w_shared_gate");
     const uint16_t* wsu = in16("inputs/w_shared_up");
     const uint16_t* wsd = in16("inputs/w_shared_down");
@@ -418,19 +414,18 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
         }
         for (int64_t h = 0; h < H; ++h) {
           const int64_t gi = (rank * Is + j) * H + h, di = (rank * H + h) * Is + j;
-          store(bounded_chain(gv.data(), gr.data(), x_t.data() + h * T, 1, T), gx + gi, gb + gi);
-          store(bounded_chain(uv.data(), ur.data(), x_t.data() + h * T, 1, T), ux + gi, ub + gi);
-          store(bounded_chain(av.data(), ar.data(), do_t.data() + h * T, 1, T), dx + di, db + di);
+          store(bounded_chain(gv.data(), gr.data(), x_t.data() + h * T, 1, T), og.exact + gi, og.bound + gi);
+          store(bounded_chain(uv.data(), ur.data(), x_t.data() + h * T, 1, T), ou.exact + gi, ou.bound + gi);
+          store(bounded_chain(av.data(), ar.data(), do_t.data() + h * T, 1, T), od.exact + di, od.bound + di);
         }
       }
     }, std::max<int64_t>(1, nc));
   }
 }
 
-}  // namespace
-
-TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options) {
-  const bool backward = inputs.count("inputs/d_output") > 0;
+// oracle_end_to_end; backward: also the gradients (the inputs hold d_output).
+TensorMap end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options,
+                     bool backward) {
   validate_inputs(cfg, inputs, backward, "end-to-end oracle inputs");
   if (options.sample) validate_sample(cfg, *options.sample, "end-to-end oracle");
   if (options.num_threads < 0 || options.num_threads > 4096)
@@ -460,10 +455,10 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
   const Out o_dx = backward ? make("grads/d_x") : Out{};
 
   parallel_for(G, threads, [&](int64_t begin, int64_t end) {
-    std::vector<double> xv, xr, dv, dr, tmp_v, tmp_r, dgv, dgr, duv, dur;
+    std::vector<double> xv, xr, dv, dr, dy_true, dy_impl, dgv, dgr, duv, dur;
     std::vector<Swiglu> slots(K);
     Swiglu sh;
-    std::vector<Bounded> y(K * H), so(H), dxs(H), dx_slot(K * H), da_;
+    std::vector<Bounded> y(K * H), so(H), dxs(H), dx_slot(K * H), da;
     // gate, up and act of one row over n intermediate columns (weights wg, wu: [n, H]).
     auto swiglu = [&](const uint16_t* wg, const uint16_t* wu, int64_t n, Swiglu& s) {
       s.g.resize(n);
@@ -471,24 +466,19 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
       s.act.resize(n);
       s.act_r.resize(n);
       for (int64_t j = 0; j < n; ++j) {
-        const Chain g = bounded_chain(xv.data(), xr.data(), wg + j * H, 1, H);
-        const Chain u = bounded_chain(xv.data(), xr.data(), wu + j * H, 1, H);
-        s.g[j] = {g.value, g.radius};
-        s.u[j] = {u.value, u.radius};
-        // act = rn_bf16(rn(silu_f32(g) * u)).
-        const Bounded a = rounded(rounded(times(silu_of(s.g[j]), s.u[j]), 24), 8);
+        s.g[j] = bounded_chain(xv.data(), xr.data(), wg + j * H, 1, H);
+        s.u[j] = bounded_chain(xv.data(), xr.data(), wu + j * H, 1, H);
+        const Bounded a = act_of(s.g[j], s.u[j]);
         s.act[j] = a.v;
         s.act_r[j] = a.r;
       }
     };
-    // The SwiGLU gradients of one row from d_act (bounded, per column): dg = rn_bf16(rn(rn(da * u)
-    // * silu'(g))), du = rn_bf16(rn(da * silu(g))).
+    // The SwiGLU gradients of one row from d_act (bounded, per column).
     auto swiglu_grads = [&](const std::vector<Bounded>& da, const Swiglu& s) {
       const int64_t n = static_cast<int64_t>(da.size());
       dgv.resize(n), dgr.resize(n), duv.resize(n), dur.resize(n);
       for (int64_t j = 0; j < n; ++j) {
-        const Bounded dg = rounded(rounded(times(rounded(times(da[j], s.u[j]), 24), silu_grad_of(s.g[j])), 24), 8);
-        const Bounded du = rounded(rounded(times(da[j], silu_of(s.g[j])), 24), 8);
+        const Bounded dg = d_gate_of(da[j], s.g[j], s.u[j]), du = d_up_of(da[j], s.g[j]);
         dgv[j] = dg.v, dgr[j] = dg.r, duv[j] = du.v, dur[j] = du.r;
       }
     };
@@ -501,15 +491,15 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
         if (e < 0) continue;
         swiglu(wrg + e * I * H, wru + e * I * H, I, slots[k]);
         for (int64_t h = 0; h < H; ++h) {
-          const Chain c = bounded_chain(slots[k].act.data(), slots[k].act_r.data(), wrd + (e * H + h) * I, 1, I);
-          y[k * H + h] = rounded({c.value, c.radius}, 8);  // y is stored as bf16
+          // y is stored as bf16.
+          y[k * H + h] = rounded(bounded_chain(slots[k].act.data(), slots[k].act_r.data(), wrd + (e * H + h) * I, 1, I), 8);
         }
       }
       if (shared) {
         swiglu(wsg, wsu, Is, sh);
         for (int64_t h = 0; h < H; ++h) {
-          const Chain c = bounded_chain(sh.act.data(), sh.act_r.data(), wsd + h * Is, 1, Is);
-          so[h] = {c.value, c.radius};  // shared_out stays fp32: no rounding past the chain's own
+          // shared_out stays fp32: no rounding past the chain's own.
+          so[h] = bounded_chain(sh.act.data(), sh.act_r.data(), wsd + h * Is, 1, Is);
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -519,25 +509,20 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
       if (!backward) continue;
       // ---- backward, per token: d_router_weights and d_x.
       const uint16_t* dout = d_out + t * H;
-      std::vector<Bounded>& da = da_;
       std::fill(dxs.begin(), dxs.end(), Bounded{});
       if (shared) {
         // The shared expert's output gradient is d_output itself: d_act = chain over H of
         // d_output and W_shared_down's column j.
         exact_operand(dout, H, dv, dr);
         da.resize(Is);
-        for (int64_t j = 0; j < Is; ++j) {
-          const Chain c = bounded_chain(dv.data(), dr.data(), wsd + j, Is, H);
-          da[j] = {c.value, c.radius};
-        }
+        for (int64_t j = 0; j < Is; ++j) da[j] = bounded_chain(dv.data(), dr.data(), wsd + j, Is, H);
         swiglu_grads(da, sh);
         for (int64_t h = 0; h < H; ++h) {
           // ORDER: dot-chain over 2 Is, gate half then up half, one accumulator.
           BoundedChain c;
           c.add(dgv.data(), dgr.data(), wsg + h, H, Is);
           c.add(duv.data(), dur.data(), wsu + h, H, Is);
-          const Chain v = c.result();
-          dxs[h] = {v.value, v.radius};  // dx_shared stays fp32
+          dxs[h] = c.result();  // dx_shared stays fp32
         }
       }
       for (int64_t k = 0; k < K; ++k) {
@@ -573,18 +558,17 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
         }
         // dy: true w * d_output; every implementation's is rn_bf16(rn(w * d_output)), known exactly.
         const float w = rw[t * K + k];
-        tmp_v.resize(H), tmp_r.resize(H);
+        dy_true.resize(H), dy_impl.resize(H);
         for (int64_t h = 0; h < H; ++h) {
-          tmp_v[h] = static_cast<double>(w) * f32_from_bf16(dout[h]);
-          tmp_r[h] = f32_from_bf16(spec::scale_grad(w, dout[h]));
+          dy_true[h] = static_cast<double>(w) * f32_from_bf16(dout[h]);
+          dy_impl[h] = f32_from_bf16(spec::scale_grad(w, dout[h]));
         }
         // d_act: chain over H of dy and W_down[e]'s column i (stride I).
         da.resize(I);
         for (int64_t i = 0; i < I; ++i) {
           BoundedChain c;
-          c.add_known(tmp_v.data(), tmp_r.data(), wrd + e * H * I + i, I, H);
-          const Chain v = c.result();
-          da[i] = {v.value, v.radius};
+          c.add_known(dy_true.data(), dy_impl.data(), wrd + e * H * I + i, I, H);
+          da[i] = c.result();
         }
         swiglu_grads(da, slots[k]);
         for (int64_t h = 0; h < H; ++h) {
@@ -592,8 +576,7 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
           BoundedChain c;
           c.add(dgv.data(), dgr.data(), wrg + e * I * H + h, H, I);
           c.add(duv.data(), dur.data(), wru + e * I * H + h, H, I);
-          const Chain v = c.result();
-          dx_slot[k * H + h] = rounded({v.value, v.radius}, 8);
+          dx_slot[k * H + h] = rounded(c.result(), 8);
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -606,11 +589,15 @@ TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& input
   return out;
 }
 
+}  // namespace
+
+TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options) {
+  return end_to_end(cfg, inputs, options, inputs.count("inputs/d_output") > 0);
+}
+
 TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs,
                                     const OracleOptions& options) {
-  TensorMap fwd = inputs;
-  fwd.erase("inputs/d_output");
-  return oracle_end_to_end(cfg, fwd, options);
+  return end_to_end(cfg, inputs, options, false);
 }
 
 }  // namespace mok::ref

@@ -77,7 +77,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
                                           "grads/d_w_routed_gate", "grads/d_w_routed_up",    "grads/d_w_routed_down",
                                           "grads/d_w_shared_gate", "grads/d_w_shared_up",    "grads/d_w_shared_down"};
   ref::TensorMap kept;
-  auto keep_output = [&](const ref::TensorMap& m) -> const ref::TensorMap& {
+  auto keep = [&](const ref::TensorMap& m) -> const ref::TensorMap& {
     for (const char* p : kEndToEnd)
       if (auto it = m.find(p); it != m.end() && golden.tensors.count(p)) kept[p] = it->second;
     return m;
@@ -100,7 +100,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     eo.intermediates = intermediates;
     eo.num_threads = options.num_threads;
     eo.sample = options.sample;
-    report = compare_bitwise(keep_output(ref::emulate(golden.cfg, inputs, eo)));
+    report = compare_bitwise(keep(ref::emulate(golden.cfg, inputs, eo)));
   } else if (backend == Backend::kOracle) {
     ref::TensorMap reference;
     if (intermediates) {
@@ -135,7 +135,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;
     co.golden_name = options.golden_name + " (bounds computed now by the oracle)";
-    report = compare(judged, keep_output(candidate), co);
+    report = compare(judged, keep(candidate), co);
   } else {
 #if defined(MOK_HAVE_CUDA_KERNEL)
     const bool nccl = options.transport == "nccl";
@@ -143,7 +143,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
         (nccl ? " ranks, one GPU each, NCCL transport)" : " virtual ranks on one GPU)") +
         (backward ? ", forward and backward" : ", forward"));
     // Under mok-launch each process runs one rank; otherwise one thread per GPU of this process.
-    report = compare_bitwise(keep_output(
+    report = compare_bitwise(keep(
         !nccl ? kernel::run_layer(golden.cfg, inputs, backward)
         : kernel::launched_by_mok_launch() ? kernel::run_layer_nccl_process(golden.cfg, inputs, backward)
                                            : kernel::run_layer_nccl(golden.cfg, inputs, backward)));
@@ -161,11 +161,12 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     ref::Golden judged;
     judged.meta = golden.meta;
     judged.cfg = golden.cfg;
-    ref::TensorMap e2e_inputs = inputs;
-    if (!backward) e2e_inputs.erase("inputs/d_output");
-    for (const auto& [path, t] : e2e_inputs) judged.tensors[path] = t;
+    // compare() reads only the routing of the golden's inputs (to name an element's token and expert).
+    judged.tensors["inputs/topk_experts"] = inputs.at("inputs/topk_experts");
     for (const auto& [path, t] : kept) judged.tensors[path] = golden.tensors.at(path);
-    for (auto& [path, t] : ref::oracle_end_to_end(golden.cfg, e2e_inputs, oo)) judged.tensors[path] = std::move(t);
+    for (auto& [path, t] : backward ? ref::oracle_end_to_end(golden.cfg, inputs, oo)
+                                    : ref::oracle_forward_end_to_end(golden.cfg, inputs, oo))
+      judged.tensors[path] = std::move(t);
     CompareOptions co;
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;

@@ -120,6 +120,24 @@ TEST_F(CliTest, EndToEndCatchesResultsMadeFromOtherWeights) {
   CliRun r = run_cli("run " + good_ + " --backend emulate --end-to-end");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("outputs/output (end to end)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("grads/d_w_routed_down (end to end)"), std::string::npos) << r.out;
+
+  // A forward-only golden: the output alone is judged end to end.
+  ref::Golden fwd = golden_;
+  for (auto it = fwd.tensors.begin(); it != fwd.tensors.end();) {
+    const std::string& p = it->first;
+    const bool backward = p.rfind("grads/", 0) == 0 || p == "inputs/d_output" ||
+                          (p.rfind("bounds/", 0) == 0 && p.rfind("bounds/output_", 0) != 0) ||
+                          (p.rfind("intermediates/", 0) == 0 &&
+                           (p.find("/d") != std::string::npos || p.find("_d_") != std::string::npos));
+    it = backward ? fwd.tensors.erase(it) : std::next(it);
+  }
+  const std::string fwd_path = (dir_ / "forward_only.h5").string();
+  ref::write_golden(fwd_path, fwd);
+  r = run_cli("run " + fwd_path + " --backend emulate --end-to-end");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("outputs/output (end to end)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("grads/d_x (end to end)"), std::string::npos) << r.out;
 
   ref::Golden bad = golden_;
   ref::TensorMap other = bad.tensors;

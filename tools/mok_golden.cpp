@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   double rank_skew = 0, empty = 0;
   int threads = 0;
-  bool no_intermediates = false, no_bounds = false, forward_only = false;
+  bool no_intermediates = false, no_bounds = false, forward_only = false, end_to_end_bounds = false;
   int64_t H = -1, I = -1, Is = -1, E = -1, K = -1, R = -1, T = -1;  // -1: take the preset's
   app.add_option("--preset,-p", preset, preset_help)->capture_default_str();
   const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
@@ -69,7 +69,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 4096));
   app.add_flag("--forward-only", forward_only, "no d_output, grads or backward intermediates");
   app.add_flag("--no-intermediates", no_intermediates, "leave out /intermediates (smaller file)");
-  app.add_flag("--no-bounds", no_bounds, "leave out /bounds (skips the oracle)");
+  auto* nb = app.add_flag("--no-bounds", no_bounds, "leave out /bounds (skips the oracle)");
+  app.add_flag("--end-to-end-bounds", end_to_end_bounds,
+               "also store the end-to-end oracle's values and radii (bounds/<name>_e2e_exact, _e2e_bound: from the "
+               "inputs alone, for the output and every gradient), so that mok-verify run --end-to-end reads them "
+               "instead of computing them (about 4x an emulation's time, once)")
+      ->excludes(nb);
   app.add_option("--output,-o", out, "output file (written atomically)")->required();
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
@@ -119,6 +124,20 @@ int main(int argc, char** argv) {
       oo.num_threads = threads;
       for (auto& [path, t] : mok::ref::oracle_bounds(cfg, inputs, result, oo)) golden.tensors[path] = std::move(t);
       std::fprintf(stderr, "mok-golden: oracle bounds in %.1f s\n", seconds_since(t1));
+    }
+    if (end_to_end_bounds) {
+      const auto t1 = std::chrono::steady_clock::now();
+      mok::ref::OracleOptions oo;
+      oo.num_threads = threads;
+      // The oracle names its results like the stage-local pair; the golden keeps them apart.
+      for (auto& [path, t] : forward_only ? mok::ref::oracle_forward_end_to_end(cfg, inputs, oo)
+                                          : mok::ref::oracle_end_to_end(cfg, inputs, oo)) {
+        const std::string checked = mok::ref::checked_path_of_bound(path);
+        golden.tensors[path == mok::ref::bound_exact_path(checked) ? mok::ref::end_to_end_exact_path(checked)
+                                                                   : mok::ref::end_to_end_radius_path(checked)] =
+            std::move(t);
+      }
+      std::fprintf(stderr, "mok-golden: end-to-end bounds in %.1f s\n", seconds_since(t1));
     }
     for (auto& [path, t] : inputs) golden.tensors[path] = std::move(t);
     for (auto& [path, t] : result)

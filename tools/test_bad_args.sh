@@ -19,6 +19,12 @@ for spec in "$@"; do
   expect_exit "$prog" 2 "${words[-1]}" "${words[@]}" not-a-number
   expect_exit "$prog" 0 "Usage" --help
 done
+if [[ -n ${MOK_GOLDEN:-} ]]; then
+  # mok-golden: stored end-to-end bounds need the oracle, so --no-bounds excludes them; nothing written.
+  out_h5=$(mktemp -u "${TMPDIR:-/tmp}/mok-bad-args-XXXXXX.h5")
+  expect_exit "$MOK_GOLDEN" 2 "excludes" --no-bounds --end-to-end-bounds -o "$out_h5"
+  [[ -e $out_h5 ]] && { echo "mok-golden wrote $out_h5 on a usage error"; expect_failed=1; rm -f "$out_h5"; }
+fi
 if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--transport" --transport bogus
   expect_exit "$MOK_BENCH" 2 "--trace" --transport nccl --trace

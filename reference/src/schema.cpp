@@ -111,7 +111,7 @@ std::vector<TensorSpec> build_schema(BoundNames& names) {
   for (const TensorSpec& t : s) {
     if (t.role == kOutput || t.role == kGrad) checked.push_back(t);
   }
-  names.paths.reserve(checked.size() * 2);
+  names.paths.reserve(checked.size() * 4);
   for (const TensorSpec& t : checked) {
     names.paths.push_back(bound_exact_path(t.path));
     s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundExact, t.needs_shared,
@@ -119,6 +119,16 @@ std::vector<TensorSpec> build_schema(BoundNames& names) {
     names.paths.push_back(bound_radius_path(t.path));
     s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundRadius, t.needs_shared,
                  "absolute error radius allowed around the oracle value"});
+  }
+  // Optional: the end-to-end oracle's value and radius (from the inputs alone), when the
+  // generator was asked for them (mok-golden --end-to-end-bounds).
+  for (const TensorSpec& t : checked) {
+    names.paths.push_back(end_to_end_exact_path(t.path));
+    s.push_back({names.paths.back().c_str(), kF32, t.dims, kEndToEndExact, t.needs_shared,
+                 "end-to-end oracle value (from the inputs alone, rounded once to f32)"});
+    names.paths.push_back(end_to_end_radius_path(t.path));
+    s.push_back({names.paths.back().c_str(), kF32, t.dims, kEndToEndRadius, t.needs_shared,
+                 "end-to-end error radius allowed around that value"});
   }
   return s;
 }
@@ -161,6 +171,24 @@ std::string bound_exact_path(const std::string& checked_path) {
 
 std::string bound_radius_path(const std::string& checked_path) {
   return "bounds/" + checked_name(checked_path) + "_bound";
+}
+
+std::string checked_path_of_bound(const std::string& bound_path) {
+  for (const TensorSpec& t : golden_schema()) {
+    if (t.role != Role::kOutput && t.role != Role::kGrad) continue;
+    for (const std::string& b : {bound_exact_path(t.path), bound_radius_path(t.path), end_to_end_exact_path(t.path),
+                                 end_to_end_radius_path(t.path)})
+      if (b == bound_path) return t.path;
+  }
+  throw Error("'" + bound_path + "' is not a bound dataset of schema v1");
+}
+
+std::string end_to_end_exact_path(const std::string& checked_path) {
+  return "bounds/" + checked_name(checked_path) + "_e2e_exact";
+}
+
+std::string end_to_end_radius_path(const std::string& checked_path) {
+  return "bounds/" + checked_name(checked_path) + "_e2e_bound";
 }
 
 std::string locate(const TensorSpec& spec, const spec::LayerConfig& cfg, int64_t flat_idx,

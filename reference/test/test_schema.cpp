@@ -78,8 +78,8 @@ TEST(Schema, HasEveryDatasetOnceWithItsDtypeAndDims) {
       {"intermediates/shared_d_up", DType::kBf16, "G,Is", true},
       {"intermediates/dx_shared", DType::kF32, "G,H", true},
   };
-  const int num_checked = 9;  // output + 8 grads, two bound datasets each
-  EXPECT_EQ(golden_schema().size(), expected.size() + 2 * num_checked);
+  const int num_checked = 9;  // output + 8 grads: two stage-local and two end-to-end bound datasets each
+  EXPECT_EQ(golden_schema().size(), expected.size() + 4 * num_checked);
   for (const Row& row : expected) {
     const TensorSpec* spec = find_spec(row.path);
     ASSERT_NE(spec, nullptr) << row.path;
@@ -105,7 +105,15 @@ TEST(Schema, EveryCheckedTensorHasExactAndRadiusBounds) {
     ASSERT_NE(radius, nullptr) << spec.path;
     EXPECT_EQ(exact->role, Role::kBoundExact);
     EXPECT_EQ(radius->role, Role::kBoundRadius);
-    for (const TensorSpec* b : {exact, radius}) {
+    const TensorSpec* e2e_exact = find_spec(end_to_end_exact_path(spec.path));
+    const TensorSpec* e2e_radius = find_spec(end_to_end_radius_path(spec.path));
+    ASSERT_NE(e2e_exact, nullptr) << spec.path;
+    ASSERT_NE(e2e_radius, nullptr) << spec.path;
+    EXPECT_EQ(e2e_exact->role, Role::kEndToEndExact);
+    EXPECT_EQ(e2e_radius->role, Role::kEndToEndRadius);
+    for (const TensorSpec* b : {exact, radius, e2e_exact, e2e_radius}) {
+      EXPECT_TRUE(is_bound_role(b->role)) << b->path;
+      EXPECT_EQ(checked_path_of_bound(b->path), spec.path) << b->path;
       EXPECT_EQ(b->dtype, DType::kF32) << b->path;
       EXPECT_EQ(b->dims, spec.dims) << b->path;
       EXPECT_EQ(b->needs_shared, spec.needs_shared) << b->path;
@@ -115,6 +123,11 @@ TEST(Schema, EveryCheckedTensorHasExactAndRadiusBounds) {
   EXPECT_EQ(bound_exact_path("outputs/output"), "bounds/output_exact");
   EXPECT_EQ(bound_radius_path("grads/d_x"), "bounds/d_x_bound");
   EXPECT_NE(find_spec("bounds/d_w_shared_down_bound"), nullptr);
+  EXPECT_EQ(end_to_end_exact_path("outputs/output"), "bounds/output_e2e_exact");
+  EXPECT_EQ(end_to_end_radius_path("grads/d_x"), "bounds/d_x_e2e_bound");
+  EXPECT_FALSE(is_bound_role(Role::kGrad));
+  EXPECT_THROW(checked_path_of_bound("grads/d_x"), mok::Error);
+  EXPECT_THROW(checked_path_of_bound("bounds/nope_bound"), mok::Error);
 }
 
 TEST(Schema, UnknownPathIsNull) {

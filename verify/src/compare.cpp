@@ -80,9 +80,7 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
   std::vector<std::string> paths;
   for (const auto& [path, tensor] : candidate) {
     const ref::TensorSpec* s = ref::find_spec(path);
-    if (!s || s->role == ref::Role::kInput || s->role == ref::Role::kBoundExact ||
-        s->role == ref::Role::kBoundRadius)
-      continue;
+    if (!s || s->role == ref::Role::kInput || ref::is_bound_role(s->role)) continue;
     // Bounds exist for outputs and gradients only; under that criterion nothing else is judged.
     if (options.criterion == Criterion::kWithinBounds && s->role == ref::Role::kIntermediate) continue;
     if (golden.tensors.count(path)) paths.push_back(path);

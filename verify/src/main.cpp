@@ -79,11 +79,17 @@ int main(int argc, char** argv) {
   run->add_option("--sample-seed", sample_seed, "seed for choosing the sample")->capture_default_str();
   run->add_flag("--full", full, "check every element even when the case is large (default: sample above ~4e9 multiply-adds)");
   run->add_flag("--no-bounds", no_bounds, "skip the per-element error-bound check");
-  run->add_flag("--end-to-end", end_to_end,
+  auto* e2e_flag = run->add_flag("--end-to-end", end_to_end,
                 "also check the output and every gradient against their true values computed from the inputs "
                 "alone (exact sums, silu in double) with radii that cover any bf16-v1 implementation, so the "
                 "verdict does not rest on the emulator's intermediates (costs a few times an emulation: sample "
-                "large cases with --sample-tokens and --sample-cols)");
+                "large cases with --sample-tokens and --sample-cols). A golden made with mok-golden "
+                "--end-to-end-bounds stores them, and they are read from it instead");
+  bool recompute_e2e = false;
+  run->add_flag("--recompute-end-to-end", recompute_e2e,
+                "with --end-to-end: compute the bounds now even where the golden stores them (to judge with this "
+                "build's oracle rather than the generator's)")
+      ->needs(e2e_flag);
   std::string transport = "virtual";
   run->add_option("--transport", transport,
                   "cuda backend: virtual (all R ranks on one GPU) or nccl (one GPU per rank, NCCL symmetric memory)")
@@ -203,6 +209,7 @@ int main(int argc, char** argv) {
       ro.sample = sample ? &*sample : nullptr;
       ro.check_bounds = !no_bounds;
       ro.end_to_end = end_to_end;
+      ro.recompute_end_to_end = recompute_e2e;
       ro.transport = transport;
       ro.progress = progress;
       ro.golden_name = file;

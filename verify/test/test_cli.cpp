@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -158,6 +160,46 @@ TEST_F(CliTest, EndToEndCatchesResultsMadeFromOtherWeights) {
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("\"tensor\": \"outputs/output (end to end)\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"tensor\": \"grads/d_x (end to end)\""), std::string::npos) << r.out;
+}
+
+// A golden that stores its end-to-end bounds (as mok-golden --end-to-end-bounds writes them) is
+// judged against the stored ones: zeroed stored radii fail a run that computed bounds would pass,
+// and --recompute-end-to-end ignores them.
+TEST_F(CliTest, StoredEndToEndBoundsAreTheOnesJudgedWith) {
+  ref::Golden with = golden_;
+  for (auto& [p, t] : ref::oracle_end_to_end(with.cfg, golden_.tensors)) {
+    const std::string checked = ref::checked_path_of_bound(p);
+    with.tensors[p == ref::bound_exact_path(checked) ? ref::end_to_end_exact_path(checked)
+                                                     : ref::end_to_end_radius_path(checked)] = t;
+  }
+  ASSERT_TRUE(with.tensors.count("bounds/d_w_shared_down_e2e_bound"));
+  const std::string path = (dir_ / "stored_e2e.h5").string();
+  ref::write_golden(path, with);
+  CliRun r = run_cli("run " + path + " --backend emulate --end-to-end");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("stored in the golden"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("grads/d_w_routed_down (end to end)"), std::string::npos) << r.out;
+  // The stored file reads back with the same bits as the freshly computed bounds.
+  const ref::Golden back = ref::read_golden(path);
+  for (const char* p : {"bounds/output_e2e_exact", "bounds/output_e2e_bound", "bounds/d_router_weights_e2e_bound"}) {
+    const ref::Tensor &a = back.tensors.at(p), &b = with.tensors.at(p);
+    ASSERT_EQ(a.size_bytes(), b.size_bytes()) << p;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.size_bytes()), 0) << p;
+  }
+
+  ref::Golden zeroed = with;
+  ref::Tensor& radius = zeroed.tensors.at("bounds/d_x_e2e_bound");
+  std::fill(radius.data<float>(), radius.data<float>() + radius.numel(), 0.0f);
+  const std::string zpath = (dir_ / "stored_e2e_zero.h5").string();
+  ref::write_golden(zpath, zeroed);
+  r = run_cli("run " + zpath + " --backend emulate --end-to-end");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: end to end: grads/d_x"), std::string::npos) << r.out;
+  r = run_cli("run " + zpath + " --backend emulate --end-to-end --recompute-end-to-end");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("computed now"), std::string::npos) << r.err;
+  // Without --end-to-end the flag means nothing: a usage error.
+  EXPECT_EQ(run_cli("run " + zpath + " --backend emulate --recompute-end-to-end").code, 2);
 }
 
 // Found by review (2026-12-05): a candidate of another shape, one without the layer output, a

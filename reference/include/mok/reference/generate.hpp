@@ -11,7 +11,7 @@
 namespace mok::ref {
 
 // Version of the generators below: bumped whenever a seed would produce different bytes.
-inline constexpr const char* kGeneratorVersion = "gen-v1";
+inline constexpr const char* kGeneratorVersion = "gen-v2";
 
 // Deterministic 64-bit generator (xoshiro256**, seeded through splitmix64); no libm.
 class Rng {

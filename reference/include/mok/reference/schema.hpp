@@ -29,7 +29,21 @@ const char* dim_symbol(Dim d);   // "G", "K", ...
 const char* dim_axis_name(Dim d);  // "token", "slot", "expert", "rank", "h", "i", "is"
 int64_t dim_size(Dim d, const spec::LayerConfig& cfg);
 
-enum class Role : uint8_t { kInput, kOutput, kGrad, kIntermediate, kBoundExact, kBoundRadius };
+enum class Role : uint8_t {
+  kInput,
+  kOutput,
+  kGrad,
+  kIntermediate,
+  kBoundExact,       // stage-local oracle value (oracle_bounds)
+  kBoundRadius,      // stage-local radius
+  kEndToEndExact,    // end-to-end oracle value (oracle_end_to_end), optional
+  kEndToEndRadius,   // end-to-end radius, optional
+};
+
+// Any of the four bound roles (stage-local or end-to-end, value or radius).
+constexpr bool is_bound_role(Role r) {
+  return r == Role::kBoundExact || r == Role::kBoundRadius || r == Role::kEndToEndExact || r == Role::kEndToEndRadius;
+}
 
 struct TensorSpec {
   const char* path;          // e.g. "inputs/x"
@@ -53,6 +67,12 @@ bool spec_applies(const TensorSpec& spec, const spec::LayerConfig& cfg);
 // bounds/<name>_exact (the oracle's value, f32) and bounds/<name>_bound (absolute radius, f32).
 std::string bound_exact_path(const std::string& checked_path);
 std::string bound_radius_path(const std::string& checked_path);
+// The optional end-to-end pair: bounds/<name>_e2e_exact and bounds/<name>_e2e_bound.
+std::string end_to_end_exact_path(const std::string& checked_path);
+std::string end_to_end_radius_path(const std::string& checked_path);
+// The checked tensor a bound dataset belongs to ("bounds/d_x_e2e_bound" -> "grads/d_x"); throws
+// mok::Error for any other path.
+std::string checked_path_of_bound(const std::string& bound_path);
 
 // Formats a flat index of a tensor as named coordinates, adding the expert id of a (token, slot)
 // pair when topk_experts is given: "token=5 slot=2 expert=17 h=40".

@@ -26,8 +26,11 @@ struct RunOptions {
   bool check_bounds = true;
   // Also judge the backend's outputs/output (and every gradient when the golden has them) against the end-to-end oracle (ref::oracle_end_to_end: true values and
   // radii from the inputs alone), so that the verdict does not rest on the emulator's
-  // intermediates. Adds rows "<tensor> (end to end)" to the report.
+  // intermediates. Adds rows "<tensor> (end to end)" to the report. The bounds are read from
+  // the golden when it stores them for every tensor judged (mok-golden --end-to-end-bounds),
+  // else computed now; recompute_end_to_end computes them even then.
   bool end_to_end = false;
+  bool recompute_end_to_end = false;
   std::string transport = "virtual";  // cuda backend: "virtual" (R ranks on one GPU) or "nccl" (one GPU per rank)
   std::function<void(const std::string&)> progress;  // one line per phase (stderr in the CLI)
   std::string golden_name = "golden";  // the golden's path, for errors about its content

@@ -63,6 +63,7 @@ class LayerCore {
   int blocks_per_rank() const { return blocks_per_rank_; }
   bool uses_tma() const { return fast_; }
   PeerBuffers& peer(int r) { return host_.peers[r]; }
+  const RankState& state(int r) const { return host_.state[r]; }  // rank r's workspace (device pointers)
   std::vector<void*>& owned() { return owned_; }
 
  private:

@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   double rank_skew = 0, empty = 0;
   int threads = 0;
-  bool no_intermediates = false, no_bounds = false, forward_only = false, end_to_end_bounds = false;
+  bool no_intermediates = false, no_bounds = false, forward_only = false, end_to_end_bounds = false,
+       bound_terms = false;
   int64_t H = -1, I = -1, Is = -1, E = -1, K = -1, R = -1, T = -1;  // -1: take the preset's
   app.add_option("--preset,-p", preset, preset_help)->capture_default_str();
   const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
@@ -74,6 +75,10 @@ int main(int argc, char** argv) {
                "also store the end-to-end oracle's values and radii (bounds/<name>_e2e_exact, _e2e_bound: from the "
                "inputs alone, for the output and every gradient), so that mok-verify run --end-to-end reads them "
                "instead of computing them (about 4x an emulation's time, once)")
+      ->excludes(nb);
+  app.add_flag("--bound-terms", bound_terms,
+               "also store the oracle's bound material: bounds/<name>_terms, the sum of |terms| of each element's "
+               "last stage (rounded up to f32), for error models of your own")
       ->excludes(nb);
   app.add_option("--output,-o", out, "output file (written atomically)")->required();
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
@@ -122,6 +127,7 @@ int main(int argc, char** argv) {
       const auto t1 = std::chrono::steady_clock::now();
       mok::ref::OracleOptions oo;
       oo.num_threads = threads;
+      oo.terms = bound_terms;
       for (auto& [path, t] : mok::ref::oracle_bounds(cfg, inputs, result, oo)) golden.tensors[path] = std::move(t);
       std::fprintf(stderr, "mok-golden: oracle bounds in %.1f s\n", seconds_since(t1));
     }

@@ -22,6 +22,13 @@ using spec::f32_from_bf16;
 
 constexpr double kSlack = 1.0 + 0x1.0p-20;  // covers the double roundings of the bound itself
 
+// The smallest fp32 at or above v (v >= 0 and finite, or +inf).
+float round_up_f32(double v) {
+  float f = static_cast<float>(v);
+  if (static_cast<double>(f) < v) f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  return f;
+}
+
 int bf16_exp(uint16_t b) {
   const int ef = (b >> 7) & 0xFF;
   return ef == 0 ? -126 : ef - 127;
@@ -80,16 +87,15 @@ class Element {
     const double v = std::fabs(sum_.to_double()) + radius_;
     radius_ += 0x1.0p-8 * v * kSlack + 0x1.0p-134;
   }
-  // exact rounded once to fp32, and the radius including that storage rounding, rounded up.
-  void finish(float* exact_out, float* bound_out) const {
+  // exact rounded once to fp32, and the radius including that storage rounding, rounded up;
+  // with terms, Σ|terms| of the last stage rounded up too.
+  void finish(float* exact_out, float* bound_out, float* terms_out = nullptr) const {
     const double exact = sum_.to_double();
     const float e32 = static_cast<float>(exact);
     const double storage = std::fabs(static_cast<double>(e32) - exact) + 0x1.0p-52 * std::fabs(exact);
-    const double r = (radius_ + storage) * kSlack;
-    float b = static_cast<float>(r);
-    if (static_cast<double>(b) < r) b = std::nextafter(b, std::numeric_limits<float>::infinity());
     *exact_out = e32;
-    *bound_out = b;
+    *bound_out = round_up_f32((radius_ + storage) * kSlack);
+    if (terms_out) *terms_out = round_up_f32(abs_sum_ * kSlack);
   }
 
  private:
@@ -103,6 +109,8 @@ const float kNan = std::numeric_limits<float>::quiet_NaN();
 struct Out {
   float* exact;
   float* bound;
+  float* terms;  // null unless OracleOptions::terms
+  void finish(const Element& el, int64_t i) const { el.finish(exact + i, bound + i, terms ? terms + i : nullptr); }
 };
 
 }  // namespace
@@ -144,7 +152,15 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
     const std::string pe = bound_exact_path(checked), pb = bound_radius_path(checked);
     out[pe] = std::move(ex);
     out[pb] = std::move(bd);
-    return {out[pe].data<float>(), out[pb].data<float>()};
+    float* terms = nullptr;
+    if (options.terms) {
+      const std::string pt = bound_terms_path(checked);
+      Tensor tm(DType::kF32, shape);
+      std::fill(tm.data<float>(), tm.data<float>() + tm.numel(), kNan);
+      out[pt] = std::move(tm);
+      terms = out[pt].data<float>();
+    }
+    return {out[pe].data<float>(), out[pb].data<float>(), terms};
   };
   auto token_ok = [&](int64_t g) { return !sample || sample->token_mask[g]; };
 
@@ -163,7 +179,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
           for (int64_t k = 0; k < K; ++k)  // ORDER: combine-slots
             if (topk[g * K + k] >= 0) el.rounded_term(rw[g * K + k], f32_from_bf16(y[(g * K + k) * H + h]));
           el.round_to_bf16();
-          el.finish(o.exact + g * H + h, o.bound + g * H + h);
+          o.finish(el, g * H + h);
         }
       }
     }, 8);
@@ -190,7 +206,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
           for (int64_t k = 0; k < K; ++k)  // ORDER: dx-slots
             if (topk[g * K + k] >= 0) el.rounded_term(1.0, f32_from_bf16(dx_slot[(g * K + k) * H + h]));
           el.round_to_bf16();
-          el.finish(o.exact + g * H + h, o.bound + g * H + h);
+          o.finish(el, g * H + h);
         }
       }
     }, 8);
@@ -205,11 +221,11 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
       for (int64_t g = b; g < e; ++g) {
         if (!token_ok(g)) continue;
         for (int64_t k = 0; k < K; ++k) {
-          float* ex = o.exact + g * K + k;
-          float* bd = o.bound + g * K + k;
-          if (topk[g * K + k] < 0) {  // an empty slot's gradient is exactly 0
-            *ex = 0.0f;
-            *bd = 0.0f;
+          const int64_t idx = g * K + k;
+          if (topk[idx] < 0) {  // an empty slot's gradient is exactly 0
+            o.exact[idx] = 0.0f;
+            o.bound[idx] = 0.0f;
+            if (o.terms) o.terms[idx] = 0.0f;
             continue;
           }
           Element el;
@@ -225,7 +241,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
             throw Error("oracle: d_router_weights over H = " + std::to_string(H) +
                         " columns is beyond what the radius formula covers (H + 31 fp32 roundings must stay under 2^23)");
           el.add_radius(ops * (0x1.0p-24 * el.abs_sum() * kSlack + 0x1.0p-150) / (1.0 - growth) * kSlack);
-          el.finish(ex, bd);
+          o.finish(el, idx);
         }
       }
     }, 8);
@@ -268,9 +284,9 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
           eg.mma_chain(gc.data(), 1, xc.data(), 1, n);
           eu.mma_chain(uc.data(), 1, xc.data(), 1, n);
           ed.mma_chain(dyc.data(), 1, ac.data(), 1, n);
-          eg.finish(og.exact + (e * I + i) * H + h, og.bound + (e * I + i) * H + h);
-          eu.finish(ou.exact + (e * I + i) * H + h, ou.bound + (e * I + i) * H + h);
-          ed.finish(od.exact + (e * H + h) * I + i, od.bound + (e * H + h) * I + i);
+          og.finish(eg, (e * I + i) * H + h);
+          ou.finish(eu, (e * I + i) * H + h);
+          od.finish(ed, (e * H + h) * I + i);
         }
       }
     }, 4);
@@ -301,9 +317,9 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
           eu.mma_chain(uc.data(), 1, xc.data(), 1, T);
           ed.mma_chain(dc.data(), 1, ac.data(), 1, T);
           const int64_t gi = (rank * Is + j) * H + h, di = (rank * H + h) * Is + j;
-          eg.finish(og.exact + gi, og.bound + gi);
-          eu.finish(ou.exact + gi, ou.bound + gi);
-          ed.finish(od.exact + di, od.bound + di);
+          og.finish(eg, gi);
+          ou.finish(eu, gi);
+          od.finish(ed, di);
         }
       }
     }, 4);

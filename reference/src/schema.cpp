@@ -111,7 +111,7 @@ std::vector<TensorSpec> build_schema(BoundNames& names) {
   for (const TensorSpec& t : s) {
     if (t.role == kOutput || t.role == kGrad) checked.push_back(t);
   }
-  names.paths.reserve(checked.size() * 4);
+  names.paths.reserve(checked.size() * 5);
   for (const TensorSpec& t : checked) {
     names.paths.push_back(bound_exact_path(t.path));
     s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundExact, t.needs_shared,
@@ -119,6 +119,12 @@ std::vector<TensorSpec> build_schema(BoundNames& names) {
     names.paths.push_back(bound_radius_path(t.path));
     s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundRadius, t.needs_shared,
                  "absolute error radius allowed around the oracle value"});
+  }
+  // Optional: the stage-local bound material (mok-golden --bound-terms).
+  for (const TensorSpec& t : checked) {
+    names.paths.push_back(bound_terms_path(t.path));
+    s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundTerms, t.needs_shared,
+                 "sum of |terms| of the last stage (rounded up to f32), the oracle's bound material"});
   }
   // Optional: the end-to-end oracle's value and radius (from the inputs alone), when the
   // generator was asked for them (mok-golden --end-to-end-bounds).
@@ -173,11 +179,15 @@ std::string bound_radius_path(const std::string& checked_path) {
   return "bounds/" + checked_name(checked_path) + "_bound";
 }
 
+std::string bound_terms_path(const std::string& checked_path) {
+  return "bounds/" + checked_name(checked_path) + "_terms";
+}
+
 std::string checked_path_of_bound(const std::string& bound_path) {
   for (const TensorSpec& t : golden_schema()) {
     if (t.role != Role::kOutput && t.role != Role::kGrad) continue;
-    for (const std::string& b : {bound_exact_path(t.path), bound_radius_path(t.path), end_to_end_exact_path(t.path),
-                                 end_to_end_radius_path(t.path)})
+    for (const std::string& b : {bound_exact_path(t.path), bound_radius_path(t.path), bound_terms_path(t.path),
+                                 end_to_end_exact_path(t.path), end_to_end_radius_path(t.path)})
       if (b == bound_path) return t.path;
   }
   throw Error("'" + bound_path + "' is not a bound dataset of schema v1");

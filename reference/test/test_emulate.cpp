@@ -224,6 +224,54 @@ RC_GTEST_PROP(OracleBound, ChainsOfTinyValuesStayWithinTheRadius, ()) {
   RC_ASSERT(std::fabs(got - cb.exact) <= cb.radius);
 }
 
+// The bound material (OracleOptions::terms): Σ|terms| of each element's last stage, asked for
+// only when wanted, at least |exact| everywhere, equal to an independent double sum where the
+// last stage is simple (d_router_weights: Σ_h |d_output·y|; the routed down gradient: Σ over the
+// expert's canonical rows of |dy·act|), and the other bound datasets the same bits with or without it.
+RC_GTEST_PROP(OracleBound, TermsAreTheSumOfAbsoluteTermsOfTheLastStage, ()) {
+  const Case c = gen_case();
+  const TensorMap emu = ref::emulate(c.cfg, c.inputs);
+  ref::OracleOptions with;
+  with.terms = true;
+  const TensorMap plain = ref::oracle_bounds(c.cfg, c.inputs, emu);
+  const TensorMap b = ref::oracle_bounds(c.cfg, c.inputs, emu, with);
+  RC_ASSERT(b.size() == plain.size() + plain.size() / 2);
+  for (const auto& [p, t] : plain) RC_ASSERT(std::memcmp(t.raw(), b.at(p).raw(), t.size_bytes()) == 0);
+  for (const auto& [p, t] : emu) {
+    const ref::TensorSpec* s = ref::find_spec(p);
+    if (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad) continue;
+    RC_ASSERT(plain.count(ref::bound_terms_path(p)) == 0u);
+    const Tensor& ex = b.at(ref::bound_exact_path(p));
+    const Tensor& tm = b.at(ref::bound_terms_path(p));
+    for (int64_t i = 0; i < t.numel(); ++i) RC_ASSERT(std::fabs(ex.value_at(i)) <= tm.value_at(i));
+  }
+  const int64_t G = c.cfg.num_tokens(), H = c.cfg.hidden, I = c.cfg.intermediate, K = c.cfg.top_k;
+  const int32_t* topk = c.inputs.at("inputs/topk_experts").data<int32_t>();
+  const uint16_t* d_out = c.inputs.at("inputs/d_output").data<uint16_t>();
+  const uint16_t* y = emu.at("intermediates/y").data<uint16_t>();
+  const uint16_t* dy = emu.at("intermediates/dy").data<uint16_t>();
+  const uint16_t* act = emu.at("intermediates/act").data<uint16_t>();
+  const Tensor& rw_terms = b.at(ref::bound_terms_path("grads/d_router_weights"));
+  // The stored value is the double sum times (1 + 2^-20), rounded up to fp32.
+  auto near = [](double got, double want) { return got >= want && got <= want * (1 + 0x1.0p-18) + 0x1.0p-149; };
+  for (int64_t slot = 0; slot < G * K; ++slot) {
+    double sum = 0;
+    if (topk[slot] >= 0)
+      for (int64_t h = 0; h < H; ++h)  // products of two bf16 are exact in double
+        sum += std::fabs(static_cast<double>(spec::f32_from_bf16(d_out[slot / K * H + h])) * spec::f32_from_bf16(y[slot * H + h]));
+    RC_ASSERT(near(rw_terms.value_at(slot), sum));
+  }
+  // d_w_routed_down[e, h, i] sums dy[slot, h] * act[slot, i] over expert e's slots.
+  const Tensor& dd_terms = b.at(ref::bound_terms_path("grads/d_w_routed_down"));
+  const int64_t e = *rc::gen::inRange<int64_t>(0, c.cfg.num_experts), h = *rc::gen::inRange<int64_t>(0, H),
+                i = *rc::gen::inRange<int64_t>(0, I);
+  double sum = 0;
+  for (int64_t slot = 0; slot < G * K; ++slot)
+    if (topk[slot] == e)
+      sum += std::fabs(static_cast<double>(spec::f32_from_bf16(dy[slot * H + h])) * spec::f32_from_bf16(act[slot * I + i]));
+  RC_ASSERT(near(dd_terms.value_at((e * H + h) * I + i), sum));
+}
+
 RC_GTEST_PROP(Emulate, ThreadCountAndSamplingDoNotChangeBits, ()) {
   const Case c = gen_case();
   ref::EmulateOptions one;

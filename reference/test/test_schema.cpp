@@ -78,8 +78,8 @@ TEST(Schema, HasEveryDatasetOnceWithItsDtypeAndDims) {
       {"intermediates/shared_d_up", DType::kBf16, "G,Is", true},
       {"intermediates/dx_shared", DType::kF32, "G,H", true},
   };
-  const int num_checked = 9;  // output + 8 grads: two stage-local and two end-to-end bound datasets each
-  EXPECT_EQ(golden_schema().size(), expected.size() + 4 * num_checked);
+  const int num_checked = 9;  // output + 8 grads: exact, radius, terms, and the end-to-end exact and radius
+  EXPECT_EQ(golden_schema().size(), expected.size() + 5 * num_checked);
   for (const Row& row : expected) {
     const TensorSpec* spec = find_spec(row.path);
     ASSERT_NE(spec, nullptr) << row.path;
@@ -111,7 +111,10 @@ TEST(Schema, EveryCheckedTensorHasExactAndRadiusBounds) {
     ASSERT_NE(e2e_radius, nullptr) << spec.path;
     EXPECT_EQ(e2e_exact->role, Role::kEndToEndExact);
     EXPECT_EQ(e2e_radius->role, Role::kEndToEndRadius);
-    for (const TensorSpec* b : {exact, radius, e2e_exact, e2e_radius}) {
+    const TensorSpec* terms = find_spec(bound_terms_path(spec.path));
+    ASSERT_NE(terms, nullptr) << spec.path;
+    EXPECT_EQ(terms->role, Role::kBoundTerms);
+    for (const TensorSpec* b : {exact, radius, terms, e2e_exact, e2e_radius}) {
       EXPECT_TRUE(is_bound_role(b->role)) << b->path;
       EXPECT_EQ(checked_path_of_bound(b->path), spec.path) << b->path;
       EXPECT_EQ(b->dtype, DType::kF32) << b->path;
@@ -125,6 +128,7 @@ TEST(Schema, EveryCheckedTensorHasExactAndRadiusBounds) {
   EXPECT_NE(find_spec("bounds/d_w_shared_down_bound"), nullptr);
   EXPECT_EQ(end_to_end_exact_path("outputs/output"), "bounds/output_e2e_exact");
   EXPECT_EQ(end_to_end_radius_path("grads/d_x"), "bounds/d_x_e2e_bound");
+  EXPECT_EQ(bound_terms_path("grads/d_router_weights"), "bounds/d_router_weights_terms");
   EXPECT_FALSE(is_bound_role(Role::kGrad));
   EXPECT_THROW(checked_path_of_bound("grads/d_x"), mok::Error);
   EXPECT_THROW(checked_path_of_bound("bounds/nope_bound"), mok::Error);

@@ -10,6 +10,9 @@ namespace mok::ref {
 struct OracleOptions {
   int num_threads = 0;             // 0 = all cores
   const Sample* sample = nullptr;  // null = every element; else unsampled elements get NaN
+  // oracle_bounds only: also give bounds/<name>_terms, the sum of |terms| of each element's last
+  // stage (DESIGN's bound material; rounded up to fp32), from which other error models follow.
+  bool terms = false;
 };
 
 // For every checked tensor N (outputs/output and grads/*), computes

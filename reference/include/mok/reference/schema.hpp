@@ -38,11 +38,13 @@ enum class Role : uint8_t {
   kBoundRadius,      // stage-local radius
   kEndToEndExact,    // end-to-end oracle value (oracle_end_to_end), optional
   kEndToEndRadius,   // end-to-end radius, optional
+  kBoundTerms,       // stage-local sum of |terms| of the last stage, optional
 };
 
 // Any of the four bound roles (stage-local or end-to-end, value or radius).
 constexpr bool is_bound_role(Role r) {
-  return r == Role::kBoundExact || r == Role::kBoundRadius || r == Role::kEndToEndExact || r == Role::kEndToEndRadius;
+  return r == Role::kBoundExact || r == Role::kBoundRadius || r == Role::kEndToEndExact || r == Role::kEndToEndRadius ||
+         r == Role::kBoundTerms;
 }
 
 struct TensorSpec {
@@ -67,6 +69,8 @@ bool spec_applies(const TensorSpec& spec, const spec::LayerConfig& cfg);
 // bounds/<name>_exact (the oracle's value, f32) and bounds/<name>_bound (absolute radius, f32).
 std::string bound_exact_path(const std::string& checked_path);
 std::string bound_radius_path(const std::string& checked_path);
+// The optional bound material: bounds/<name>_terms (sum of |terms| of the last stage).
+std::string bound_terms_path(const std::string& checked_path);
 // The optional end-to-end pair: bounds/<name>_e2e_exact and bounds/<name>_e2e_bound.
 std::string end_to_end_exact_path(const std::string& checked_path);
 std::string end_to_end_radius_path(const std::string& checked_path);

@@ -106,36 +106,36 @@ std::vector<TensorSpec> build_schema(BoundNames& names) {
       {"intermediates/shared_d_up", kBf16, {G, Is}, kIntermediate, true, "shared grad at up"},
       {"intermediates/dx_shared", kF32, {G, H}, kIntermediate, true, "shared part of d_x"},
   };
-  // Two bound datasets per checked tensor; reserve first so the c_str() pointers stay valid.
+  // Bound datasets per checked tensor, in this order; reserve first so the c_str() pointers stay
+  // valid. The stage-local exact and radius pair is what the oracle always writes; the bound
+  // material (mok-golden --bound-terms) and the end-to-end pair (--end-to-end-bounds: from the
+  // inputs alone) are optional.
+  struct BoundKind {
+    std::string (*path)(const std::string&);
+    Role role;
+    const char* what;
+  };
+  static const BoundKind kinds[] = {
+      {bound_exact_path, kBoundExact, "oracle value (rounded once to f32) of the checked tensor"},
+      {bound_radius_path, kBoundRadius, "absolute error radius allowed around the oracle value"},
+      {bound_terms_path, kBoundTerms, "sum of |terms| of the last stage (rounded up to f32), the oracle's bound material"},
+      {end_to_end_exact_path, kEndToEndExact, "end-to-end oracle value (from the inputs alone, rounded once to f32)"},
+      {end_to_end_radius_path, kEndToEndRadius, "end-to-end error radius allowed around that value"},
+  };
   std::vector<TensorSpec> checked;
   for (const TensorSpec& t : s) {
     if (t.role == kOutput || t.role == kGrad) checked.push_back(t);
   }
-  names.paths.reserve(checked.size() * 5);
-  for (const TensorSpec& t : checked) {
-    names.paths.push_back(bound_exact_path(t.path));
-    s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundExact, t.needs_shared,
-                 "oracle value (rounded once to f32) of the checked tensor"});
-    names.paths.push_back(bound_radius_path(t.path));
-    s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundRadius, t.needs_shared,
-                 "absolute error radius allowed around the oracle value"});
-  }
-  // Optional: the stage-local bound material (mok-golden --bound-terms).
-  for (const TensorSpec& t : checked) {
-    names.paths.push_back(bound_terms_path(t.path));
-    s.push_back({names.paths.back().c_str(), kF32, t.dims, kBoundTerms, t.needs_shared,
-                 "sum of |terms| of the last stage (rounded up to f32), the oracle's bound material"});
-  }
-  // Optional: the end-to-end oracle's value and radius (from the inputs alone), when the
-  // generator was asked for them (mok-golden --end-to-end-bounds).
-  for (const TensorSpec& t : checked) {
-    names.paths.push_back(end_to_end_exact_path(t.path));
-    s.push_back({names.paths.back().c_str(), kF32, t.dims, kEndToEndExact, t.needs_shared,
-                 "end-to-end oracle value (from the inputs alone, rounded once to f32)"});
-    names.paths.push_back(end_to_end_radius_path(t.path));
-    s.push_back({names.paths.back().c_str(), kF32, t.dims, kEndToEndRadius, t.needs_shared,
-                 "end-to-end error radius allowed around that value"});
-  }
+  names.paths.reserve(checked.size() * std::size(kinds));
+  // ORDER: per checked tensor the stage-local pair, then every tensor's terms, then per tensor the
+  // end-to-end pair (the order golden files were first written in; the writer follows it).
+  auto add = [&](const TensorSpec& t, const BoundKind& k) {
+    names.paths.push_back(k.path(t.path));
+    s.push_back({names.paths.back().c_str(), kF32, t.dims, k.role, t.needs_shared, k.what});
+  };
+  for (const auto& [first, last] : {std::pair{0, 2}, std::pair{2, 3}, std::pair{3, 5}})
+    for (const TensorSpec& t : checked)
+      for (int k = first; k < last; ++k) add(t, kinds[k]);
   return s;
 }
 

@@ -99,22 +99,19 @@ TEST(Schema, EveryCheckedTensorHasExactAndRadiusBounds) {
   for (const TensorSpec& spec : golden_schema()) {
     if (spec.role != Role::kOutput && spec.role != Role::kGrad) continue;
     ++num_checked;
-    const TensorSpec* exact = find_spec(bound_exact_path(spec.path));
-    const TensorSpec* radius = find_spec(bound_radius_path(spec.path));
-    ASSERT_NE(exact, nullptr) << spec.path;
-    ASSERT_NE(radius, nullptr) << spec.path;
-    EXPECT_EQ(exact->role, Role::kBoundExact);
-    EXPECT_EQ(radius->role, Role::kBoundRadius);
-    const TensorSpec* e2e_exact = find_spec(end_to_end_exact_path(spec.path));
-    const TensorSpec* e2e_radius = find_spec(end_to_end_radius_path(spec.path));
-    ASSERT_NE(e2e_exact, nullptr) << spec.path;
-    ASSERT_NE(e2e_radius, nullptr) << spec.path;
-    EXPECT_EQ(e2e_exact->role, Role::kEndToEndExact);
-    EXPECT_EQ(e2e_radius->role, Role::kEndToEndRadius);
-    const TensorSpec* terms = find_spec(bound_terms_path(spec.path));
-    ASSERT_NE(terms, nullptr) << spec.path;
-    EXPECT_EQ(terms->role, Role::kBoundTerms);
-    for (const TensorSpec* b : {exact, radius, terms, e2e_exact, e2e_radius}) {
+    const std::pair<std::string, Role> bounds[] = {{bound_exact_path(spec.path), Role::kBoundExact},
+                                                   {bound_radius_path(spec.path), Role::kBoundRadius},
+                                                   {bound_terms_path(spec.path), Role::kBoundTerms},
+                                                   {end_to_end_exact_path(spec.path), Role::kEndToEndExact},
+                                                   {end_to_end_radius_path(spec.path), Role::kEndToEndRadius}};
+    std::vector<const TensorSpec*> found;
+    for (const auto& [path, role] : bounds) {
+      const TensorSpec* b = find_spec(path);
+      ASSERT_NE(b, nullptr) << path;
+      EXPECT_EQ(b->role, role) << path;
+      found.push_back(b);
+    }
+    for (const TensorSpec* b : found) {
       EXPECT_TRUE(is_bound_role(b->role)) << b->path;
       EXPECT_EQ(checked_path_of_bound(b->path), spec.path) << b->path;
       EXPECT_EQ(b->dtype, DType::kF32) << b->path;

@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
       ->excludes(nb);
   app.add_flag("--bound-terms", bound_terms,
                "also store the oracle's bound material: bounds/<name>_terms, the sum of |terms| of each element's "
-               "last stage (rounded up to f32), for error models of your own")
+               "last stage (rounded up to f32; for output and d_x the shared expert's chain products and the slot "
+               "terms), for error models of your own")
       ->excludes(nb);
   app.add_option("--output,-o", out, "output file (written atomically)")->required();
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;

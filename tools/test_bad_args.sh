@@ -20,9 +20,11 @@ for spec in "$@"; do
   expect_exit "$prog" 0 "Usage" --help
 done
 if [[ -n ${MOK_GOLDEN:-} ]]; then
-  # mok-golden: stored end-to-end bounds need the oracle, so --no-bounds excludes them; nothing written.
+  # mok-golden: stored end-to-end bounds and bound terms need the oracle, so --no-bounds excludes them;
+  # nothing written.
   out_h5=$(mktemp -u "${TMPDIR:-/tmp}/mok-bad-args-XXXXXX.h5")
   expect_exit "$MOK_GOLDEN" 2 "excludes" --no-bounds --end-to-end-bounds -o "$out_h5"
+  expect_exit "$MOK_GOLDEN" 2 "excludes" --no-bounds --bound-terms -o "$out_h5"
   [[ -e $out_h5 ]] && { echo "mok-golden wrote $out_h5 on a usage error"; expect_failed=1; rm -f "$out_h5"; }
 fi
 if [[ -n ${MOK_BENCH:-} ]]; then

@@ -412,12 +412,21 @@ void Layer::copy_intermediates(ref::TensorMap& result, bool backward) const {
   const int64_t K = c.top_k, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate, T = c.tokens_per_rank,
                 El = c.experts_per_rank();
   MOK_CUDA(cudaDeviceSynchronize());
-  auto tensor = [&](const char* path) -> ref::Tensor& {
+  // Every path gets a fresh zeroed tensor (a slot without a row stays zero, whatever `result`
+  // held before); the ranks then fill their rows and tokens.
+  std::vector<const char*> paths = {"intermediates/gate", "intermediates/up", "intermediates/act"};
+  if (backward) paths.insert(paths.end(), {"intermediates/dy", "intermediates/d_gate", "intermediates/d_up"});
+  if (Is > 0) {
+    paths.insert(paths.end(), {"intermediates/shared_gate", "intermediates/shared_up", "intermediates/shared_act",
+                               "intermediates/shared_out"});
+    if (backward)
+      paths.insert(paths.end(), {"intermediates/shared_d_gate", "intermediates/shared_d_up", "intermediates/dx_shared"});
+  }
+  for (const char* path : paths) {
     const ref::TensorSpec* s = ref::find_spec(path);
-    auto it = result.find(path);
-    if (it == result.end()) it = result.emplace(path, ref::Tensor(s->dtype, ref::spec_shape(*s, c))).first;
-    return it->second;
-  };
+    result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, c));
+  }
+  auto tensor = [&](const char* path) -> ref::Tensor& { return result.at(path); };
   for (int r = 0; r < c.num_ranks; ++r) {
     const RankState& st = impl_->core.state(r);
     std::vector<int64_t> offsets(static_cast<size_t>(El + 1));
@@ -484,7 +493,7 @@ bool gpu_available(std::string* why) {
 }
 
 ref::TensorMap run_layer(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
-                         const KernelOptions& options) {
+                         const KernelOptions& options, bool workspace_intermediates) {
   ref::validate_inputs(cfg, inputs, backward);
   std::vector<void*> owned;
   struct Free {
@@ -546,7 +555,7 @@ ref::TensorMap run_layer(const spec::LayerConfig& cfg, const ref::TensorMap& inp
   };
   slots("intermediates/y", layer.y_slots());
   if (backward) slots("intermediates/dx_slot", layer.dx_slots());
-  layer.copy_intermediates(result, backward);
+  if (workspace_intermediates) layer.copy_intermediates(result, backward);
   return result;
 }
 

@@ -197,6 +197,35 @@ RC_GTEST_PROP(Emulate, WithinTheOracleBoundsForTinyValues, ()) {
 
 // A subnormal accumulator aligns at -126 (far above its magnitude), so the next step truncates
 // tiny products coarsely; the radius must cover that (found in review, 2026-12-02).
+// d_router_weights rounds H fmas and 31 butterfly adds, each relative to a partial sum that
+// already carries the earlier errors: the radius must reach n u S / (1 - n u) (n = H + 31,
+// u = 2^-24, S = Σ|terms|), not only n u S (review of 2026-12-05). With every d_output and y
+// element 1.0 the exact value is H, held exactly in fp32, so no storage rounding pads the radius
+// and the first-order form falls short of this bound.
+TEST(OracleBound, RouterGradientRadiusCoversRoundingsOfRoundedPartialSums) {
+  for (const int64_t H : {64, 256, 2048}) {
+    const spec::LayerConfig cfg{H, 16, 0, 4, 2, 1, 4};
+    TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 7);
+    TensorMap ref_out = ref::emulate(cfg, in);
+    for (const char* p : {"inputs/d_output"}) {
+      Tensor& t = in.at(p);
+      std::fill(t.data<uint16_t>(), t.data<uint16_t>() + t.numel(), uint16_t{0x3F80});  // 1.0
+    }
+    Tensor& y = ref_out.at("intermediates/y");
+    std::fill(y.data<uint16_t>(), y.data<uint16_t>() + y.numel(), uint16_t{0x3F80});
+    const TensorMap b = ref::oracle_bounds(cfg, in, ref_out);
+    const Tensor& ex = b.at(ref::bound_exact_path("grads/d_router_weights"));
+    const Tensor& bd = b.at(ref::bound_radius_path("grads/d_router_weights"));
+    const double n = static_cast<double>(H + 31), u = 0x1.0p-24, S = static_cast<double>(H);
+    const int32_t* topk = in.at("inputs/topk_experts").data<int32_t>();
+    for (int64_t i = 0; i < ex.numel(); ++i) {
+      if (topk[i] < 0) continue;
+      EXPECT_EQ(ex.value_at(i), S) << i;
+      EXPECT_GE(bd.value_at(i), n * u * S / (1 - n * u)) << "H=" << H << " slot " << i;
+    }
+  }
+}
+
 TEST(OracleBound, SubnormalAccumulatorIsCovered) {
   std::vector<uint16_t> a(32, 0), b(32, 0);
   a[0] = b[0] = 0x1C80;                                  // 2^-70: step 1 leaves 2^-140 (subnormal)

@@ -11,6 +11,7 @@
 #endif
 
 #include <chrono>
+#include <cmath>
 
 namespace mok::verify {
 namespace {
@@ -144,7 +145,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
         (backward ? ", forward and backward" : ", forward"));
     // Under mok-launch each process runs one rank; otherwise one thread per GPU of this process.
     report = compare_bitwise(keep(
-        !nccl ? kernel::run_layer(golden.cfg, inputs, backward)
+        !nccl ? kernel::run_layer(golden.cfg, inputs, backward, {}, intermediates)
         : kernel::launched_by_mok_launch() ? kernel::run_layer_nccl_process(golden.cfg, inputs, backward)
                                            : kernel::run_layer_nccl(golden.cfg, inputs, backward)));
 #else
@@ -161,15 +162,32 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     for (const auto& [path, t] : kept) judged.tensors[path] = golden.tensors.at(path);
     // Stored end-to-end bounds (mok-golden --end-to-end-bounds) serve when they cover every
     // tensor judged; compare() finds them under the stage-local names.
-    bool stored = !options.recompute_end_to_end;
+    // The oracle backend judges the golden's own results, so it never takes the golden's word
+    // for the bounds either.
+    bool stored = !options.recompute_end_to_end && backend != Backend::kOracle;
     for (const auto& [path, t] : kept)
       stored = stored && golden.tensors.count(ref::end_to_end_exact_path(path)) &&
                golden.tensors.count(ref::end_to_end_radius_path(path));
     if (stored) {
       say("end to end: true values and radii stored in the golden (mok-golden --end-to-end-bounds)");
       for (const auto& [path, t] : kept) {
-        judged.tensors[ref::bound_exact_path(path)] = golden.tensors.at(ref::end_to_end_exact_path(path));
-        judged.tensors[ref::bound_radius_path(path)] = golden.tensors.at(ref::end_to_end_radius_path(path));
+        const std::string pe = ref::end_to_end_exact_path(path), pr = ref::end_to_end_radius_path(path);
+        const ref::Tensor &ex = golden.tensors.at(pe), &rad = golden.tensors.at(pr);
+        // mok-golden stores every element (no sampling), so a NaN here is a broken file, not "not
+        // sampled"; checked here, where the error can name the stored dataset.
+        for (int64_t i = 0; i < ex.numel(); ++i) {
+          const double x = ex.value_at(i), r = rad.value_at(i);
+          if (!std::isfinite(x) || !(r >= 0) || std::isinf(r)) {
+            const ref::TensorSpec& s = *ref::find_spec(path);
+            throw Error(options.golden_name + ": " + (std::isfinite(x) ? pr : pe) + " at " +
+                        ref::locate(s, golden.cfg, i, &inputs.at("inputs/topk_experts")) + " is " +
+                        std::to_string(std::isfinite(x) ? r : x) +
+                        "; stored end-to-end bounds must be finite (radius >= 0) at every element. Regenerate the "
+                        "golden with mok-golden --end-to-end-bounds, or pass --recompute-end-to-end");
+          }
+        }
+        judged.tensors[ref::bound_exact_path(path)] = ex;
+        judged.tensors[ref::bound_radius_path(path)] = rad;
       }
     } else {
       say(std::string("end to end: true values and radii from the inputs alone (the output") +

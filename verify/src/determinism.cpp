@@ -38,9 +38,11 @@ struct Config {
   }
 };
 
+// Token-major results ([G, ...]): concatenated over minibatches and compared across every
+// configuration. Every intermediate of the schema is token-major (per slot or per token).
 bool per_token(const std::string& p) {
-  return p == "outputs/output" || p == "grads/d_x" || p == "grads/d_router_weights" || p == "intermediates/y" ||
-         p == "intermediates/dx_slot";
+  return p == "outputs/output" || p == "grads/d_x" || p == "grads/d_router_weights" ||
+         p.rfind("intermediates/", 0) == 0;
 }
 
 // Rows [g0, g0 + n) of a token-major tensor.

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
@@ -149,6 +150,13 @@ TEST_F(CliTest, EndToEndCatchesResultsMadeFromOtherWeights) {
   const ref::TensorMap result = ref::emulate(bad.cfg, other, {.backward = true, .intermediates = true});
   for (auto& [p, t] : result) bad.tensors[p] = t;
   for (auto& [p, t] : ref::oracle_bounds(bad.cfg, golden_.tensors, result)) bad.tensors[p] = t;
+  // End-to-end bounds made from the other weights too, stored: consistent with the results, and
+  // still the oracle backend must judge from the file's inputs.
+  for (auto& [p, t] : ref::oracle_end_to_end(bad.cfg, other)) {
+    const std::string checked = ref::checked_path_of_bound(p);
+    bad.tensors[p == ref::bound_exact_path(checked) ? ref::end_to_end_exact_path(checked)
+                                                    : ref::end_to_end_radius_path(checked)] = t;
+  }
   const std::string path = (dir_ / "other_weights.h5").string();
   ref::write_golden(path, bad);
   r = run_cli("run " + path + " --backend oracle");
@@ -200,6 +208,29 @@ TEST_F(CliTest, StoredEndToEndBoundsAreTheOnesJudgedWith) {
   EXPECT_NE(r.err.find("computed now"), std::string::npos) << r.err;
   // Without --end-to-end the flag means nothing: a usage error.
   EXPECT_EQ(run_cli("run " + zpath + " --backend emulate --recompute-end-to-end").code, 2);
+  // The oracle backend judges the golden's own results, so it computes the bounds itself.
+  r = run_cli("run " + zpath + " --backend oracle --end-to-end");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("computed now"), std::string::npos) << r.err;
+
+  // Stored bounds for only some of the tensors judged: all are computed instead.
+  ref::Golden partial = zeroed;
+  partial.tensors.erase("bounds/d_w_routed_up_e2e_exact");
+  const std::string ppath = (dir_ / "stored_e2e_partial.h5").string();
+  ref::write_golden(ppath, partial);
+  r = run_cli("run " + ppath + " --backend emulate --end-to-end");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("computed now"), std::string::npos) << r.err;
+
+  // A NaN stored radius is a broken file (the generator never samples): bad input, named.
+  ref::Golden broken = with;
+  broken.tensors.at("bounds/d_router_weights_e2e_bound").data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  const std::string bpath = (dir_ / "stored_e2e_nan.h5").string();
+  ref::write_golden(bpath, broken);
+  r = run_cli("run " + bpath + " --backend emulate --end-to-end");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("bounds/d_router_weights_e2e_bound at token=1 slot=1"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
 }
 
 // Found by review (2026-12-05): a candidate of another shape, one without the layer output, a

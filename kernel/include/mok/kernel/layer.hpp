@@ -119,8 +119,9 @@ class Layer {
   const uint16_t* dx_slots() const;
   // Copies the per-row and per-token intermediates the workspace holds after the last pass into
   // `result` under their golden paths and layouts (schema v1, [G,K,.] per slot, [G,.] per token;
-  // a slot without a row stays zero, as in the emulator's): gate, up, act and, with a shared
-  // expert, shared_gate, shared_up, shared_act, shared_out; after a backward (backward = true)
+  // every one a fresh zeroed tensor, so a slot without a row is zero, as in the emulator's): gate,
+  // up, act and, with a shared expert, shared_gate, shared_up, shared_act, shared_out; after a
+  // backward (backward = true)
   // also dy, d_gate, d_up and shared_d_gate, shared_d_up, dx_shared. d_act and shared_d_act never
   // exist in memory (the epilogues use them in registers). Synchronises the device. With these
   // the stage bisector names the first wrong stage inside an expert, not only at y or dx_slot.
@@ -133,11 +134,12 @@ class Layer {
 
 // Convenience for tools and tests: copies host inputs (schema paths "inputs/...") to the
 // GPU, runs forward (and backward), and returns "outputs/output", "grads/..." and the
-// intermediates the kernel materialises ("intermediates/y", "intermediates/dx_slot", and the
-// workspace's: Layer::copy_intermediates).
+// intermediates the kernel materialises ("intermediates/y", "intermediates/dx_slot", and, unless
+// workspace_intermediates is false, the workspace's: Layer::copy_intermediates, about as many
+// host bytes again as the golden's intermediates).
 // Inputs are validated on the host first (the same checks and messages as the emulator).
 ref::TensorMap run_layer(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
-                         const KernelOptions& options = {});
+                         const KernelOptions& options = {}, bool workspace_intermediates = true);
 
 // True when a CUDA device is usable; otherwise `why` says why not.
 bool gpu_available(std::string* why);

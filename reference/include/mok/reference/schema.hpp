@@ -41,7 +41,7 @@ enum class Role : uint8_t {
   kBoundTerms,       // stage-local sum of |terms| of the last stage, optional
 };
 
-// Any of the four bound roles (stage-local or end-to-end, value or radius).
+// Any of the five bound roles (stage-local value, radius and terms; end-to-end value and radius).
 constexpr bool is_bound_role(Role r) {
   return r == Role::kBoundExact || r == Role::kBoundRadius || r == Role::kEndToEndExact || r == Role::kEndToEndRadius ||
          r == Role::kBoundTerms;

@@ -407,71 +407,81 @@ bool Layer::uses_tma() const { return impl_->core.uses_tma(); }
 const uint16_t* Layer::y_slots() const { return impl_->y_slots; }
 const uint16_t* Layer::dx_slots() const { return impl_->dx_slots; }
 
-void Layer::copy_intermediates(ref::TensorMap& result, bool backward) const {
-  const spec::LayerConfig& c = impl_->core.cfg();
-  const int64_t K = c.top_k, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate, T = c.tokens_per_rank,
-                El = c.experts_per_rank();
-  MOK_CUDA(cudaDeviceSynchronize());
-  // Every path gets a fresh zeroed tensor (a slot without a row stays zero, whatever `result`
-  // held before); the ranks then fill their rows and tokens.
+namespace detail {
+
+std::vector<const char*> workspace_intermediate_paths(const spec::LayerConfig& cfg, bool backward) {
   std::vector<const char*> paths = {"intermediates/gate", "intermediates/up", "intermediates/act"};
   if (backward) paths.insert(paths.end(), {"intermediates/dy", "intermediates/d_gate", "intermediates/d_up"});
-  if (Is > 0) {
+  if (cfg.has_shared()) {
     paths.insert(paths.end(), {"intermediates/shared_gate", "intermediates/shared_up", "intermediates/shared_act",
                                "intermediates/shared_out"});
     if (backward)
       paths.insert(paths.end(), {"intermediates/shared_d_gate", "intermediates/shared_d_up", "intermediates/dx_shared"});
   }
-  for (const char* path : paths) {
+  return paths;
+}
+
+void copy_rank_intermediates(const LayerCore& core, int r, bool backward, ref::TensorMap& result) {
+  const spec::LayerConfig& c = core.cfg();
+  const int64_t K = c.top_k, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate, T = c.tokens_per_rank,
+                El = c.experts_per_rank();
+  MOK_CUDA(cudaDeviceSynchronize());
+  const RankState& st = core.state(r);
+  std::vector<int64_t> offsets(static_cast<size_t>(El + 1));
+  MOK_CUDA(cudaMemcpy(offsets.data(), st.expert_offsets, offsets.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  const int64_t n = offsets[El] - offsets[0];
+  std::vector<spec::RowRef> rows(static_cast<size_t>(n));
+  MOK_CUDA(cudaMemcpy(rows.data(), st.rows + offsets[0], rows.size() * sizeof(spec::RowRef), cudaMemcpyDeviceToHost));
+  // Workspace row i (canonical order of the rank's experts) is slot (token, slot) of the layer.
+  auto per_row = [&](const char* path, const void* src, int64_t width) {
+    ref::Tensor& t = result.at(path);
+    const size_t row_bytes = static_cast<size_t>(width) * ref::dtype_size(t.dtype());
+    std::vector<uint8_t> buf(static_cast<size_t>(n) * row_bytes);
+    MOK_CUDA(cudaMemcpy(buf.data(), static_cast<const uint8_t*>(src) + offsets[0] * row_bytes, buf.size(),
+                        cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = int64_t{rows[i].token_idx} * K + rows[i].slot_idx;
+      std::memcpy(static_cast<uint8_t*>(t.raw()) + slot * row_bytes, buf.data() + i * row_bytes, row_bytes);
+    }
+  };
+  // Rank r's tokens are global tokens r*T .. r*T + T - 1.
+  auto per_token = [&](const char* path, const void* src, int64_t width) {
+    ref::Tensor& t = result.at(path);
+    const size_t bytes = static_cast<size_t>(T * width) * ref::dtype_size(t.dtype());
+    MOK_CUDA(cudaMemcpy(static_cast<uint8_t*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
+  };
+  per_row("intermediates/gate", st.gate, I);
+  per_row("intermediates/up", st.up, I);
+  per_row("intermediates/act", st.act, I);
+  if (backward) {
+    per_row("intermediates/dy", st.dy, H);
+    per_row("intermediates/d_gate", st.d_gate, I);
+    per_row("intermediates/d_up", st.d_up, I);
+  }
+  if (Is > 0) {
+    per_token("intermediates/shared_gate", st.shared_gate, Is);
+    per_token("intermediates/shared_up", st.shared_up, Is);
+    per_token("intermediates/shared_act", st.shared_act, Is);
+    per_token("intermediates/shared_out", st.shared_out, H);
+    if (backward) {
+      per_token("intermediates/shared_d_gate", st.shared_d_gate, Is);
+      per_token("intermediates/shared_d_up", st.shared_d_up, Is);
+      per_token("intermediates/dx_shared", st.dx_shared, H);
+    }
+  }
+}
+
+}  // namespace detail
+
+void Layer::copy_intermediates(ref::TensorMap& result, bool backward) const {
+  const spec::LayerConfig& c = impl_->core.cfg();
+  // Every path gets a fresh zeroed tensor (a slot without a row stays zero, whatever `result`
+  // held before); the ranks then fill their rows and tokens.
+  for (const char* path : detail::workspace_intermediate_paths(c, backward)) {
     const ref::TensorSpec* s = ref::find_spec(path);
     result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, c));
   }
-  auto tensor = [&](const char* path) -> ref::Tensor& { return result.at(path); };
-  for (int r = 0; r < c.num_ranks; ++r) {
-    const RankState& st = impl_->core.state(r);
-    std::vector<int64_t> offsets(static_cast<size_t>(El + 1));
-    MOK_CUDA(cudaMemcpy(offsets.data(), st.expert_offsets, offsets.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
-    const int64_t n = offsets[El] - offsets[0];
-    std::vector<spec::RowRef> rows(static_cast<size_t>(n));
-    MOK_CUDA(cudaMemcpy(rows.data(), st.rows + offsets[0], rows.size() * sizeof(spec::RowRef), cudaMemcpyDeviceToHost));
-    // Workspace row i (canonical order of the rank's experts) is slot (token, slot) of the layer.
-    auto per_row = [&](const char* path, const void* src, int64_t width) {
-      ref::Tensor& t = tensor(path);
-      const size_t row_bytes = static_cast<size_t>(width) * ref::dtype_size(t.dtype());
-      std::vector<uint8_t> buf(static_cast<size_t>(n) * row_bytes);
-      MOK_CUDA(cudaMemcpy(buf.data(), static_cast<const uint8_t*>(src) + offsets[0] * row_bytes, buf.size(),
-                          cudaMemcpyDeviceToHost));
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t slot = int64_t{rows[i].token_idx} * K + rows[i].slot_idx;
-        std::memcpy(static_cast<uint8_t*>(t.raw()) + slot * row_bytes, buf.data() + i * row_bytes, row_bytes);
-      }
-    };
-    // Rank r's tokens are global tokens r*T .. r*T + T - 1.
-    auto per_token = [&](const char* path, const void* src, int64_t width) {
-      ref::Tensor& t = tensor(path);
-      const size_t bytes = static_cast<size_t>(T * width) * ref::dtype_size(t.dtype());
-      MOK_CUDA(cudaMemcpy(static_cast<uint8_t*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
-    };
-    per_row("intermediates/gate", st.gate, I);
-    per_row("intermediates/up", st.up, I);
-    per_row("intermediates/act", st.act, I);
-    if (backward) {
-      per_row("intermediates/dy", st.dy, H);
-      per_row("intermediates/d_gate", st.d_gate, I);
-      per_row("intermediates/d_up", st.d_up, I);
-    }
-    if (Is > 0) {
-      per_token("intermediates/shared_gate", st.shared_gate, Is);
-      per_token("intermediates/shared_up", st.shared_up, Is);
-      per_token("intermediates/shared_act", st.shared_act, Is);
-      per_token("intermediates/shared_out", st.shared_out, H);
-      if (backward) {
-        per_token("intermediates/shared_d_gate", st.shared_d_gate, Is);
-        per_token("intermediates/shared_d_up", st.shared_d_up, Is);
-        per_token("intermediates/dx_shared", st.dx_shared, H);
-      }
-    }
-  }
+  for (int r = 0; r < c.num_ranks; ++r) detail::copy_rank_intermediates(impl_->core, r, backward, result);
 }
 
 int64_t rows_per_rank(const spec::LayerConfig& cfg, const int32_t* topk_experts) {

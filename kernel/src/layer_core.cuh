@@ -32,6 +32,16 @@ std::vector<const char*> result_paths(const spec::LayerConfig& cfg, bool backwar
 // DeviceOutputs pointing at the device buffers of those paths (null where absent).
 DeviceOutputs outputs_from(const std::map<std::string, void*>& dev);
 
+// The intermediates a rank's workspace holds after a pass, as schema paths (Layer::copy_intermediates).
+std::vector<const char*> workspace_intermediate_paths(const spec::LayerConfig& cfg, bool backward);
+
+class LayerCore;
+// Copies rank r's workspace intermediates into `result`, whose tensors for those paths must exist
+// with their global shapes: the rows of r's experts go to their (token, slot) places, r's tokens'
+// shared-expert values to their rows; nothing else is written (ranks may fill one map from
+// several threads). Synchronises the device.
+void copy_rank_intermediates(const LayerCore& core, int r, bool backward, ref::TensorMap& result);
+
 // The two kernels, defined once (src/layer.cu includes the device code).
 const void* forward_kernel();
 const void* backward_kernel();

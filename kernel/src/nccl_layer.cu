@@ -169,6 +169,9 @@ const uint16_t* NcclLayer::dx_slots() const {
 int NcclLayer::blocks_per_rank() const { return impl_->core.blocks_per_rank(); }
 int NcclLayer::comm_blocks_per_rank() const { return impl_->core.options().comm_blocks_per_rank; }
 bool NcclLayer::uses_tma() const { return impl_->core.uses_tma(); }
+void NcclLayer::copy_intermediates(ref::TensorMap& result, bool backward) const {
+  detail::copy_rank_intermediates(impl_->core, impl_->rank, backward, result);
+}
 
 namespace {
 
@@ -182,6 +185,7 @@ ref::TensorMap empty_results(const spec::LayerConfig& cfg, bool backward) {
   for (const char* p : detail::result_paths(cfg, backward)) make(p);
   make("intermediates/y");
   if (backward) make("intermediates/dx_slot");
+  for (const char* p : detail::workspace_intermediate_paths(cfg, backward)) make(p);
   return result;
 }
 
@@ -272,6 +276,7 @@ void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool b
   for (auto& [path, d] : buf.dev) fetch(path, d);
   fetch("intermediates/y", layer.y_slots());
   if (backward) fetch("intermediates/dx_slot", layer.dx_slots());
+  layer.copy_intermediates(result, backward);
 }
 
 // Times rank r of a communicator on the current device (see time_layer_nccl): fills its row of
@@ -414,6 +419,19 @@ void allgather_host(void* data, size_t bytes, ncclComm_t comm, int rank, int wor
   MOK_CUDA(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));
 }
 
+// Sums host buffers byte-wise over every rank of the communicator, in place.
+void allreduce_sum_host(void* data, size_t bytes, ncclComm_t comm) {
+  void* d = nullptr;
+  MOK_CUDA(cudaMalloc(&d, bytes > 0 ? bytes : 1));
+  struct Free {
+    void* p;
+    ~Free() { cudaFree(p); }
+  } free_d{d};
+  MOK_CUDA(cudaMemcpy(d, data, bytes, cudaMemcpyHostToDevice));
+  MOK_NCCL(ncclAllReduce(d, d, bytes, ncclUint8, ncclSum, comm, nullptr));
+  MOK_CUDA(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));
+}
+
 }  // namespace
 
 ref::TensorMap run_layer_nccl(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward,
@@ -444,8 +462,16 @@ ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::T
   const LaunchComm job(cfg);
   ref::TensorMap result = empty_results(cfg, backward);
   run_rank(cfg, inputs, backward, options, job.comm, job.rank, result);
-  // Every process ends with the global tensors: all-gather the rank-major slices in place.
-  for (auto& [path, t] : result) allgather_host(t.raw(), t.size_bytes(), job.comm, job.rank, job.world);
+  // Every process ends with the global tensors: all-gather the rank-major slices in place. The
+  // workspace intermediates are not rank-major (a rank holds the slots of its experts, from every
+  // token): each byte is written by one rank and zero on the others, so a byte-wise sum joins them.
+  const std::vector<const char*> ws = detail::workspace_intermediate_paths(cfg, backward);
+  for (auto& [path, t] : result) {
+    if (std::find_if(ws.begin(), ws.end(), [&](const char* p) { return path == p; }) != ws.end())
+      allreduce_sum_host(t.raw(), t.size_bytes(), job.comm);
+    else
+      allgather_host(t.raw(), t.size_bytes(), job.comm, job.rank, job.world);
+  }
   return result;
 }
 

@@ -25,6 +25,7 @@ const uint16_t* NcclLayer::dx_slots() const { return nullptr; }
 int NcclLayer::blocks_per_rank() const { return 0; }
 int NcclLayer::comm_blocks_per_rank() const { return 0; }
 bool NcclLayer::uses_tma() const { return false; }
+void NcclLayer::copy_intermediates(ref::TensorMap&, bool) const {}
 
 ref::TensorMap run_layer_nccl(const spec::LayerConfig&, const ref::TensorMap&, bool, const KernelOptions&) {
   throw Error("transport nccl is not supported here: this build has no NCCL", ErrorKind::kUnsupported);

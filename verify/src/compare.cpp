@@ -86,8 +86,7 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
     if (golden.tensors.count(path)) paths.push_back(path);
   }
   // Every output and gradient the golden holds must be in the candidate (intermediates need not:
-  // the CUDA kernel returns no d_act, and through NCCL only y and dx_slot); a missing one takes its place
-  // in stage order.
+  // the CUDA kernel returns no d_act or shared_d_act); a missing one takes its place in stage order.
   for (const auto& [path, tensor] : golden.tensors) {
     const ref::TensorSpec* s = ref::find_spec(path);
     if (s && (s->role == ref::Role::kOutput || s->role == ref::Role::kGrad) && !candidate.count(path))

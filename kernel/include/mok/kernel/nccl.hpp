@@ -41,6 +41,10 @@ class NcclLayer {
   int blocks_per_rank() const;
   int comm_blocks_per_rank() const;
   bool uses_tma() const;  // true when the fast engine runs (as Layer::uses_tma)
+  // Copies this rank's workspace intermediates (Layer::copy_intermediates' list) into `result`,
+  // whose tensors for them must exist with their global shapes: the slots of this rank's experts
+  // and this rank's tokens' rows are written, nothing else. Synchronises the device.
+  void copy_intermediates(ref::TensorMap& result, bool backward) const;
 
  private:
   struct Impl;

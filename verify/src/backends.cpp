@@ -205,6 +205,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.golden_name = options.golden_name + (stored ? " (end-to-end bounds stored in the golden)"
                                                    : " (end-to-end bounds computed now)");
     const Report e2e = compare(judged, kept, co);
+    report.end_to_end = stored ? "stored" : "computed";
     for (TensorReport t : e2e.tensors) {
       t.path += " (end to end)";
       if (!t.passed && report.passed) report.first_bad_stage = "end to end: " + e2e.first_bad_stage;

@@ -222,6 +222,8 @@ std::string format_table(const Report& r) {
       << (r.criterion == "bitwise" ? " (every element bit-identical; bounds checked where present)" : " (every element within its oracle radius)")
       << "\n";
   if (!r.sample.empty()) out << "# sample:    " << r.sample << "\n";
+  if (!r.end_to_end.empty())
+    out << "# end to end: bounds " << (r.end_to_end == "stored" ? "stored in the golden" : "computed now") << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "%-35s %10s %10s %8s %10s %10s  %-6s  %s\n", "tensor", "compared", "equal",
                 "max_ulp", "#outside", "err/bound", "result", "worst element");
@@ -249,6 +251,7 @@ std::string format_json(const Report& r) {
   j["backend"] = r.backend;
   j["criterion"] = r.criterion;
   j["sample"] = r.sample.empty() ? nlohmann::json() : nlohmann::json(r.sample);
+  j["end_to_end_bounds"] = r.end_to_end.empty() ? nlohmann::json() : nlohmann::json(r.end_to_end);
   j["passed"] = r.passed;
   j["seconds"] = r.seconds;
   j["first_failing_stage"] = r.first_bad_stage.empty() ? nlohmann::json() : nlohmann::json(r.first_bad_stage);

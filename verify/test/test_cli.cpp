@@ -187,6 +187,13 @@ TEST_F(CliTest, StoredEndToEndBoundsAreTheOnesJudgedWith) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("stored in the golden"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("grads/d_w_routed_down (end to end)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# end to end: bounds stored in the golden"), std::string::npos) << r.out;
+  r = run_cli("run " + path + " --backend emulate --end-to-end --json");
+  EXPECT_NE(r.out.find("\"end_to_end_bounds\": \"stored\""), std::string::npos) << r.out;
+  r = run_cli("run " + path + " --backend emulate --end-to-end --recompute-end-to-end --json");
+  EXPECT_NE(r.out.find("\"end_to_end_bounds\": \"computed\""), std::string::npos) << r.out;
+  r = run_cli("run " + path + " --backend emulate --json");
+  EXPECT_NE(r.out.find("\"end_to_end_bounds\": null"), std::string::npos) << r.out;
   // The stored file reads back with the same bits as the freshly computed bounds.
   const ref::Golden back = ref::read_golden(path);
   for (const char* p : {"bounds/output_e2e_exact", "bounds/output_e2e_bound", "bounds/d_router_weights_e2e_bound"}) {

@@ -42,6 +42,7 @@ struct Report {
   std::string backend;
   std::string criterion;         // "bitwise" or "within-bounds"
   std::string sample;            // empty: every element
+  std::string end_to_end;        // empty: not asked; "stored" or "computed": where its bounds came from
   std::vector<TensorReport> tensors;
   std::string first_bad_stage;   // first tensor in stage order that failed, with its location
   bool passed = true;

@@ -409,22 +409,49 @@ const uint16_t* Layer::dx_slots() const { return impl_->dx_slots; }
 
 namespace detail {
 
+namespace {
+
+// The intermediates a rank's workspace holds, in golden order: routed ones per row of the rank's
+// experts ([G,K,.] slots), the shared expert's per token of the rank ([G,.] rows).
+struct WorkspaceTensor {
+  const char* path;
+  bool backward;  // written by the backward pass
+  bool shared;    // per token (shared expert) rather than per routed row
+  char width;     // 'I', 'H' or 'S' (Is): elements per row
+  const void* (*src)(const RankState&);
+};
+constexpr WorkspaceTensor kWorkspaceTensors[] = {
+    {"intermediates/gate", false, false, 'I', [](const RankState& s) -> const void* { return s.gate; }},
+    {"intermediates/up", false, false, 'I', [](const RankState& s) -> const void* { return s.up; }},
+    {"intermediates/act", false, false, 'I', [](const RankState& s) -> const void* { return s.act; }},
+    {"intermediates/dy", true, false, 'H', [](const RankState& s) -> const void* { return s.dy; }},
+    {"intermediates/d_gate", true, false, 'I', [](const RankState& s) -> const void* { return s.d_gate; }},
+    {"intermediates/d_up", true, false, 'I', [](const RankState& s) -> const void* { return s.d_up; }},
+    {"intermediates/shared_gate", false, true, 'S', [](const RankState& s) -> const void* { return s.shared_gate; }},
+    {"intermediates/shared_up", false, true, 'S', [](const RankState& s) -> const void* { return s.shared_up; }},
+    {"intermediates/shared_act", false, true, 'S', [](const RankState& s) -> const void* { return s.shared_act; }},
+    {"intermediates/shared_out", false, true, 'H', [](const RankState& s) -> const void* { return s.shared_out; }},
+    {"intermediates/shared_d_gate", true, true, 'S', [](const RankState& s) -> const void* { return s.shared_d_gate; }},
+    {"intermediates/shared_d_up", true, true, 'S', [](const RankState& s) -> const void* { return s.shared_d_up; }},
+    {"intermediates/dx_shared", true, true, 'H', [](const RankState& s) -> const void* { return s.dx_shared; }},
+};
+
+bool held(const WorkspaceTensor& w, const spec::LayerConfig& cfg, bool backward) {
+  return (backward || !w.backward) && (cfg.has_shared() || !w.shared);
+}
+
+}  // namespace
+
 std::vector<const char*> workspace_intermediate_paths(const spec::LayerConfig& cfg, bool backward) {
-  std::vector<const char*> paths = {"intermediates/gate", "intermediates/up", "intermediates/act"};
-  if (backward) paths.insert(paths.end(), {"intermediates/dy", "intermediates/d_gate", "intermediates/d_up"});
-  if (cfg.has_shared()) {
-    paths.insert(paths.end(), {"intermediates/shared_gate", "intermediates/shared_up", "intermediates/shared_act",
-                               "intermediates/shared_out"});
-    if (backward)
-      paths.insert(paths.end(), {"intermediates/shared_d_gate", "intermediates/shared_d_up", "intermediates/dx_shared"});
-  }
+  std::vector<const char*> paths;
+  for (const WorkspaceTensor& w : kWorkspaceTensors)
+    if (held(w, cfg, backward)) paths.push_back(w.path);
   return paths;
 }
 
 void copy_rank_intermediates(const LayerCore& core, int r, bool backward, ref::TensorMap& result) {
   const spec::LayerConfig& c = core.cfg();
-  const int64_t K = c.top_k, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate, T = c.tokens_per_rank,
-                El = c.experts_per_rank();
+  const int64_t K = c.top_k, T = c.tokens_per_rank, El = c.experts_per_rank();
   MOK_CUDA(cudaDeviceSynchronize());
   const RankState& st = core.state(r);
   std::vector<int64_t> offsets(static_cast<size_t>(El + 1));
@@ -432,41 +459,23 @@ void copy_rank_intermediates(const LayerCore& core, int r, bool backward, ref::T
   const int64_t n = offsets[El] - offsets[0];
   std::vector<spec::RowRef> rows(static_cast<size_t>(n));
   MOK_CUDA(cudaMemcpy(rows.data(), st.rows + offsets[0], rows.size() * sizeof(spec::RowRef), cudaMemcpyDeviceToHost));
-  // Workspace row i (canonical order of the rank's experts) is slot (token, slot) of the layer.
-  auto per_row = [&](const char* path, const void* src, int64_t width) {
-    ref::Tensor& t = result.at(path);
+  for (const WorkspaceTensor& w : kWorkspaceTensors) {
+    if (!held(w, c, backward)) continue;
+    ref::Tensor& t = result.at(w.path);
+    const int64_t width = w.width == 'I' ? c.intermediate : w.width == 'H' ? c.hidden : c.shared_intermediate;
     const size_t row_bytes = static_cast<size_t>(width) * ref::dtype_size(t.dtype());
+    const uint8_t* src = static_cast<const uint8_t*>(w.src(st));
+    if (w.shared) {  // rank r's tokens are global tokens r*T .. r*T + T - 1
+      MOK_CUDA(cudaMemcpy(static_cast<uint8_t*>(t.raw()) + r * T * row_bytes, src, T * row_bytes,
+                          cudaMemcpyDeviceToHost));
+      continue;
+    }
+    // Workspace row i (canonical order of the rank's experts) is slot (token, slot) of the layer.
     std::vector<uint8_t> buf(static_cast<size_t>(n) * row_bytes);
-    MOK_CUDA(cudaMemcpy(buf.data(), static_cast<const uint8_t*>(src) + offsets[0] * row_bytes, buf.size(),
-                        cudaMemcpyDeviceToHost));
+    MOK_CUDA(cudaMemcpy(buf.data(), src + offsets[0] * row_bytes, buf.size(), cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < n; ++i) {
       const int64_t slot = int64_t{rows[i].token_idx} * K + rows[i].slot_idx;
       std::memcpy(static_cast<uint8_t*>(t.raw()) + slot * row_bytes, buf.data() + i * row_bytes, row_bytes);
-    }
-  };
-  // Rank r's tokens are global tokens r*T .. r*T + T - 1.
-  auto per_token = [&](const char* path, const void* src, int64_t width) {
-    ref::Tensor& t = result.at(path);
-    const size_t bytes = static_cast<size_t>(T * width) * ref::dtype_size(t.dtype());
-    MOK_CUDA(cudaMemcpy(static_cast<uint8_t*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
-  };
-  per_row("intermediates/gate", st.gate, I);
-  per_row("intermediates/up", st.up, I);
-  per_row("intermediates/act", st.act, I);
-  if (backward) {
-    per_row("intermediates/dy", st.dy, H);
-    per_row("intermediates/d_gate", st.d_gate, I);
-    per_row("intermediates/d_up", st.d_up, I);
-  }
-  if (Is > 0) {
-    per_token("intermediates/shared_gate", st.shared_gate, Is);
-    per_token("intermediates/shared_up", st.shared_up, Is);
-    per_token("intermediates/shared_act", st.shared_act, Is);
-    per_token("intermediates/shared_out", st.shared_out, H);
-    if (backward) {
-      per_token("intermediates/shared_d_gate", st.shared_d_gate, Is);
-      per_token("intermediates/shared_d_up", st.shared_d_up, Is);
-      per_token("intermediates/dx_shared", st.dx_shared, H);
     }
   }
 }

@@ -20,7 +20,9 @@
 // lines time the storing-warpgroup experiment (ws_store_kernel, below; bits checked the same
 // way): the consumers hand a bf16 staging tile to storing warps and go on. A last line per mode
 // times ping-pong consumers (pp_kernel: each warpgroup owns alternate 64-row half-tiles, so one
-// stores while the other multiplies; bits checked the same way). Prints a table: ms
+// stores while the other multiplies; bits checked the same way), and for fwd2 and bwd1 (M a
+// multiple of 256) the warp-specialised engine in clusters of two blocks that share the weight
+// tile by TMA multicast (mc_kernel; bits checked the same way). Prints a table: ms
 // (median), TFLOP/s, % of the bf16 peak measured in the same run (an 8192^3 cublasGemmEx), and
 // cuBLAS on the same M, N, K.
 // Exit 3 without a GPU with sm_90a, 2 on bad arguments.
@@ -711,9 +713,181 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_kernel(Args a) {
 #endif
 }
 
+// ---- Experimental (twenty-ninth session): the warp-specialised engine in clusters of two blocks
+// that share the weight tile by TMA multicast. The two blocks of a cluster take adjacent row
+// tiles (2p, 2p + 1) of the same column tile; each loads its own A (128 rows) and half of B's
+// boxes, multicast into both blocks' stage at the same offset, so a block reads A 16 KiB + B
+// 16 KiB from L2 per chunk instead of 48 KiB (ncu: the engine is at ~70% of the L2's throughput,
+// cuBLAS reads a third less per FLOP with 1 x 2 clusters). A stage is refilled only when the
+// consumers of both blocks have released it: each consumer warpgroup arrives on the stage's
+// "empty" barrier in both blocks (four arrivals). fwd2 and bwd1 (one B), M a multiple of 256.
+#if defined(MOK_WGMMA)
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrival on the mbarrier at the same shared-memory offset in block `cta` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// pp_wait for the loader's waits on stages both blocks release (as CUTLASS's cluster barriers:
+// default semantics; the multicast reads nothing the consumers write).
+__device__ __forceinline__ void mc_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done = 0, polls = 0;
+  uint64_t t0 = 0;
+  while (true) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(phase)
+        : "memory");
+    if (done) return;
+    if ((++polls & 4095) == 0) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t0 == 0) t0 = t;
+      else if (t - t0 > 2000000000ull) __trap();
+    }
+  }
+}
+// One 64 x 64 box into the same offset of both blocks' shared memory, completing on the mbarrier
+// at the same offset in each.
+__device__ __forceinline__ void tma_load_box_mc(void* dst, const TensorMapBytes* map, int32_t col, int32_t row,
+                                                uint64_t* bar) {
+  const uint16_t mask = 0x3;
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n"
+      :
+      : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar)), "h"(mask)
+      : "memory");
+}
+#endif
+
+template <int kMode>
+__global__ void __launch_bounds__(kWsThreads, 1) mc_kernel(Args a) {
+#if defined(MOK_WGMMA)
+  static_assert(!WsShape<kMode>::kDual, "one B operand");
+  extern __shared__ __align__(1024) unsigned char dyn[];
+  uint8_t* smem = aligned_smem(dyn);
+  constexpr int kBN = WsShape<kMode>::kBN, TA = WsShape<kMode>::TA, TB = WsShape<kMode>::TB;
+  constexpr int kStages = 12 / kUnitsPerStage<false, kBN>;
+  constexpr int kStageBytes = kUnitsPerStage<false, kBN> * kOperandBytes;
+  constexpr int NJ = kBN / 8, kB = kTileM / 64 * kBoxBytes;
+  uint8_t* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingBytes);
+  uint64_t* empty = full + kMaxStages;
+  if (threadIdx.x == 0) ws_init_ring(full, empty, kStages, 4);  // two consumer warpgroups in each block
+  ws_begin(a, 3);
+  cluster_sync_all();  // both blocks' barriers exist before any multicast or remote arrival
+  const uint32_t q = cluster_rank();
+  const int64_t cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
+  const int64_t pairs = a.row_tiles / 2 * a.col_tiles;
+  const int64_t chunks = a.K / kChunkK;
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    ws_loader_registers();
+    if (threadIdx.x == 0) {
+      const TensorMapBytes* mp = a.maps;
+      int64_t it = 0;
+      for (int64_t pair = cluster; pair < pairs; pair += clusters) {
+        int64_t rp, ct;
+        grouped(pair, a.row_tiles / 2, a.col_tiles, rp, ct);
+        const int64_t m0 = (2 * rp + q) * kTileM, n0 = ct * kBN;
+        const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+        const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
+        for (int64_t c = 0; c < chunks; ++c, ++it) {
+          const int st = static_cast<int>(it % kStages);
+          mc_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
+                       "r"(kStageBytes)
+                       : "memory");
+          uint8_t* sp = ring + st * kStageBytes;
+          fast_load(sp, A, c * kChunkK, &full[st], kTileM);
+          // This block's half of B's boxes, into both blocks.
+          const int32_t k = static_cast<int32_t>(c * kChunkK);
+          for (int b = static_cast<int>(q) * (kBN / 128); b < (static_cast<int>(q) + 1) * (kBN / 128); ++b) {
+            if (TB)
+              tma_load_box_mc(sp + kB + b * kBoxBytes, B.map[0], B.mn0 + 64 * b, B.base[0] + k, &full[st]);
+            else
+              tma_load_box_mc(sp + kB + b * kBoxBytes, B.map[0], k, B.base[0] + 64 * b, &full[st]);
+          }
+        }
+      }
+    }
+  } else {
+    ws_consumer_registers();
+    const int cw = wg - 1;
+    int64_t it = 0;
+    for (int64_t pair = cluster; pair < pairs; pair += clusters) {
+      int64_t rp, ct;
+      grouped(pair, a.row_tiles / 2, a.col_tiles, rp, ct);
+      const int64_t m0 = (2 * rp + q) * kTileM, n0 = ct * kBN;
+      const int64_t rows = min(int64_t{kTileM}, a.M - m0), cols = min(int64_t{kBN}, a.N - n0);
+      float acc[NJ][4], acc2[16][4];
+      zero_accumulators(acc);
+      // ORDER: dot-chain: chunks in increasing k (ws_mma_chunk: 16 K-elements at a time in increasing k).
+      for (int64_t c = 0; c < chunks; ++c, ++it) {
+        const int st = static_cast<int>(it % kStages);
+        mbar_wait(&full[st], static_cast<uint32_t>((it / kStages) & 1));
+        uint8_t* sp = ring + st * kStageBytes;
+        ws_mma_chunk<TA, TB, false, NJ>(acc, acc2, smem_u32(sp) + cw * kBoxBytes, smem_u32(sp + kOperandBytes), 0);
+        wgmma_wait<1>();  // the previous chunk is done: hand its stage back to both blocks' loaders
+        if (c > 0 && threadIdx.x % 128 == 0) {
+          mbar_arrive_cluster(&empty[(it - 1) % kStages], 0);
+          mbar_arrive_cluster(&empty[(it - 1) % kStages], 1);
+        }
+      }
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      if (threadIdx.x % 128 == 0) {
+        mbar_arrive_cluster(&empty[(it - 1) % kStages], 0);
+        mbar_arrive_cluster(&empty[(it - 1) % kStages], 1);
+      }
+      ws_store_fragments<kMode, false, NJ>(a, acc, acc2, cw * 64, m0, n0, rows, cols);
+    }
+  }
+  cluster_sync_all();  // neither block leaves while the other may still write into it
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+// Launches mc_kernel on clusters of two blocks: as many clusters as fit at once (an even grid).
+template <int kMode>
+void launch_mc(const Args& a, int sms, size_t smem) {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kWsThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  static int clusters = 0;
+  if (clusters == 0) {
+    cfg.gridDim = dim3(sms / 2 * 2);
+    if (cudaOccupancyMaxActiveClusters(&clusters, mc_kernel<kMode>, &cfg) != cudaSuccess || clusters < 1)
+      clusters = sms / 2;
+    std::printf("# mc_kernel: %d clusters of two blocks at once\n", clusters);
+  }
+  cfg.gridDim = dim3(2 * std::min(clusters, sms / 2));
+  cudaLaunchKernelEx(&cfg, mc_kernel<kMode>, a);
+}
+
 // One persistent block per SM of the layer's engine or of the warp-specialised variant.
 // variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores,
-// 3 (wgrad only): the engine with bulk row copies, 4 / 5 (fwd2, bwd1): the storing warpgroup, 6: ping-pong.
+// 3 (wgrad only): the engine with bulk row copies, 4 / 5 (fwd2, bwd1): the storing warpgroup, 6: ping-pong,
+// 7 (fwd2, bwd1): clusters of two sharing B by multicast.
 template <int kMode>
 void launch_mode(const Args& a, int sms, size_t smem, int variant) {
   if constexpr (kMode == kWgrad)
@@ -733,6 +907,11 @@ void launch_mode(const Args& a, int sms, size_t smem, int variant) {
     pp_kernel<kMode><<<sms, kWsThreads, kPpSmem>>>(a);
     return;
   }
+  if constexpr (kMode == kFwd2 || kMode == kBwd1)
+    if (variant == 7) {
+      launch_mc<kMode>(a, sms, smem);
+      return;
+    }
   if (variant == 1)
     ws_kernel<kMode><<<sms, kWsThreads, smem>>>(a);
   else if (variant == 2)
@@ -994,6 +1173,8 @@ int main(int argc, char** argv) {
                     engine_kernel<kBwd1, true>, engine_kernel<kWgrad, true>, ws_kernel<kFwd1>, ws_kernel<kFwd2>,
                     ws_kernel<kBwd1>, ws_kernel<kWgrad>, engine_kernel<kWgrad, true, true>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    for (auto* f : {mc_kernel<kFwd2>, mc_kernel<kBwd1>})
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     for (auto* f : {pp_kernel<kFwd1>, pp_kernel<kFwd2>, pp_kernel<kBwd1>, pp_kernel<kWgrad>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPpSmem)));
     for (auto* f : {ws_store_kernel<kFwd2, false>, ws_store_kernel<kBwd1, false>})
@@ -1038,6 +1219,8 @@ int main(int argc, char** argv) {
     const bool storer_same = storer && output_of([&] { launch_variant(4); }) == ref;
     const bool half_same = storer && output_of([&] { launch_variant(5); }) == ref;
     const bool pp_same = !args.layer && output_of([&] { launch_variant(6); }) == ref;
+    const bool mc = storer && GM % 256 == 0;  // the multicast variant's cases
+    const bool mc_same = mc && output_of([&] { launch_variant(7); }) == ref;
     args.store = keep;
     args.fwd1_stores = keep_stores;
     const double ms = time_ms(launch, warmup, reps);
@@ -1050,6 +1233,7 @@ int main(int argc, char** argv) {
     const double half_ms = storer ? time_ms([&] { launch_variant(5); }, warmup, reps) : 0.0;
     // Ping-pong has the fragment epilogues only (not the layer's bwd1 epilogue).
     const double pp_ms = !args.layer ? time_ms([&] { launch_variant(6); }, warmup, reps) : 0.0;
+    const double mc_ms = mc ? time_ms([&] { launch_variant(7); }, warmup, reps) : 0.0;
     const double flops = 2.0 * GM * GN * GK * (mode == kFwd1 ? 2 : 1);
     // cuBLAS on the same product (column-major view: C^T [GN, GM] = B^T A^T); for fwd1 one GEMM
     // with 2N columns (gate and up stacked).
@@ -1087,6 +1271,10 @@ int main(int argc, char** argv) {
       std::printf("%-6s ping-pong (two consumer warpgroups on alternate 64-row half-tiles, fragment stores; one "
                   "overlaps its epilogue with the other's main loop): %.3f ms, %.1f TFLOP/s, %.1f%% peak, bits %s\n",
                   name, pp_ms, tf(pp_ms), 100.0 * tf(pp_ms) / peak, pp_same ? "same" : "DIFFER");
+    if (mc)
+      std::printf("%-6s clusters of two sharing B by TMA multicast (warp-specialised, fragment stores): %.3f ms, "
+                  "%.1f TFLOP/s, %.1f%% peak, bits %s\n",
+                  name, mc_ms, tf(mc_ms), 100.0 * tf(mc_ms) / peak, mc_same ? "same" : "DIFFER");
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
                     static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]), static_cast<void*>(args.out_f32[2]),

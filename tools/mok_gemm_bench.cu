@@ -884,10 +884,141 @@ void launch_mc(const Args& a, int sms, size_t smem) {
   cudaLaunchKernelEx(&cfg, mc_kernel<kMode>, a);
 }
 
+// ---- Experimental (twenty-ninth session): the ping-pong consumers (pp_kernel) in clusters of two
+// blocks sharing B by TMA multicast (mc_kernel's scheme), so that a block reads A 8 KiB + B 16 KiB
+// per 64-row half-chunk instead of 40 KiB: per 128-row tile what the cooperative engine reads.
+// Each stage is consumed by one warpgroup per block; it is refilled when that warpgroup of both
+// blocks has released it (two arrivals, one remote). fwd2 and bwd1, M a multiple of 256.
+template <int kMode>
+__global__ void __launch_bounds__(kWsThreads, 1) pp_mc_kernel(Args a) {
+#if defined(MOK_WGMMA)
+  static_assert(!WsShape<kMode>::kDual, "one B operand");
+  extern __shared__ __align__(1024) unsigned char dyn[];
+  uint8_t* smem = aligned_smem(dyn);
+  constexpr int kBN = WsShape<kMode>::kBN, TA = WsShape<kMode>::TA, TB = WsShape<kMode>::TB;
+  constexpr int kStageBytes = kPpStageBytes<false, kBN>;
+  constexpr int NJ = kBN / 8;
+  uint8_t* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kPpStages * kStageBytes);
+  uint64_t* empty = full + kPpStages;
+  uint64_t* turn = empty + kPpStages;  // [2], as in pp_kernel
+  if (threadIdx.x == 0) {
+    ws_init_ring(full, empty, kPpStages, 2);
+    for (int w = 0; w < 2; ++w) mbar_init(&turn[w], 128);
+  }
+  ws_begin(a, 3);
+  cluster_sync_all();
+  const uint32_t q = cluster_rank();
+  const int64_t cluster = blockIdx.x / 2, clusters = gridDim.x / 2;
+  const int64_t pairs = a.row_tiles / 2 * a.col_tiles;
+  const int64_t chunks = a.K / kChunkK;
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    ws_loader_registers();
+    if (threadIdx.x == 0) {
+      const TensorMapBytes* mp = a.maps;
+      int64_t it = 0;
+      // ORDER: the ring's sequence is (tile, half, chunk), as the consumers count it.
+      for (int64_t pair = cluster; pair < pairs; pair += clusters) {
+        int64_t rp, ct;
+        grouped(pair, a.row_tiles / 2, a.col_tiles, rp, ct);
+        const int64_t n0 = ct * kBN;
+        const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
+        for (int part = 0; part < 2; ++part) {
+          const int64_t m0 = (2 * rp + q) * kTileM + 64 * part;
+          const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
+          for (int64_t c = 0; c < chunks; ++c, ++it) {
+            const int st = static_cast<int>(it % kPpStages);
+            mc_wait(&empty[st], static_cast<uint32_t>(((it / kPpStages) & 1) ^ 1));
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
+                         "r"(kStageBytes)
+                         : "memory");
+            uint8_t* sp = ring + st * kStageBytes;
+            fast_load(sp, A, c * kChunkK, &full[st], 64);
+            const int32_t k = static_cast<int32_t>(c * kChunkK);
+            for (int b = static_cast<int>(q) * (kBN / 128); b < (static_cast<int>(q) + 1) * (kBN / 128); ++b) {
+              if (TB)
+                tma_load_box_mc(sp + kBoxBytes + b * kBoxBytes, B.map[0], B.mn0 + 64 * b, B.base[0] + k, &full[st]);
+              else
+                tma_load_box_mc(sp + kBoxBytes + b * kBoxBytes, B.map[0], k, B.base[0] + 64 * b, &full[st]);
+            }
+          }
+        }
+      }
+    }
+  } else {
+    ws_consumer_registers();
+    const int cw = wg - 1;
+    int64_t t = 0;
+    for (int64_t pair = cluster; pair < pairs; pair += clusters, ++t) {
+      int64_t rp, ct;
+      grouped(pair, a.row_tiles / 2, a.col_tiles, rp, ct);
+      const int64_t m0 = (2 * rp + q) * kTileM, n0 = ct * kBN;
+      const int64_t rows = min(int64_t{kTileM}, a.M - m0), cols = min(int64_t{kBN}, a.N - n0);
+      float acc[NJ][4], acc2[16][4];
+      zero_accumulators(acc);
+      const int64_t base = (2 * t + cw) * chunks;
+      // The turns of pp_kernel: half 2t + cw waits for the other warpgroup's half before it.
+      if (cw == 1)
+        pp_wait(&turn[1], static_cast<uint32_t>(t & 1));
+      else if (t > 0)
+        pp_wait(&turn[0], static_cast<uint32_t>((t - 1) & 1));
+      // ORDER: dot-chain: chunks in increasing k (ws_mma_chunk: 16 K-elements at a time in increasing k).
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t it = base + c;
+        const int st = static_cast<int>(it % kPpStages);
+        pp_wait(&full[st], static_cast<uint32_t>((it / kPpStages) & 1));
+        uint8_t* sp = ring + st * kStageBytes;
+        ws_mma_chunk<TA, TB, false, NJ>(acc, acc2, smem_u32(sp), smem_u32(sp + kBoxBytes), 0);
+        wgmma_wait<1>();
+        if (c > 0 && threadIdx.x % 128 == 0) {
+          mbar_arrive_cluster(&empty[(it - 1) % kPpStages], 0);
+          mbar_arrive_cluster(&empty[(it - 1) % kPpStages], 1);
+        }
+      }
+      mbar_arrive(&turn[1 - cw]);
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      if (threadIdx.x % 128 == 0) {
+        mbar_arrive_cluster(&empty[(base + chunks - 1) % kPpStages], 0);
+        mbar_arrive_cluster(&empty[(base + chunks - 1) % kPpStages], 1);
+      }
+      ws_store_fragments<kMode, false, NJ>(a, acc, acc2, cw * 64, m0, n0, rows, cols);
+    }
+  }
+  cluster_sync_all();
+#else
+  (void)a;
+  __trap();
+#endif
+}
+
+template <int kMode>
+void launch_pp_mc(const Args& a, int sms) {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kWsThreads);
+  cfg.dynamicSmemBytes = kPpSmem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  static int clusters = 0;
+  if (clusters == 0) {
+    cfg.gridDim = dim3(sms / 2 * 2);
+    if (cudaOccupancyMaxActiveClusters(&clusters, pp_mc_kernel<kMode>, &cfg) != cudaSuccess || clusters < 1)
+      clusters = sms / 2;
+  }
+  cfg.gridDim = dim3(2 * std::min(clusters, sms / 2));
+  cudaLaunchKernelEx(&cfg, pp_mc_kernel<kMode>, a);
+}
+
 // One persistent block per SM of the layer's engine or of the warp-specialised variant.
 // variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores,
 // 3 (wgrad only): the engine with bulk row copies, 4 / 5 (fwd2, bwd1): the storing warpgroup, 6: ping-pong,
-// 7 (fwd2, bwd1): clusters of two sharing B by multicast.
+// 7 (fwd2, bwd1): clusters of two sharing B by multicast, 8 (fwd2, bwd1): ping-pong in such clusters.
 template <int kMode>
 void launch_mode(const Args& a, int sms, size_t smem, int variant) {
   if constexpr (kMode == kWgrad)
@@ -908,8 +1039,11 @@ void launch_mode(const Args& a, int sms, size_t smem, int variant) {
     return;
   }
   if constexpr (kMode == kFwd2 || kMode == kBwd1)
-    if (variant == 7) {
-      launch_mc<kMode>(a, sms, smem);
+    if (variant == 7 || variant == 8) {
+      if (variant == 7)
+        launch_mc<kMode>(a, sms, smem);
+      else
+        launch_pp_mc<kMode>(a, sms);
       return;
     }
   if (variant == 1)
@@ -1175,6 +1309,8 @@ int main(int argc, char** argv) {
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     for (auto* f : {mc_kernel<kFwd2>, mc_kernel<kBwd1>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    for (auto* f : {pp_mc_kernel<kFwd2>, pp_mc_kernel<kBwd1>})
+      CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPpSmem)));
     for (auto* f : {pp_kernel<kFwd1>, pp_kernel<kFwd2>, pp_kernel<kBwd1>, pp_kernel<kWgrad>})
       CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPpSmem)));
     for (auto* f : {ws_store_kernel<kFwd2, false>, ws_store_kernel<kBwd1, false>})
@@ -1221,6 +1357,7 @@ int main(int argc, char** argv) {
     const bool pp_same = !args.layer && output_of([&] { launch_variant(6); }) == ref;
     const bool mc = storer && GM % 256 == 0;  // the multicast variant's cases
     const bool mc_same = mc && output_of([&] { launch_variant(7); }) == ref;
+    const bool pp_mc_same = mc && output_of([&] { launch_variant(8); }) == ref;
     args.store = keep;
     args.fwd1_stores = keep_stores;
     const double ms = time_ms(launch, warmup, reps);
@@ -1234,6 +1371,7 @@ int main(int argc, char** argv) {
     // Ping-pong has the fragment epilogues only (not the layer's bwd1 epilogue).
     const double pp_ms = !args.layer ? time_ms([&] { launch_variant(6); }, warmup, reps) : 0.0;
     const double mc_ms = mc ? time_ms([&] { launch_variant(7); }, warmup, reps) : 0.0;
+    const double pp_mc_ms = mc ? time_ms([&] { launch_variant(8); }, warmup, reps) : 0.0;
     const double flops = 2.0 * GM * GN * GK * (mode == kFwd1 ? 2 : 1);
     // cuBLAS on the same product (column-major view: C^T [GN, GM] = B^T A^T); for fwd1 one GEMM
     // with 2N columns (gate and up stacked).
@@ -1275,6 +1413,10 @@ int main(int argc, char** argv) {
       std::printf("%-6s clusters of two sharing B by TMA multicast (warp-specialised, fragment stores): %.3f ms, "
                   "%.1f TFLOP/s, %.1f%% peak, bits %s\n",
                   name, mc_ms, tf(mc_ms), 100.0 * tf(mc_ms) / peak, mc_same ? "same" : "DIFFER");
+    if (mc)
+      std::printf("%-6s ping-pong in clusters of two sharing B by TMA multicast (fragment stores): %.3f ms, "
+                  "%.1f TFLOP/s, %.1f%% peak, bits %s\n",
+                  name, pp_mc_ms, tf(pp_mc_ms), 100.0 * tf(pp_mc_ms) / peak, pp_mc_same ? "same" : "DIFFER");
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(A), static_cast<void*>(B), static_cast<void*>(Ac), static_cast<void*>(Bc),
                     static_cast<void*>(maps), static_cast<void*>(args.out_f32[0]), static_cast<void*>(args.out_f32[1]), static_cast<void*>(args.out_f32[2]),

@@ -121,10 +121,10 @@ class Layer {
   // `result` under their golden paths and layouts (schema v1, [G,K,.] per slot, [G,.] per token;
   // every one a fresh zeroed tensor, so a slot without a row is zero, as in the emulator's): gate,
   // up, act and, with a shared expert, shared_gate, shared_up, shared_act, shared_out; after a
-  // backward (backward = true)
-  // also dy, d_gate, d_up and shared_d_gate, shared_d_up, dx_shared. d_act and shared_d_act never
-  // exist in memory (the epilogues use them in registers). Synchronises the device. With these
-  // the stage bisector names the first wrong stage inside an expert, not only at y or dx_slot.
+  // backward (backward = true) also dy, d_gate, d_up and shared_d_gate, shared_d_up, dx_shared.
+  // d_act and shared_d_act never exist in memory (the epilogues use them in registers).
+  // Synchronises the device. With these the stage bisector names the first wrong stage inside an
+  // expert, not only at y or dx_slot.
   void copy_intermediates(ref::TensorMap& result, bool backward) const;
 
  private:

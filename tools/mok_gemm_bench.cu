@@ -730,31 +730,15 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// Arrival on the mbarrier at the same shared-memory offset in block `cta` of the cluster.
+// Arrival on the mbarrier at the same shared-memory offset in block `cta` of the cluster, with the
+// default (CTA-scope release) semantics, as CUTLASS's cluster barriers arrive: with
+// `.release.cluster` here and `.acquire.cluster` on the loader's waits the kernels ran at half speed
+// (H100, twenty-ninth session). The stage's bytes arrive through the async proxy and its readers
+// are wgmma, so no generic-proxy write needs ordering across the blocks.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// pp_wait for the loader's waits on stages both blocks release (as CUTLASS's cluster barriers:
-// default semantics; the multicast reads nothing the consumers write).
-__device__ __forceinline__ void mc_wait(uint64_t* bar, uint32_t phase) {
-  uint32_t done = 0, polls = 0;
-  uint64_t t0 = 0;
-  while (true) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(phase)
-        : "memory");
-    if (done) return;
-    if ((++polls & 4095) == 0) {
-      uint64_t t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (t0 == 0) t0 = t;
-      else if (t - t0 > 2000000000ull) __trap();
-    }
-  }
 }
 // One 64 x 64 box into the same offset of both blocks' shared memory, completing on the mbarrier
 // at the same offset in each.
@@ -804,7 +788,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) mc_kernel(Args a) {
         const FastOperand B = TB ? mnmajor(mp + 1, 0, n0) : kmajor(mp + 1, n0);
         for (int64_t c = 0; c < chunks; ++c, ++it) {
           const int st = static_cast<int>(it % kStages);
-          mc_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
+          pp_wait(&empty[st], static_cast<uint32_t>(((it / kStages) & 1) ^ 1));
           asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
                        "r"(kStageBytes)
                        : "memory");
@@ -929,7 +913,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_mc_kernel(Args a) {
           const FastOperand A = TA ? mnmajor(mp, 0, m0) : kmajor(mp, m0);
           for (int64_t c = 0; c < chunks; ++c, ++it) {
             const int st = static_cast<int>(it % kPpStages);
-            mc_wait(&empty[st], static_cast<uint32_t>(((it / kPpStages) & 1) ^ 1));
+            pp_wait(&empty[st], static_cast<uint32_t>(((it / kPpStages) & 1) ^ 1));
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&full[st])),
                          "r"(kStageBytes)
                          : "memory");

@@ -256,7 +256,8 @@ RC_GTEST_PROP(OracleBound, ChainsOfTinyValuesStayWithinTheRadius, ()) {
 // The bound material (OracleOptions::terms): Σ|terms| of each element's last stage, asked for
 // only when wanted, at least |exact| everywhere, equal to an independent double sum where the
 // last stage is simple (d_router_weights: Σ_h |d_output·y|; the routed down gradient: Σ over the
-// expert's canonical rows of |dy·act|), and the other bound datasets the same bits with or without it.
+// expert's canonical rows of |dy·act|; the output: the shared chain's |shared_act·w_shared_down| and
+// the slots' |w·y|), and the other bound datasets the same bits with or without it.
 RC_GTEST_PROP(OracleBound, TermsAreTheSumOfAbsoluteTermsOfTheLastStage, ()) {
   const Case c = gen_case();
   const TensorMap emu = ref::emulate(c.cfg, c.inputs);
@@ -299,6 +300,22 @@ RC_GTEST_PROP(OracleBound, TermsAreTheSumOfAbsoluteTermsOfTheLastStage, ()) {
     if (topk[slot] == e)
       sum += std::fabs(static_cast<double>(spec::f32_from_bf16(dy[slot * H + h])) * spec::f32_from_bf16(act[slot * I + i]));
   RC_ASSERT(near(dd_terms.value_at((e * H + h) * I + i), sum));
+  // output[g, h]: the shared expert's chain products |shared_act[g, j] * w_shared_down[h, j]| and
+  // the slot terms |w[g, k] * y[g, k, h]|.
+  const Tensor& out_terms = b.at(ref::bound_terms_path("outputs/output"));
+  const float* rw = c.inputs.at("inputs/router_weights").data<float>();
+  const int64_t Is = c.cfg.shared_intermediate, g = *rc::gen::inRange<int64_t>(0, G);
+  double osum = 0;
+  if (Is > 0) {
+    const uint16_t* sa = emu.at("intermediates/shared_act").data<uint16_t>();
+    const uint16_t* wsd = c.inputs.at("inputs/w_shared_down").data<uint16_t>();
+    for (int64_t j = 0; j < Is; ++j)
+      osum += std::fabs(static_cast<double>(spec::f32_from_bf16(sa[g * Is + j])) * spec::f32_from_bf16(wsd[h * Is + j]));
+  }
+  for (int64_t k = 0; k < K; ++k)
+    if (topk[g * K + k] >= 0)
+      osum += std::fabs(static_cast<double>(rw[g * K + k]) * spec::f32_from_bf16(y[(g * K + k) * H + h]));
+  RC_ASSERT(near(out_terms.value_at(g * H + h), osum));
 }
 
 RC_GTEST_PROP(Emulate, ThreadCountAndSamplingDoNotChangeBits, ()) {

@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
     eo.num_threads = threads;
     eo.intermediates = true;
     mok::ref::TensorMap result = mok::ref::emulate(cfg, inputs, eo);
+    const double emulate_s = seconds_since(t0);
     std::fprintf(stderr, "mok-golden: emulated %s in %.1f s\n", forward_only ? "forward" : "forward and backward",
-                 seconds_since(t0));
+                 emulate_s);
     mok::ref::Golden golden;
     golden.cfg = cfg;
     golden.meta.generator = "mok-golden";
@@ -134,6 +135,8 @@ int main(int argc, char** argv) {
     }
     if (end_to_end_bounds) {
       const auto t1 = std::chrono::steady_clock::now();
+      std::fprintf(stderr, "mok-golden: end-to-end bounds next (about four times the emulation's %.1f s)\n",
+                   emulate_s);
       mok::ref::OracleOptions oo;
       oo.num_threads = threads;
       // The oracle names its results like the stage-local pair; the golden keeps them apart.

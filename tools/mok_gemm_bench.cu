@@ -752,6 +752,18 @@ __device__ __forceinline__ void tma_load_box_mc(void* dst, const TensorMapBytes*
       : "r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar)), "h"(mask)
       : "memory");
 }
+// This block's half of a 256-wide B chunk (boxes 2q, 2q + 1 of four), multicast into both blocks
+// of the cluster at `dst` (the stage's B area), completing on `bar` in each.
+template <int TB, int kBN>
+__device__ __forceinline__ void load_b_half_mc(uint8_t* dst, const FastOperand& B, int64_t k0, uint32_t q, uint64_t* bar) {
+  const int32_t k = static_cast<int32_t>(k0);
+  for (int b = static_cast<int>(q) * (kBN / 128); b < (static_cast<int>(q) + 1) * (kBN / 128); ++b) {
+    if (TB)
+      tma_load_box_mc(dst + b * kBoxBytes, B.map[0], B.mn0 + 64 * b, B.base[0] + k, bar);
+    else
+      tma_load_box_mc(dst + b * kBoxBytes, B.map[0], k, B.base[0] + 64 * b, bar);
+  }
+}
 #endif
 
 template <int kMode>
@@ -794,14 +806,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) mc_kernel(Args a) {
                        : "memory");
           uint8_t* sp = ring + st * kStageBytes;
           fast_load(sp, A, c * kChunkK, &full[st], kTileM);
-          // This block's half of B's boxes, into both blocks.
-          const int32_t k = static_cast<int32_t>(c * kChunkK);
-          for (int b = static_cast<int>(q) * (kBN / 128); b < (static_cast<int>(q) + 1) * (kBN / 128); ++b) {
-            if (TB)
-              tma_load_box_mc(sp + kB + b * kBoxBytes, B.map[0], B.mn0 + 64 * b, B.base[0] + k, &full[st]);
-            else
-              tma_load_box_mc(sp + kB + b * kBoxBytes, B.map[0], k, B.base[0] + 64 * b, &full[st]);
-          }
+          load_b_half_mc<TB, kBN>(sp + kB, B, c * kChunkK, q, &full[st]);
         }
       }
     }
@@ -844,9 +849,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) mc_kernel(Args a) {
 #endif
 }
 
-// Launches mc_kernel on clusters of two blocks: as many clusters as fit at once (an even grid).
-template <int kMode>
-void launch_mc(const Args& a, int sms, size_t smem) {
+// Launches a kernel of Args on clusters of two blocks of kWsThreads: as many clusters as fit at
+// once (an even grid; the count is asked once per kernel).
+template <auto* kKernel>
+void launch_pairs(const Args& a, int sms, size_t smem) {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -860,19 +866,13 @@ void launch_mc(const Args& a, int sms, size_t smem) {
   static int clusters = 0;
   if (clusters == 0) {
     cfg.gridDim = dim3(sms / 2 * 2);
-    if (cudaOccupancyMaxActiveClusters(&clusters, mc_kernel<kMode>, &cfg) != cudaSuccess || clusters < 1)
-      clusters = sms / 2;
-    std::printf("# mc_kernel: %d clusters of two blocks at once\n", clusters);
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg) != cudaSuccess || clusters < 1) clusters = sms / 2;
+    std::printf("# %d clusters of two blocks at once\n", clusters);
   }
   cfg.gridDim = dim3(2 * std::min(clusters, sms / 2));
-  cudaLaunchKernelEx(&cfg, mc_kernel<kMode>, a);
+  cudaLaunchKernelEx(&cfg, kKernel, a);
 }
 
-// ---- Experimental (twenty-ninth session): the ping-pong consumers (pp_kernel) in clusters of two
-// blocks sharing B by TMA multicast (mc_kernel's scheme), so that a block reads A 8 KiB + B 16 KiB
-// per 64-row half-chunk instead of 40 KiB: per 128-row tile what the cooperative engine reads.
-// Each stage is consumed by one warpgroup per block; it is refilled when that warpgroup of both
-// blocks has released it (two arrivals, one remote). fwd2 and bwd1, M a multiple of 256.
 template <int kMode>
 __global__ void __launch_bounds__(kWsThreads, 1) pp_mc_kernel(Args a) {
 #if defined(MOK_WGMMA)
@@ -919,13 +919,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_mc_kernel(Args a) {
                          : "memory");
             uint8_t* sp = ring + st * kStageBytes;
             fast_load(sp, A, c * kChunkK, &full[st], 64);
-            const int32_t k = static_cast<int32_t>(c * kChunkK);
-            for (int b = static_cast<int>(q) * (kBN / 128); b < (static_cast<int>(q) + 1) * (kBN / 128); ++b) {
-              if (TB)
-                tma_load_box_mc(sp + kBoxBytes + b * kBoxBytes, B.map[0], B.mn0 + 64 * b, B.base[0] + k, &full[st]);
-              else
-                tma_load_box_mc(sp + kBoxBytes + b * kBoxBytes, B.map[0], k, B.base[0] + 64 * b, &full[st]);
-            }
+            load_b_half_mc<TB, kBN>(sp + kBoxBytes, B, c * kChunkK, q, &full[st]);
           }
         }
       }
@@ -977,27 +971,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) pp_mc_kernel(Args a) {
 #endif
 }
 
-template <int kMode>
-void launch_pp_mc(const Args& a, int sms) {
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(kWsThreads);
-  cfg.dynamicSmemBytes = kPpSmem;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  static int clusters = 0;
-  if (clusters == 0) {
-    cfg.gridDim = dim3(sms / 2 * 2);
-    if (cudaOccupancyMaxActiveClusters(&clusters, pp_mc_kernel<kMode>, &cfg) != cudaSuccess || clusters < 1)
-      clusters = sms / 2;
-  }
-  cfg.gridDim = dim3(2 * std::min(clusters, sms / 2));
-  cudaLaunchKernelEx(&cfg, pp_mc_kernel<kMode>, a);
-}
 
 // One persistent block per SM of the layer's engine or of the warp-specialised variant.
 // variant 0: the engine with fragment stores, 1: warp-specialised, 2: the engine with row stores,
@@ -1025,9 +998,9 @@ void launch_mode(const Args& a, int sms, size_t smem, int variant) {
   if constexpr (kMode == kFwd2 || kMode == kBwd1)
     if (variant == 7 || variant == 8) {
       if (variant == 7)
-        launch_mc<kMode>(a, sms, smem);
+        launch_pairs<mc_kernel<kMode>>(a, sms, smem);
       else
-        launch_pp_mc<kMode>(a, sms);
+        launch_pairs<pp_mc_kernel<kMode>>(a, sms, kPpSmem);
       return;
     }
   if (variant == 1)

@@ -107,6 +107,21 @@ void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per
   row("sum: phase-2 GEMMs + epilogue", false, kTrPhase2, false);
   row("sum: publish (fences, counters)", false, kTrPublish, false);
   row("count: GEMM items", false, kTrItems, false, 1.0);
+  row("count: phase-2 items", false, kTrItems2, false, 1.0);
+  // Inside the fast engine's calls (GemmLaps: builds configured with -DMOK_GEMM_LAPS=ON; all
+  // zero otherwise, and then not printed).
+  const char* laps[kLapWords] = {"entry to barrier", "barrier to loads issued", "issued to first full stage",
+                                 "main loop", "epilogue"};
+  const struct { const char* name; int slot; } groups[3] = {{"phase 1", kTrLaps1}, {"phase 2", kTrLaps2}, {"wgrad", kTrLapsW}};
+  for (const auto& gr : groups) {
+    bool any = false;
+    for (size_t b = 0; b < nb; ++b) any = any || at(b, gr.slot + 3) > 0;
+    if (!any) continue;
+    for (int k = 0; k < kLapWords; ++k) {
+      const std::string name = std::string("sum: ") + gr.name + " " + laps[k];
+      row(name.c_str(), false, gr.slot + k, false);
+    }
+  }
   row("count: weight-gradient tiles", false, kTrWgradItems, false, 1.0);
   // The backward's weight gradients run from a block's "reduction done" mark to its end.
   bool wgrad = false;

@@ -48,16 +48,18 @@ template <bool kDual, int kBN>
 constexpr int kUnitsPerStage = 1 + kBN / 128 + (kDual ? 1 : 0);
 constexpr int kMaxStages = 6;
 
-// The ring's 1024-byte alignment leaves 976 bytes after the barriers that the engine never
-// touches: `layer_scratch`, where the backward keeps its row-tile table (moe.cuh, above
-// row_tile_at). Growing FastSmem, or a block's static shared memory, past 196 KiB in all moves
+// The ring's 1024-byte alignment leaves 976 bytes after the barriers: 16 for the engine's
+// profile (GemmLaps), and `layer_scratch`, which the engine never touches, where the backward
+// keeps its row-tile table (moe.cuh, above row_tile_at). Growing FastSmem, or a block's static shared memory, past 196 KiB in all moves
 // the SM to the 228 KiB carve-out and shrinks L1 from 60 to 28 KiB, which made the backward
 // 1-5% slower on the H200 (kernel/notes/bench_v8_run_o.txt).
-inline constexpr int kLayerScratchInts = 242;
+inline constexpr int kLayerScratchInts = 238;
 struct FastSmem {
   alignas(1024) uint8_t ring[kRingBytes];
   alignas(8) uint64_t full[kMaxStages];
   int32_t layer_scratch[kLayerScratchInts];
+  uint64_t* laps;      // GemmLaps (below): the current call's sums, or null; thread 0 only
+  uint64_t lap_since;  // ... and the time its current lap began
 };
 static_assert(sizeof(FastSmem) == kRingBytes + 1024, "the scratch table fits in the alignment padding");
 
@@ -672,16 +674,60 @@ __device__ __forceinline__ void copy16_wait_all_but() {
 }
 __device__ __forceinline__ void copy16_wait_all_but_last() { copy16_wait_all_but<1>(); }
 
+// Optional profile of gemm_fast's calls (mok-bench --trace, in builds configured with
+// -DMOK_GEMM_LAPS=ON; elsewhere every lap compiles to nothing): thread 0 adds to t[0] the time
+// from entry past the entry barrier, to t[1] the time from there until it has issued the first
+// chunks' loads, to t[2] the time from there until the first chunk's stage is full, to t[3] the
+// main loop until every accumulator is final, to t[4] the epilogue. %globaltimer ticks are
+// coarse (up to ~1 us on some parts), so only sums over many items mean anything. The pointer
+// and the lap's start live in shared memory (FastSmem::laps, lap_since), not in registers across
+// the main loop (a register more there made the forward spill), and the sums are added by
+// fire-and-forget reductions (RED), so thread 0, the TMA issuer, never waits on a global load for
+// the profile. Off by default because even a null pointer's test costs thread 0 a shared-memory
+// load per lap, and the thirtieth session could not tell whether that costs time (A/B within the
+// sittings' spread).
+struct GemmLaps {
+#if defined(MOK_GEMM_LAPS)
+  FastSmem& smem;
+  __device__ __forceinline__ static uint64_t now() {
+    uint64_t v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    return v;
+  }
+  __device__ __forceinline__ GemmLaps(FastSmem& s, uint64_t* sums) : smem(s) {
+    if (threadIdx.x == 0) {
+      smem.laps = sums;
+      if (sums != nullptr) smem.lap_since = now();
+    }
+  }
+  __device__ __forceinline__ void lap(int k) {
+    if (threadIdx.x != 0) return;
+    uint64_t* t = smem.laps;
+    if (t == nullptr) return;
+    const uint64_t v = now();
+    atomicAdd(reinterpret_cast<unsigned long long*>(t + k), static_cast<unsigned long long>(v - smem.lap_since));
+    smem.lap_since = v;
+  }
+  __device__ __forceinline__ ~GemmLaps() { lap(4); }
+#else
+  __device__ __forceinline__ GemmLaps(FastSmem&, uint64_t*) {}
+  __device__ __forceinline__ void lap(int) {}
+#endif
+  GemmLaps(const GemmLaps&) = delete;
+  GemmLaps& operator=(const GemmLaps&) = delete;
+};
+
 // Fast engine: C[128 x kBN] = A[128 x K] * B[K x kBN] (and C2 = A * B2 when kDual, kBN = 128), then
 // epilogue(i, j, c[i][j], c[i][j+1]) (or with c2's pair appended) for every even j < cols and
 // i < rows, relative to the tile (cols must be even), or, for a RowEpilogue, its stores of four
 // columns at a time (a MixedRows staged in bf16: eight) (above). TA / TB: A / B MN-major. All
-// threads of the block must call it.
+// threads of the block must call it. laps: null, or kLapWords sums thread 0 adds to (GemmLaps).
 template <int TA, int TB, bool kDual, int kBN, class Epilogue>
 __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const FastOperand& A,
-                          const FastOperand& B, const FastOperand& B2, Epilogue epilogue) {
+                          const FastOperand& B, const FastOperand& B2, Epilogue epilogue, uint64_t* laps = nullptr) {
 #if defined(MOK_WGMMA)
   FastSmem& smem = *reinterpret_cast<FastSmem*>(smem_raw);
+  GemmLaps timer(smem, laps);  // its destructor adds the epilogue's time on every return
   bulk_wait_read();  // a previous tile's bulk stores (BulkRowsF32) have read the ring
   static_assert(kBN == 128 || (kBN == 256 && !kDual), "tile widths: 128 (one or two B operands) or 256 (one)");
   constexpr int kStages = 12 / kUnitsPerStage<kDual, kBN>;
@@ -701,6 +747,7 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  timer.lap(0);
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
   constexpr uint32_t kBytes = kStageBytes;
   auto load_chunk = [&](int64_t chunk) {  // one thread
@@ -714,11 +761,13 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   };
   if (threadIdx.x == 0)
     for (int64_t chunk = 0; chunk < kStages - 1 && chunk < chunks; ++chunk) load_chunk(chunk);
+  timer.lap(1);
   // ORDER: dot-chain: chunks in increasing k, and inside a chunk one wgmma per 16 K-elements in
   // increasing k on the same accumulators (wgmma executes a warpgroup's steps in issue order).
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int st = static_cast<int>(chunk % kStages);
     mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
+    if (chunk == 0) timer.lap(2);
     if constexpr (requires { epilogue.prefetch(); })
       if (chunk == (chunks > kPrefetchLead ? chunks - kPrefetchLead : 0)) epilogue.prefetch();
     const int64_t left = K - chunk * kChunkK;
@@ -743,6 +792,7 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   fence_accumulators(acc);
   if constexpr (kDual) fence_accumulators(acc2);
   __syncthreads();
+  timer.lap(3);
   if (threadIdx.x == 0)  // every phase has completed: retire the barriers before the memory is reused
     for (int st = 0; st < kStages; ++st)
       asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
@@ -936,7 +986,7 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   }
 #else
   // The host only selects the fast engine for sm_90a code; reaching this is a launch error.
-  (void)smem_raw, (void)K, (void)rows, (void)cols, (void)A, (void)B, (void)B2, (void)epilogue;
+  (void)smem_raw, (void)K, (void)rows, (void)cols, (void)A, (void)B, (void)B2, (void)epilogue, (void)laps;
   __trap();
 #endif
 }

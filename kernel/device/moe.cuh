@@ -834,6 +834,7 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
       int64_t rt, col;
       grouped_tile(item - p1, rr + rs, c2, P.group_rows, rt, col);
       const int64_t n0 = col * NT2;
+      trace_count(P, kTrItems2);
       const RowTile t = row_tile_at(P, S, table, rt);
       const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
       const uint64_t t0 = trace_now(P);
@@ -1004,10 +1005,12 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
       gemm_fast<0, 0, true, kTileNFast>(
           smem, H, n, cols, A, B, B2,
           ranged_rows([&](int64_t i) { return (p0 + i) * N + n0; }, in_range, swiglu4(std::true_type{}),
-                      swiglu4(std::false_type{})));
+                      swiglu4(std::false_type{})),
+          trace_words(P, kTrLaps1));
     } else {
       gemm_fast<0, 0, true, kTileNFast>(smem, H, n, cols, A, B, B2,
-                                        ranged_pairs(in_range, swiglu(std::true_type{}), swiglu(std::false_type{})));
+                                        ranged_pairs(in_range, swiglu(std::true_type{}), swiglu(std::false_type{})),
+                                        trace_words(P, kTrLaps1));
     }
   } else {
     auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
@@ -1068,11 +1071,13 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
       gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, cols, A, B, B,
                              [&](int64_t i, int64_t j, float v0, float v1) {
                                atomic_pair(P, role, S, routed, true, p0 + i, n0 + j, v0, v1);
-                             });
+                             },
+                             trace_words(P, kTrLaps2));
     else {
       zero_owner_tally(P);  // slot_row_epilogue's keys count the rows (gemm_fast's first barrier orders this)
       gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, cols, A, B, B,
-                             slot_row_epilogue(P, S, &PeerBuffers::y_slots, routed, p0, n0, S.shared_out));
+                             slot_row_epilogue(P, S, &PeerBuffers::y_slots, routed, p0, n0, S.shared_out),
+                             trace_words(P, kTrLaps2));
     }
   } else {
     gemm_slow(smem, n, H, Kd, 0, n0, [&](int64_t m, int64_t k) { return act[(p0 + m) * Kd + k]; },
@@ -1211,7 +1216,8 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
                                      prefetch_l2(src[q / kTileM] + (p0 + r) * N + n0,
                                                  static_cast<uint32_t>(cols * sizeof(float)));
                                  }
-                               }));
+                               }),
+                           trace_words(P, kTrLaps1));
   } else {
     gemm_slow(smem, n, N, H, 0, n0, [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; },
               [&](int64_t k, int64_t col) { return wd[k * N + col]; }, epi);
@@ -1266,11 +1272,13 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
       gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, cols, A, B, B,
                              [&](int64_t i, int64_t j, float v0, float v1) {
                                atomic_pair(P, role, S, routed, false, p0 + i, n0 + j, v0, v1);
-                             });
+                             },
+                             trace_words(P, kTrLaps2));
     else {
       zero_owner_tally(P);  // slot_row_epilogue's keys count the rows (gemm_fast's first barrier orders this)
       gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, cols, A, B, B,
-                             slot_row_epilogue(P, S, &PeerBuffers::dx_slots, routed, p0, n0, S.dx_shared));
+                             slot_row_epilogue(P, S, &PeerBuffers::dx_slots, routed, p0, n0, S.dx_shared),
+                             trace_words(P, kTrLaps2));
     }
   } else {
     gemm_slow(
@@ -1442,7 +1450,7 @@ __device__ inline void weight_grad_tiles(const LaunchParams& P, const Role& role
       gemm_fast<1, 1, false, kTileNWide>(smem, nr, min(static_cast<int64_t>(kTileM), M - m0),
                              min(static_cast<int64_t>(kTileNWide), N - n0), mnmajor(am, r0, m0), mnmajor(bm, r0, n0),
                              mnmajor(bm, r0, n0),
-                             wgrad_epilogue(out, N, m0, n0));
+                             wgrad_epilogue(out, N, m0, n0), trace_words(P, kTrLapsW));
     } else {
       gemm_slow(smem, M, N, nr, m0, n0, [&](int64_t m, int64_t k) { return a_src[(r0 + k) * M + m]; },
                 [&](int64_t k, int64_t col) { return b_src[(r0 + k) * N + col]; },

@@ -144,7 +144,7 @@ TEST(Kernel, FastEngineBitExactWithTheEmulator) {
 
 // Each pass maps work items to experts through a per-block row-tile table, or walks the offsets
 // when a rank has more experts than its table holds (moe.cuh, above row_tile_at: the forward's
-// static table holds 512, the backward's, in the ring's padding, 240). 520 experts: at R = 1 both
+// static table holds 512, the backward's, in the ring's padding, 236). 520 experts: at R = 1 both
 // passes walk, at R = 2 (260 local) the forward searches and the backward walks, at R = 4 (130)
 // both search. Zipf routing: a few hot experts take several row tiles, most one, some none.
 // Top-10 also takes the combines past their first batch of 8 slots.

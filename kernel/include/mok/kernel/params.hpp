@@ -148,8 +148,19 @@ enum TraceSlot : int {
   kTrItems,           // count: GEMM items (phases 1 and 2)
   kTrWgradItems,      // count: weight-gradient tiles
   kTrDxDone,          // mark (backward only): the block's share of d_x is done; router grads follow
-  kTraceSlots = 16
+  kTrItems2,          // count: phase-2 items (of kTrItems)
+  // inside the fast engine's calls (GemmLaps, builds with MOK_GEMM_LAPS only; zero otherwise),
+  // for phase-1 items, phase-2 items and weight-gradient tiles, kLapWords each: sums of the time
+  // from entry past the entry barrier, from there until thread 0 has issued the first chunks'
+  // loads, then until the first chunk's stage is full, the main loop, the epilogue
+  kTrLaps1,
+  kTrLaps2 = kTrLaps1 + 5,
+  kTrLapsW = kTrLaps2 + 5,
+  kTraceSlots = 32
 };
+inline constexpr int kLapWords = 5;
+static_assert(kTrLaps2 - kTrLaps1 == kLapWords && kTrLapsW + kLapWords <= kTraceSlots,
+              "the trace slots fit in a block's words");
 
 struct LaunchParams {
   spec::LayerConfig cfg;

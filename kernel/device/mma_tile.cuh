@@ -50,9 +50,9 @@ constexpr int kMaxStages = 6;
 
 // The ring's 1024-byte alignment leaves 976 bytes after the barriers: 16 for the engine's
 // profile (GemmLaps), and `layer_scratch`, which the engine never touches, where the backward
-// keeps its row-tile table (moe.cuh, above row_tile_at). Growing FastSmem, or a block's static shared memory, past 196 KiB in all moves
-// the SM to the 228 KiB carve-out and shrinks L1 from 60 to 28 KiB, which made the backward
-// 1-5% slower on the H200 (kernel/notes/bench_v8_run_o.txt).
+// keeps its row-tile table (moe.cuh, above row_tile_at). Growing FastSmem, or a block's static
+// shared memory, past 196 KiB in all moves the SM to the 228 KiB carve-out and shrinks L1 from 60
+// to 28 KiB, which made the backward 1-5% slower on the H200 (kernel/notes/bench_v8_run_o.txt).
 inline constexpr int kLayerScratchInts = 238;
 struct FastSmem {
   alignas(1024) uint8_t ring[kRingBytes];

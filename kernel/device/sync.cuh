@@ -19,7 +19,7 @@ __device__ __forceinline__ void trace_mark(const LaunchParams& P, int slot) {
 __device__ __forceinline__ void trace_add(const LaunchParams& P, int slot, uint64_t since) {
   if (P.trace && threadIdx.x == 0) P.trace[blockIdx.x * int64_t{kTraceSlots} + slot] += global_time_ns() - since;
 }
-// The block's words from slot on (GemmLaps' three sums), or null when not tracing.
+// The block's words from slot on (GemmLaps' kLapWords sums), or null when not tracing.
 __device__ __forceinline__ uint64_t* trace_words(const LaunchParams& P, int slot) {
   return P.trace ? P.trace + blockIdx.x * int64_t{kTraceSlots} + slot : nullptr;
 }

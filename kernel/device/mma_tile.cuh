@@ -217,8 +217,8 @@ __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[NJ][4], uint64_t da, u
     wgmma_m64n256k16<TA, TB>(d, da, db);
 }
 
-// Loads the 64 x 64 box at (col, row) of a 2D bf16 tensor map into shared memory, completing
-// on the mbarrier (elements outside the tensor read as zero).
+// Loads the box at (col, row) of a 2D bf16 tensor map (64 columns, the map's box height) into
+// shared memory, completing on the mbarrier (elements outside the tensor read as zero).
 __device__ __forceinline__ void tma_load_box(void* dst, const TensorMapBytes* map, int32_t col, int32_t row,
                                              uint64_t* bar) {
   asm volatile(
@@ -319,44 +319,48 @@ __device__ void gemm_slow(uint8_t* smem_raw, int64_t M, int64_t N, int64_t K, in
 // Fast engine operands. A 128-wide tile of an operand over K, from up to two tensor maps: K in
 // [0, split) from map[0], [split, K) from map[1] (split a multiple of kChunkK).
 //  - K-major (A(m, k) at row m, column k): tile row i is map row base[s] + i, K column k - start.
+//    box_rows: the maps' box height (64, or kKMajorBoxRows for the layer's K-major maps): a chunk
+//    of a width-row tile is width / box_rows copies, box_rows * 128 bytes apart (the 128-byte
+//    swizzle repeats every 8 rows, so the image does not depend on box_rows).
 //  - MN-major (A(m, k) at row k, column m): tile element i is column mn0 + i of map row
-//    base[s] + k - start. Rows at or past K are zeroed in shared memory (they may belong to the
-//    next expert).
+//    base[s] + k - start, from 64 x 64 boxes. Rows at or past K are zeroed in shared memory (they
+//    may belong to the next expert).
 struct FastOperand {
   const TensorMapBytes* map[2];
   int64_t split;
   int32_t base[2];
   int32_t mn0;
-  bool mn_major;
+  int32_t box_rows;  // K-major: 64 or 128; MN-major: 0
 };
 
-__device__ __forceinline__ FastOperand kmajor(const TensorMapBytes* map, int64_t row0) {
-  return FastOperand{{map, map}, int64_t{1} << 40, {static_cast<int32_t>(row0), static_cast<int32_t>(row0)}, 0, false};
+__device__ __forceinline__ FastOperand kmajor(const TensorMapBytes* map, int64_t row0, int box_rows = 64) {
+  return FastOperand{{map, map}, int64_t{1} << 40, {static_cast<int32_t>(row0), static_cast<int32_t>(row0)}, 0,
+                     box_rows};
 }
 __device__ __forceinline__ FastOperand kmajor2(const TensorMapBytes* m0, int64_t r0, const TensorMapBytes* m1,
-                                               int64_t r1, int64_t split) {
-  return FastOperand{{m0, m1}, split, {static_cast<int32_t>(r0), static_cast<int32_t>(r1)}, 0, false};
+                                               int64_t r1, int64_t split, int box_rows = 64) {
+  return FastOperand{{m0, m1}, split, {static_cast<int32_t>(r0), static_cast<int32_t>(r1)}, 0, box_rows};
 }
 __device__ __forceinline__ FastOperand mnmajor(const TensorMapBytes* map, int64_t krow0, int64_t mn0) {
   return FastOperand{{map, map}, int64_t{1} << 40, {static_cast<int32_t>(krow0), static_cast<int32_t>(krow0)},
-                     static_cast<int32_t>(mn0), true};
+                     static_cast<int32_t>(mn0), 0};
 }
 __device__ __forceinline__ FastOperand mnmajor2(const TensorMapBytes* m0, int64_t r0, const TensorMapBytes* m1,
                                                 int64_t r1, int64_t split, int64_t mn0) {
   return FastOperand{{m0, m1}, split, {static_cast<int32_t>(r0), static_cast<int32_t>(r1)}, static_cast<int32_t>(mn0),
-                     true};
+                     0};
 }
 
 #if defined(MOK_WGMMA)
-// One chunk of a `width`-wide operand tile: width / 64 boxes, 8 KiB apart.
+// One chunk of a `width`-wide operand tile: width / 64 MN-major boxes 8 KiB apart, or
+// width / box_rows K-major boxes.
 __device__ __forceinline__ void fast_load(uint8_t* dst, const FastOperand& op, int64_t k, uint64_t* bar, int width) {
   const int s = k >= op.split ? 1 : 0;
   const int32_t kk = static_cast<int32_t>(k - (s ? op.split : 0));
-  for (int b = 0; b < width / 64; ++b) {
-    if (op.mn_major)
-      tma_load_box(dst + b * kBoxBytes, op.map[s], op.mn0 + 64 * b, op.base[s] + kk, bar);
-    else
-      tma_load_box(dst + b * kBoxBytes, op.map[s], kk, op.base[s] + 64 * b, bar);
+  if (op.box_rows == 0) {
+    for (int b = 0; b < width / 64; ++b) tma_load_box(dst + b * kBoxBytes, op.map[s], op.mn0 + 64 * b, op.base[s] + kk, bar);
+  } else {
+    for (int r = 0; r < width; r += op.box_rows) tma_load_box(dst + r * 128, op.map[s], kk, op.base[s] + r, bar);
   }
 }
 

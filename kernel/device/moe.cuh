@@ -946,7 +946,7 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
-  const RankTensorMaps& maps = P.maps[role.rank];
+  const RankTensorMaps& kmaps = P.maps[kMaxRanks + role.rank];  // K-major set (tall boxes)
   const int64_t H = c.hidden, p0 = t.p0, n = t.n;
   const bool routed = t.e >= 0;
   uint64_t t0 = trace_now(P);
@@ -962,11 +962,11 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
   const uint16_t* wu = routed ? W.w_routed_up + t.e * N * H : W.w_shared_up;
   // ORDER: dot-chain over H for g and u.
   if (P.fast) {
-    const TensorMapBytes* am = routed ? &maps.xd : &maps.x;
+    const TensorMapBytes* am = routed ? &kmaps.xd : &kmaps.x;
     const int64_t wrow = (routed ? t.e * N : 0) + n0;
-    const FastOperand A = kmajor(am, p0);
-    const FastOperand B = kmajor(routed ? &maps.w_routed_gate : &maps.w_shared_gate, wrow);
-    const FastOperand B2 = kmajor(routed ? &maps.w_routed_up : &maps.w_shared_up, wrow);
+    const FastOperand A = kmajor(am, p0, kKMajorBoxRows);
+    const FastOperand B = kmajor(routed ? &kmaps.w_routed_gate : &kmaps.w_shared_gate, wrow, kKMajorBoxRows);
+    const FastOperand B2 = kmajor(routed ? &kmaps.w_routed_up : &kmaps.w_shared_up, wrow, kKMajorBoxRows);
     // normal: every gate value of the tile is in spec::silu_normal_range (the forms without
     // range tests; same bits).
     auto silu_pair = [](auto normal, float g) {
@@ -1038,7 +1038,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
   const RankTensors& W = P.tensors[role.rank];
-  const RankTensorMaps& maps = P.maps[role.rank];
+  const RankTensorMaps& kmaps = P.maps[kMaxRanks + role.rank];  // K-major set (tall boxes)
   const int64_t H = c.hidden, p0 = t.p0, n = t.n;
   const bool routed = t.e >= 0;
   const uint64_t t0_start = trace_now(P);
@@ -1064,8 +1064,9 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   };
   // ORDER: dot-chain over I (Is).
   if (P.fast) {
-    const FastOperand A = kmajor(routed ? &maps.act : &maps.shared_act, p0);
-    const FastOperand B = kmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, (routed ? t.e * H : 0) + n0);
+    const FastOperand A = kmajor(routed ? &kmaps.act : &kmaps.shared_act, p0, kKMajorBoxRows);
+    const FastOperand B = kmajor(routed ? &kmaps.w_routed_down : &kmaps.w_shared_down, (routed ? t.e * H : 0) + n0,
+                                 kKMajorBoxRows);
     const int64_t cols = min(static_cast<int64_t>(kTileNWide), H - n0);
     if constexpr (kAtomics)
       gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, cols, A, B, B,
@@ -1100,7 +1101,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);
 #if defined(MOK_WGMMA)
-  if (P.fast) acquire_tensor_maps(&P.maps[role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+  if (P.fast) {
+    acquire_tensor_maps(&P.maps[role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+    acquire_tensor_maps(&P.maps[kMaxRanks + role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+  }
 #endif
   trace_mark(P, kTrStart);
   const spec::LayerConfig& c = P.cfg;
@@ -1189,7 +1193,8 @@ __device__ inline bool backward_phase1(const LaunchParams& P, const Role& role, 
   };
   // ORDER: dot-chain over H.
   if (P.fast) {
-    const FastOperand A = kmajor(routed ? &maps.dy : &maps.d_output, p0);
+    const RankTensorMaps& kmaps = P.maps[kMaxRanks + role.rank];  // K-major set (tall boxes)
+    const FastOperand A = kmajor(routed ? &kmaps.dy : &kmaps.d_output, p0, kKMajorBoxRows);
     const FastOperand B = mnmajor(routed ? &maps.w_routed_down : &maps.w_shared_down, routed ? t.e * H : 0, n0);
     // The forward's g and u of the tile are asked into L2 near the end of the main loop, then
     // copied row by row into shared memory beside the staged tile, a few rows of each warp ahead
@@ -1262,8 +1267,9 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   };
   // ORDER: dot-chain over 2I, gate half first.
   if (P.fast) {
-    const FastOperand A = routed ? kmajor2(&maps.d_gate, p0, &maps.d_up, p0, N1)
-                                 : kmajor2(&maps.shared_d_gate, p0, &maps.shared_d_up, p0, N1);
+    const RankTensorMaps& kmaps = P.maps[kMaxRanks + role.rank];  // K-major set (tall boxes)
+    const FastOperand A = routed ? kmajor2(&kmaps.d_gate, p0, &kmaps.d_up, p0, N1, kKMajorBoxRows)
+                                 : kmajor2(&kmaps.shared_d_gate, p0, &kmaps.shared_d_up, p0, N1, kKMajorBoxRows);
     const int64_t wrow = routed ? t.e * N1 : 0;
     const FastOperand B = routed ? mnmajor2(&maps.w_routed_gate, wrow, &maps.w_routed_up, wrow, N1, n0)
                                  : mnmajor2(&maps.w_shared_gate, wrow, &maps.w_shared_up, wrow, N1, n0);
@@ -1530,7 +1536,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);
 #if defined(MOK_WGMMA)
-  if (P.fast) acquire_tensor_maps(&P.maps[role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+  if (P.fast) {
+    acquire_tensor_maps(&P.maps[role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+    acquire_tensor_maps(&P.maps[kMaxRanks + role.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+  }
 #endif
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];

@@ -84,10 +84,10 @@ class LayerCore {
   uint32_t epoch_ = 0;
   std::vector<void*> owned_;
   LaunchParams host_{};  // passed by value to every launch (a __grid_constant__ kernel parameter)
-  std::vector<RankTensorMaps> host_maps_;   // [kMaxRanks]: the launch's ranks' entries encoded every launch
-  std::vector<RankTensorMaps> sent_maps_;   // [kMaxRanks]: what device_maps_ holds where maps_sent_
-  std::vector<char> maps_sent_;             // [kMaxRanks]: 1 once the rank's maps were copied
-  RankTensorMaps* device_maps_ = nullptr;   // [kMaxRanks] in device memory: host_.maps
+  std::vector<RankTensorMaps> host_maps_;   // [2 * kMaxRanks] (params.hpp): the launch's ranks' entries encoded every launch
+  std::vector<RankTensorMaps> sent_maps_;   // [2 * kMaxRanks]: what device_maps_ holds where maps_sent_
+  std::vector<char> maps_sent_;             // [2 * kMaxRanks]: 1 once the entry was copied
+  RankTensorMaps* device_maps_ = nullptr;   // [2 * kMaxRanks] in device memory: host_.maps
   uint32_t* control_ = nullptr;  // zeroed every launch: 8 counters per local rank, the abort word, each
                                  // local rank's tile counters, then each local rank's expert counts
   int64_t control_words_ = 0;

@@ -58,7 +58,11 @@ struct alignas(64) TensorMapBytes {
 };
 
 // Tensor maps of every operand the fast engine loads, all 2D bf16 [rows, cols] row-major with
-// 64 x 64 boxes and 128-byte swizzle; the same map serves K-major and MN-major (transposed) use.
+// 128-byte swizzle. A rank has two sets (LaunchParams::maps): 64 x 64 boxes for MN-major
+// (transposed) use, whose boxes are 64 columns wide at most, and 64-column x kKMajorBoxRows-row
+// boxes for K-major use, where one copy fills a whole 128-row operand tile (the same
+// shared-memory image as two 64-row boxes, since the swizzle repeats every 8 rows).
+inline constexpr int kKMajorBoxRows = 128;
 struct RankTensorMaps {
   TensorMapBytes xd;             // [capacity, H] gathered x rows
   TensorMapBytes act;            // [capacity, I]
@@ -177,8 +181,9 @@ struct LaunchParams {
   PeerBuffers peers[kMaxRanks];
   RankState state[kMaxRanks];
   RankTensors tensors[kMaxRanks];
-  const RankTensorMaps* maps;     // [kMaxRanks] in device memory (only the launch's ranks written): the one
-                                  // array too large for the kernel parameter (147 KB at 72 ranks)
+  const RankTensorMaps* maps;     // [2 * kMaxRanks] in device memory (only the launch's ranks written): rank
+                                  // r's MN-major set at r, its K-major set at kMaxRanks + r; the one array too
+                                  // large for the kernel parameter (295 KB at 72 ranks)
   int32_t fast;                   // 1: the fast engine (sm_90a, TMA maps valid, H, I, Is multiples of 64)
   int32_t system_scope;           // 1: peers are other GPUs: cross-rank signals use system-scope fences
   int32_t bulk_gather;            // 1: the forward gathers x rows by TMA bulk copies (fast engine only; same bytes)

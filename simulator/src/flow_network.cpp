@@ -489,7 +489,10 @@ void FlowNetwork::freeze_tracked(int f, int64_t rate) {
 // Accounts for the tracked resource's fixed flows whose old freezing point is <= (level, sub)
 // and that are still frozen there (not changed, not freed).
 // The pool is not sorted: entries taken are moved before the cursor, and the smallest point of
-// the rest is kept, so that a call that takes nothing costs one compare.
+// the rest is kept, so that a call that takes nothing costs one compare. A flow found free (freed
+// at its old point, which has now passed) is not taken: its entry stays after the cursor with
+// point kInf, so that every entry before the cursor is frozen for good (fixed at a point already
+// passed, or frozen in this attempt) and the saturation scan need not look at them.
 void FlowNetwork::advance(int r, int64_t level, int sub) {
   const int64_t key = point_key(level, sub);
   if (key < pool_min_[r]) return;
@@ -497,12 +500,16 @@ void FlowNetwork::advance(int r, int64_t level, int sub) {
   const int end = pool_end_[r];
   int64_t rest_min = kInf;
   for (int i = c; i < end; ++i) {
-    const Pending p = pool_[i];
+    Pending p = pool_[i];
     if (p.point > key) {
       rest_min = std::min(rest_min, p.point);
       continue;
     }
     const uint8_t st = (key_[p.flow].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[p.flow].mark & 3) : kFixed;
+    if (st == kFree && key != kInf) {
+      pool_[i].point = kInf;  // unfrozen: left to the saturation scan (or to the commit's last call)
+      continue;
+    }
     if (st == kFixed || st == kFixedFrozen) {
       acct_[r].rem -= p.point >> 1;
       --acct_[r].unfrozen;
@@ -702,9 +709,11 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     spread_.clear();
     const int64_t sat_key = point_key(level, 1);
     // A tracked resource's pool holds every flow of its list that was free, or fixed at a later
-    // point, when it became dirty; the others were frozen before then and need nothing here.
+    // point, when it became dirty; the others were frozen before then and need nothing here. Nor
+    // do the pool's entries before its cursor (advance() has just moved it to (level, 0)): they
+    // are fixed at points already passed, or frozen in this attempt; free flows stay after it.
     for (int r : saturating_)
-      for (int c = pool_begin_[r]; c < pool_end_[r]; ++c) {
+      for (int c = pool_cursor_[r]; c < pool_end_[r]; ++c) {
         const int f = pool_[c].flow;
         const uint8_t st = status(f);
         if (st == kFree) {
@@ -723,7 +732,9 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     // Tracked resources that saturated at this level last time and do not now: the flows they
     // froze here stay frozen only if a clean resource on their path saturates here again.
     for (int rc : candidates_) {
-      if (new_level_[rc] == level) continue;  // saturates again: its flows were frozen above
+      // Saturates again: its flows were frozen above. Saturated at a lower level in this
+      // attempt: its scan then froze every flow of its pool at a later point (this one included).
+      if (new_level_[rc] != kInf) continue;
       // Its fixed flows at this point are in its pool (the point is later than where it became
       // dirty), after the cursor (advance() has taken points up to (level, 0) at most).
       for (int c = pool_cursor_[rc]; c < pool_end_[rc]; ++c) {
@@ -764,7 +775,9 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
         }
       }
     }
-    return forced ? Attempt::kRetry : Attempt::kTooBig;
+    if (forced) return Attempt::kRetry;
+    ++num_stranded_;
+    return Attempt::kTooBig;
   }
   // Passive resources: final slack must be at least their number of flow entries. The residuals
   // move to the new rates here, once per frozen flow and path entry: the commit keeps them, a

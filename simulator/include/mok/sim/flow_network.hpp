@@ -107,6 +107,10 @@ class FlowNetwork {
   int64_t num_tracked_resources() const { return num_tracked_; }
   int64_t num_retries() const { return num_retries_; }
   int64_t num_full_fallbacks() const { return num_fallbacks_; }
+  // Attempts that ended with a free flow unfrozen and no resource on its path left to track:
+  // handed to recompute_rates() (same result), but none is expected (every free flow has a
+  // tracked or a passive resource on its path), so the tests check that this stays 0.
+  int64_t num_stranded_attempts() const { return num_stranded_; }
 
  private:
   static constexpr int64_t kInf = INT64_MAX;
@@ -131,7 +135,7 @@ class FlowNetwork {
   int num_slots_ = 0;
   std::vector<int> active_;        // active flow indices (order: a function of the call sequence)
   std::vector<int> active_pos_;    // flow -> position in active_
-  int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0;
+  int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0, num_stranded_ = 0;
   bool last_fell_back_ = false;  // the last update_rates() ended in a full filling
   // Demand classes: the distinct demand values, ascending; the active flows of each; and a bit
   // per class that has any, so that a recompute visits demands in order without sorting.

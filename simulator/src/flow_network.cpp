@@ -71,6 +71,7 @@ int FlowNetwork::add_resource(double capacity_gbps, std::string name) {
   acct_.push_back(ResAcct{});
   force_stamp_.push_back(0);
   new_level_.push_back(kInf);
+  cand_level_.push_back(kInf);
   return static_cast<int>(capacity_.size()) - 1;
 }
 
@@ -574,8 +575,9 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
     }
   }
   // r saturated at a later level last time: whether the flows it froze then stay frozen there
-  // is decided at that level.
-  if (level_[r] != kInf && new_level_[r] == kInf) push_event(level_[r], 1, 2, r);
+  // is decided at that level. r's one event waits for the earlier of that level and its share.
+  const int64_t cand = level_[r] != kInf && new_level_[r] == kInf ? level_[r] : kInf;
+  cand_level_[r] = cand;
   int64_t pool_min = kInf;
   for (size_t c = begin; c < pool_.size(); ++c) pool_min = std::min(pool_min, pool_[c].point);
   pool_min_[r] = pool_min;
@@ -588,7 +590,9 @@ void FlowNetwork::make_dirty(int r, int64_t level, int sub) {
   if (n > 0) {
     if (new_level_[r] != kInf) internal("a saturated resource has unfrozen flows");
     if (rem / n <= level) internal("a resource made dirty mid-step would saturate at the same level");
-    push_event(rem / n, 1, 0, r);
+    push_event(std::min(rem / n, cand), 1, 0, r);
+  } else if (cand != kInf) {
+    push_event(cand, 1, 0, r);
   }
 }
 
@@ -678,26 +682,32 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     // Saturation step at `level`.
     saturating_.clear();
     candidates_.clear();
+    // A tracked resource has one event, at the earlier of its share (a lower bound) and its old
+    // saturation level while that is still ahead (cand_level_): one heap entry instead of two.
     while (!events_.empty() && events_.front().level == level) {
       const Event e = events_.front();
-      if (e.kind() == 2) {
-        event_pop(events_);
-        candidates_.push_back(e.idx());
-        continue;
-      }
       const int r = e.idx();
+      if (cand_level_[r] == level) {
+        candidates_.push_back(r);
+        cand_level_[r] = kInf;
+      }
       advance(r, level, 0);
+      const int64_t cand = cand_level_[r];
       if (acct_[r].unfrozen == 0) {
-        event_pop(events_);
+        if (cand != kInf) event_replace_top(events_, Event{cand, e.key});
+        else event_pop(events_);
         continue;
       }
       const int64_t share = acct_[r].rem / acct_[r].unfrozen;
       if (share > level) {  // grown: the same event, re-keyed in place (one sift, not a pop and a push)
-        event_replace_top(events_, Event{share, e.key});
+        event_replace_top(events_, Event{std::min(share, cand), e.key});
         continue;
       }
       event_pop(events_);
       if (share == level) {
+        // Its old level, if still ahead, needs no check: this saturation freezes every flow of
+        // its pool at a later point (the candidates' loop below would skip it).
+        cand_level_[r] = kInf;
         if (new_level_[r] != level) {
           new_level_[r] = level;
           saturating_.push_back(r);

@@ -175,7 +175,8 @@ class FlowNetwork {
     uint64_t key;  // sub << 34 | kind << 32 | idx
     // sub 0: demand step, 1: saturation step of the same level
     int sub() const { return static_cast<int>(key >> 34); }
-    // kind 0: resource share check, 1: a flow's demand, 2: a resource's old saturation level
+    // kind 0: a tracked resource's share check, or its old saturation level (cand_level_), 1: a
+    // flow's demand
     int kind() const { return static_cast<int>((key >> 32) & 3); }
     int idx() const { return static_cast<int>(static_cast<uint32_t>(key)); }
   };
@@ -183,6 +184,7 @@ class FlowNetwork {
   std::vector<uint32_t> force_stamp_;
   uint32_t stamp_ = 0, update_id_ = 0;
   std::vector<int64_t> new_level_;
+  std::vector<int64_t> cand_level_;  // a tracked resource's old saturation level not yet reached; kInf: none
   // A resource's account in the current attempt, in one 16-byte entry (a frozen flow's path
   // reads and writes it per resource): dirty in this attempt iff stamp_mode >> 2 == stamp_,
   // mode (clean, tracked, passive) in the low 2 bits; a tracked resource's remaining capacity and

@@ -358,7 +358,8 @@ __device__ __forceinline__ void fast_load(uint8_t* dst, const FastOperand& op, i
   const int s = k >= op.split ? 1 : 0;
   const int32_t kk = static_cast<int32_t>(k - (s ? op.split : 0));
   if (op.box_rows == 0) {
-    for (int b = 0; b < width / 64; ++b) tma_load_box(dst + b * kBoxBytes, op.map[s], op.mn0 + 64 * b, op.base[s] + kk, bar);
+    for (int b = 0; b < width / 64; ++b)
+      tma_load_box(dst + b * kBoxBytes, op.map[s], op.mn0 + 64 * b, op.base[s] + kk, bar);
   } else {
     for (int r = 0; r < width; r += op.box_rows) tma_load_box(dst + r * 128, op.map[s], kk, op.base[s] + r, bar);
   }

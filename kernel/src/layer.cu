@@ -257,7 +257,8 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
       const int br = set ? kKMajorBoxRows : 64;
       bool ok = encode_map(&m.xd, s.xd, cap, H, br) && encode_map(&m.act, s.act, cap, I, br) &&
                 encode_map(&m.dy, s.dy, cap, H, br) && encode_map(&m.d_gate, s.d_gate, cap, I, br) &&
-                encode_map(&m.d_up, s.d_up, cap, I, br) && encode_map(&m.w_routed_gate, t.w_routed_gate, El * I, H, br) &&
+                encode_map(&m.d_up, s.d_up, cap, I, br) &&
+                encode_map(&m.w_routed_gate, t.w_routed_gate, El * I, H, br) &&
                 encode_map(&m.w_routed_up, t.w_routed_up, El * I, H, br) &&
                 encode_map(&m.w_routed_down, t.w_routed_down, El * H, I, br) &&
                 encode_map(&m.x, host_.peers[r].x, T, H, br);

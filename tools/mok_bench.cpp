@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
   app.add_flag("--trace", trace,
                "after the timed runs, one profiled forward and backward in a second workspace (twice the workspace "
                "memory while it runs): per-block marks and sums of waiting, GEMM and publishing time "
-               "(KernelOptions::trace; virtual transport only)");
+               "(KernelOptions::trace); with --transport nccl one table per rank, from that GPU's own clock");
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   const bool nccl = transport == "nccl";
   // Transport requests this build or machine cannot honour are usage errors, named with their fix.
@@ -313,9 +313,6 @@ int main(int argc, char** argv) {
     if (K) c.top_k = K;
     return c;
   };
-  if (nccl && trace)
-    return usage_error("--trace profiles the virtual transport only (NcclLayer has no trace reader); drop --trace or "
-                       "use --transport virtual");
   // Everything the options say is checked here, before the GPU is probed, so a usage error is
   // exit 2 on any machine; what only the machine can say (a usable GPU, NCCL, enough GPUs for
   // --R) is left to the run. --show-config prints the layer a run would time and stops here.
@@ -505,10 +502,17 @@ int main(int argc, char** argv) {
         }
       }
     } else {
+      mok::kernel::KernelOptions kn = ko;
+      kn.trace = trace;  // a traced pass after the timed ones, by a second layer (NcclTimes::trace_forward)
       const mok::kernel::NcclTimes t =
-          per_process ? mok::kernel::time_layer_nccl_process(cfg, in, backward, warmup, reps, ko)
-                      : mok::kernel::time_layer_nccl(cfg, in, backward, warmup, reps, ko);
+          per_process ? mok::kernel::time_layer_nccl_process(cfg, in, backward, warmup, reps, kn)
+                      : mok::kernel::time_layer_nccl(cfg, in, backward, warmup, reps, kn);
       if (my_rank != 0) return 0;  // every process has every rank's times; rank 0 reports
+      for (int r = 0; trace && r < t.num_ranks; ++r) {  // each rank's marks from its own GPU's first block
+        const std::string f = "forward, rank " + std::to_string(r), b = "backward, rank " + std::to_string(r);
+        print_trace(f.c_str(), t.trace_forward[r], t.forward_comm_blocks_per_rank, t.blocks_per_rank);
+        if (backward) print_trace(b.c_str(), t.trace_backward[r], t.comm_blocks_per_rank, t.blocks_per_rank);
+      }
       f_ms = mok::kernel::median_of_slowest_rank(t.forward_ms, t.num_ranks, t.reps);
       b_ms = mok::kernel::median_of_slowest_rank(t.backward_ms, t.num_ranks, t.reps);
       blocks_per_rank = t.blocks_per_rank;

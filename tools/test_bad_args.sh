@@ -3,10 +3,10 @@
 # (mok::cli::parse) on each program: an unknown option and a malformed value for VALUE_OPTION
 # exit 2 with a message naming the option, and --help exits 0. None of it writes a file.
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
-# mok-bench's --transport: a bad value and nccl with --trace exit 2 (as do a bad --gather,
+# mok-bench's --transport: a bad value exits 2 (as do a bad --gather,
 # --swiglu, --fwd-comm-sms, --group-rows, --passes or --case, a --case with a preset or with an --R that does
 # not divide its tokens or is below 1, and a --sustain-ms below 100 other than 0; --show-config prints the
-# cases' layers with overrides and exits 0, or 2 for an invalid layer, routing or nccl with --trace), nccl in
+# cases' layers with overrides and exits 0, also for nccl with --trace, or 2 for an invalid layer or routing), nccl in
 # a build without NCCL
 # exits 3 (environment missing), and nccl with more ranks than GPUs exits 2 naming the fix where
 # a GPU is usable, 3 naming the missing GPU where none is (this last case initialises CUDA).
@@ -29,7 +29,6 @@ if [[ -n ${MOK_GOLDEN:-} ]]; then
 fi
 if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--transport" --transport bogus
-  expect_exit "$MOK_BENCH" 2 "--trace" --transport nccl --trace
   expect_exit "$MOK_BENCH" 2 "--gather" --gather sideways
   expect_exit "$MOK_BENCH" 2 "--swiglu" --swiglu sideways
   expect_exit "$MOK_BENCH" 2 "--fwd-comm-sms" --fwd-comm-sms many
@@ -51,7 +50,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "divisible" --case dsv3 --R 8 --E 30 --show-config
   expect_exit "$MOK_BENCH" 0 "H=4096 I=1024 Is=0 E=32 K=8 R=1 T=8192" --case dsv3 --H 4096 --I 1024 --Is 0 --show-config
   expect_exit "$MOK_BENCH" 2 "routing" --case dsv3 --routing sideways --show-config
-  expect_exit "$MOK_BENCH" 2 "--trace" --case dsv3 --transport nccl --trace --show-config
+  expect_exit "$MOK_BENCH" 0 "R=1 T=8192" --case dsv3 --transport nccl --trace --show-config
   # Usage is checked before the GPU: exit 2 on any machine (found by review, 2026-12-05).
   expect_exit "$MOK_BENCH" 2 "not a valid layer" --H 15
   expect_exit "$MOK_BENCH" 2 "unknown routing" --routing bogus

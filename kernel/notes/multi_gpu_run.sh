@@ -18,9 +18,11 @@
 # NVLink multicast stays off (the machines have it off; NCCL_NVLS_ENABLE=0 below as well).
 # STAGE=bench also runs mok-gpu-probe --peer 1: the per-SM NVLink parameters the simulator assumes
 # (remote store window and load rate; simulator/VALIDATION.md says the MoK comparison turns on them).
-# Not measured by this script: the dispatch and combine NVLink bandwidth and completion-signal
-# latency that issue 6 asks to set beside the simulator's predictions. The kernel's per-block trace
-# (mok-bench --trace) runs with the virtual transport only; it needs the NCCL path first.
+# The dispatch and combine times per rank come from the kernel's per-block trace (mok-bench --trace,
+# with --transport nccl since the thirty-second session: one table per rank, marks "gathering done"
+# for the dispatch and "reduction starts" for the last combine arrival, from each GPU's own clock);
+# the trace files land in $OUT/trace_*.txt. Achieved NVLink bandwidth = the rows a rank gathers
+# (routing) x H x 2 bytes over its gathering span; that arithmetic is left to the reader of the logs.
 set -u
 BIN=${BIN:-gpu-run/binM}
 OUT=${OUT:-/tmp/multi}
@@ -77,6 +79,14 @@ bench)
   "$BIN/mok-gpu-probe" --peer 1 --reps 3 --mib 256 2>&1 | tee "$OUT/gpu_probe_peer.txt"
   "$BIN/mok-gpu-probe" --peer 1 --reps 3 --mib 256 --json > "$OUT/gpu_probe_peer.json" 2>&1
   R=${RANKS[-1]}
+  for c in qwen3 dsv3; do
+    for routing in uniform zipf:1.2; do
+      echo "--- $(date -u +%T) $c $routing R=$R traced (one table per rank in $OUT/trace_${c}_${routing/:/-}.txt)"
+      "$BIN/mok-bench" --case "$c" --routing "$routing" --R "$R" --transport nccl --reps 3 --warmup 1 --no-baseline \
+        --sustain-ms 0 --trace > "$OUT/trace_${c}_${routing/:/-}.txt" 2>&1
+      grep -E "^# trace|gathering done|reduction starts|rror" "$OUT/trace_${c}_${routing/:/-}.txt" | head -n 40
+    done
+  done
   echo "--- $(date -u +%T) qwen3 uniform R=$R as one process per GPU (mok-launch)"
   "$BIN/mok-launch" -n "$R" -- "$BIN/mok-bench" --case qwen3 --R "$R" --transport nccl $A 2>&1 |
     grep -E "transport|SLOWEST|fused (forward|backward)|rror"

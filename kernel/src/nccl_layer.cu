@@ -168,6 +168,10 @@ const uint16_t* NcclLayer::dx_slots() const {
 }
 int NcclLayer::blocks_per_rank() const { return impl_->core.blocks_per_rank(); }
 int NcclLayer::comm_blocks_per_rank() const { return impl_->core.options().comm_blocks_per_rank; }
+int NcclLayer::forward_comm_blocks_per_rank() const { return impl_->core.options().forward_comm_blocks_per_rank; }
+std::vector<uint64_t> NcclLayer::trace(void* stream) const {
+  return impl_->core.read_trace(static_cast<cudaStream_t>(stream));
+}
 bool NcclLayer::uses_tma() const { return impl_->core.uses_tma(); }
 void NcclLayer::copy_intermediates(ref::TensorMap& result, bool backward) const {
   detail::copy_rank_intermediates(impl_->core, impl_->rank, backward, result);
@@ -285,46 +289,64 @@ void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool b
 void time_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, int warmup, int reps,
                const KernelOptions& options, ncclComm_t comm, int r, bool set_shape, NcclTimes& times) {
   RankBuffers buf(cfg, inputs, backward, r);
-  NcclLayer layer(cfg, comm, sized_options(cfg, inputs, options));
-  int* start_word = detail::device_alloc<int>(buf.owned.ptrs, 1);
-  MOK_CUDA(cudaMemset(start_word, 0, sizeof(int)));
-  struct Events {  // destroyed however the function ends, also when the second create fails
-    cudaEvent_t a = nullptr, b = nullptr;
-    ~Events() {
-      if (a) cudaEventDestroy(a);
-      if (b) cudaEventDestroy(b);
+  KernelOptions untraced = options;
+  untraced.trace = false;  // the timed passes never profile; a traced layer runs after them
+  {
+    NcclLayer layer(cfg, comm, sized_options(cfg, inputs, untraced));
+    int* start_word = detail::device_alloc<int>(buf.owned.ptrs, 1);
+    MOK_CUDA(cudaMemset(start_word, 0, sizeof(int)));
+    struct Events {  // destroyed however the function ends, also when the second create fails
+      cudaEvent_t a = nullptr, b = nullptr;
+      ~Events() {
+        if (a) cudaEventDestroy(a);
+        if (b) cudaEventDestroy(b);
+      }
+    } events;
+    MOK_CUDA(cudaEventCreate(&events.a));
+    MOK_CUDA(cudaEventCreate(&events.b));
+    const cudaEvent_t a = events.a, b = events.b;
+    // One timed pass: an untimed barrier puts every rank at a common start, then the pass.
+    auto timed = [&](auto&& pass) {
+      MOK_NCCL(ncclAllReduce(start_word, start_word, 1, ncclInt32, ncclSum, comm, nullptr));
+      MOK_CUDA(cudaEventRecord(a, nullptr));
+      pass();
+      MOK_CUDA(cudaEventRecord(b, nullptr));
+      layer.check_errors();  // synchronises the stream
+      float ms = 0;
+      MOK_CUDA(cudaEventElapsedTime(&ms, a, b));
+      return ms;
+    };
+    for (int i = 0; i < warmup + reps; ++i) {
+      const float f = timed([&] { layer.forward(buf.in, buf.out); });
+      if (i >= warmup) times.forward_ms[static_cast<size_t>(r) * reps + (i - warmup)] = f;
+      if (!backward) continue;
+      const float g = timed([&] { layer.backward(buf.in, buf.out); });
+      if (i >= warmup) times.backward_ms[static_cast<size_t>(r) * reps + (i - warmup)] = g;
     }
-  } events;
-  MOK_CUDA(cudaEventCreate(&events.a));
-  MOK_CUDA(cudaEventCreate(&events.b));
-  const cudaEvent_t a = events.a, b = events.b;
-  // One timed pass: an untimed barrier puts every rank at a common start, then the pass.
-  auto timed = [&](auto&& pass) {
-    MOK_NCCL(ncclAllReduce(start_word, start_word, 1, ncclInt32, ncclSum, comm, nullptr));
-    MOK_CUDA(cudaEventRecord(a, nullptr));
-    pass();
-    MOK_CUDA(cudaEventRecord(b, nullptr));
-    layer.check_errors();  // synchronises the stream
-    float ms = 0;
-    MOK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-  };
-  for (int i = 0; i < warmup + reps; ++i) {
-    const float f = timed([&] { layer.forward(buf.in, buf.out); });
-    if (i >= warmup) times.forward_ms[static_cast<size_t>(r) * reps + (i - warmup)] = f;
-    if (!backward) continue;
-    const float g = timed([&] { layer.backward(buf.in, buf.out); });
-    if (i >= warmup) times.backward_ms[static_cast<size_t>(r) * reps + (i - warmup)] = g;
-  }
-  // The last forward's output (a backward pass does not write it).
-  const size_t bytes = times.output.size_bytes() / cfg.num_ranks;
-  MOK_CUDA(cudaMemcpy(static_cast<char*>(times.output.raw()) + r * bytes, buf.out.output, bytes,
-                      cudaMemcpyDeviceToHost));
-  if (set_shape) {
-    times.blocks_per_rank = layer.blocks_per_rank();
-    times.comm_blocks_per_rank = layer.comm_blocks_per_rank();
-    times.uses_tma = layer.uses_tma();
-  }
+    // The last forward's output (a backward pass does not write it).
+    const size_t bytes = times.output.size_bytes() / cfg.num_ranks;
+    MOK_CUDA(cudaMemcpy(static_cast<char*>(times.output.raw()) + r * bytes, buf.out.output, bytes,
+                        cudaMemcpyDeviceToHost));
+    if (set_shape) {
+      times.blocks_per_rank = layer.blocks_per_rank();
+      times.comm_blocks_per_rank = layer.comm_blocks_per_rank();
+      times.forward_comm_blocks_per_rank = layer.forward_comm_blocks_per_rank();
+      times.uses_tma = layer.uses_tma();
+    }
+  }  // the timed layer's workspace and window are released before the traced one is built
+  if (!options.trace) return;
+  // Every rank builds the traced layer and runs the same passes (window registration and the
+  // passes' barriers are collective): a warm forward, then the profiled forward and backward.
+  NcclLayer traced(cfg, comm, sized_options(cfg, inputs, options));
+  traced.forward(buf.in, buf.out);
+  traced.check_errors();
+  traced.forward(buf.in, buf.out);
+  traced.check_errors();
+  times.trace_forward[r] = traced.trace();
+  if (!backward) return;
+  traced.backward(buf.in, buf.out);
+  traced.check_errors();
+  times.trace_backward[r] = traced.trace();
 }
 
 // Empty times for R ranks and `reps` repetitions (zeros), with the global output tensor.
@@ -339,6 +361,8 @@ NcclTimes empty_times(const spec::LayerConfig& cfg, bool backward, int warmup, i
   if (backward) t.backward_ms.assign(static_cast<size_t>(t.num_ranks) * reps, 0.0f);
   const ref::TensorSpec* s = ref::find_spec("outputs/output");
   t.output = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
+  t.trace_forward.resize(t.num_ranks);  // one entry per rank, each written by its rank's thread only
+  t.trace_backward.resize(t.num_ranks);
   return t;
 }
 
@@ -419,6 +443,21 @@ void allgather_host(void* data, size_t bytes, ncclComm_t comm, int rank, int wor
   MOK_CUDA(cudaMemcpy(data, d, bytes, cudaMemcpyDeviceToHost));
 }
 
+// Every rank's profile to every process: traces[rank] holds this process's own; the lengths
+// are gathered first, then each rank's words in a slot of the longest length.
+void gather_traces(std::vector<std::vector<uint64_t>>& traces, ncclComm_t comm, int rank, int world) {
+  std::vector<uint64_t> lengths(world, 0);
+  lengths[rank] = traces[rank].size();
+  allgather_host(lengths.data(), lengths.size() * sizeof(uint64_t), comm, rank, world);
+  const uint64_t slot = *std::max_element(lengths.begin(), lengths.end());
+  if (slot == 0) return;
+  std::vector<uint64_t> all(slot * world, 0);
+  std::copy(traces[rank].begin(), traces[rank].end(), all.begin() + rank * slot);
+  allgather_host(all.data(), all.size() * sizeof(uint64_t), comm, rank, world);
+  for (int p = 0; p < world; ++p)
+    traces[p].assign(all.begin() + p * slot, all.begin() + p * slot + static_cast<int64_t>(lengths[p]));
+}
+
 // Sums host buffers byte-wise over every rank of the communicator, in place.
 void allreduce_sum_host(void* data, size_t bytes, ncclComm_t comm) {
   void* d = nullptr;
@@ -486,6 +525,10 @@ NcclTimes time_layer_nccl_process(const spec::LayerConfig& cfg, const ref::Tenso
   gather(times.forward_ms.data(), times.forward_ms.size() * sizeof(float));
   if (backward) gather(times.backward_ms.data(), times.backward_ms.size() * sizeof(float));
   gather(times.output.raw(), times.output.size_bytes());
+  if (options.trace) {
+    gather_traces(times.trace_forward, job.comm, job.rank, job.world);
+    if (backward) gather_traces(times.trace_backward, job.comm, job.rank, job.world);
+  }
   return times;
 }
 

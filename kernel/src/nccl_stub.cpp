@@ -24,6 +24,8 @@ const uint16_t* NcclLayer::y_slots() const { return nullptr; }
 const uint16_t* NcclLayer::dx_slots() const { return nullptr; }
 int NcclLayer::blocks_per_rank() const { return 0; }
 int NcclLayer::comm_blocks_per_rank() const { return 0; }
+int NcclLayer::forward_comm_blocks_per_rank() const { return 0; }
+std::vector<uint64_t> NcclLayer::trace(void*) const { return {}; }
 bool NcclLayer::uses_tma() const { return false; }
 void NcclLayer::copy_intermediates(ref::TensorMap&, bool) const {}
 

@@ -51,7 +51,7 @@ struct KernelOptions {
   int group_rows = 8;            // GEMM items go in groups of this many row tiles, column-major inside a group
                                  // (grouped_tile; 1..64): blocks running together share A and weight tiles in L2
   bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp);
-                                 // the virtual rack (Layer) only: NcclLayer has no reader for it
+                                 // Layer::trace and NcclLayer::trace read it
 };
 
 // The most routed rows any rank receives under this routing (topk_experts [G, K] on the host):

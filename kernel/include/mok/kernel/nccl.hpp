@@ -40,7 +40,11 @@ class NcclLayer {
   const uint16_t* dx_slots() const;
   int blocks_per_rank() const;
   int comm_blocks_per_rank() const;
+  int forward_comm_blocks_per_rank() const;  // the forward's (as Layer::forward_comm_blocks_per_rank)
   bool uses_tma() const;  // true when the fast engine runs (as Layer::uses_tma)
+  // With KernelOptions::trace: this rank's profile of its last pass, kTraceSlots words per block
+  // (TraceSlot in params.hpp; marks are this GPU's %globaltimer); empty when off. Synchronises.
+  std::vector<uint64_t> trace(void* stream = nullptr) const;
   // Copies this rank's workspace intermediates (Layer::copy_intermediates' list) into `result`,
   // whose tensors for them must exist with their global shapes: the slots of this rank's experts
   // and this rank's tokens' rows are written, nothing else. Synchronises the device.
@@ -79,8 +83,13 @@ struct NcclTimes {
   std::vector<float> forward_ms;   // rank-major: forward_ms[rank * reps + rep], milliseconds
   std::vector<float> backward_ms;  // the same for the backward passes; empty without backward
   int blocks_per_rank = 0, comm_blocks_per_rank = 0;  // rank 0's launch shape
+  int forward_comm_blocks_per_rank = 0;
   bool uses_tma = false;
   ref::Tensor output;  // outputs/output [G, H] of the last forward pass, global token order
+  // With KernelOptions::trace: each rank's per-block profile (NcclLayer::trace) of one more
+  // forward (and backward) pass after the timed ones, run by a second layer built with the trace
+  // on, so the timed passes carry no trace stores; trace_forward[r] is rank r's. Empty otherwise.
+  std::vector<std::vector<uint64_t>> trace_forward, trace_backward;
 };
 
 // The layer's time per repetition (the slowest rank's), then the median over repetitions (the

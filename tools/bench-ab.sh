@@ -71,6 +71,15 @@ command -v nvidia-smi > /dev/null 2>&1 && have_smi=1
 summary=$dir/summary.tsv
 printf 'round\tlabel\tfwd_ms\tbwd_ms\tsm_mhz\tpower_w\tmax_temp_c\n' > "$summary"
 status=0
+smi_pid=""
+# An interrupt (Ctrl-C, a job's timeout) must not leave the clock sampler running.
+on_signal() {
+  [[ -n $smi_pid ]] && { kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null; }
+  echo "bench-ab.sh: interrupted; partial results in $dir" >&2
+  exit $((128 + $1))
+}
+trap 'on_signal 2' INT
+trap 'on_signal 15' TERM
 echo "# bench-ab.sh: $rounds rounds of ${labels[*]}; outputs in $dir"
 for ((r = 1; r <= rounds; ++r)); do
   for i in "${!labels[@]}"; do
@@ -85,6 +94,7 @@ for ((r = 1; r <= rounds; ++r)); do
     bash -c "${cmds[$i]}" > "$out" 2>&1
     rc=$?
     [[ -n $smi_pid ]] && { kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null; }
+    smi_pid=""
     fwd=$(awk '$1 == "fused" && $2 == "forward" { print $3; exit }' "$out")
     bwd=$(awk '$1 == "fused" && $2 == "backward" { print $3; exit }' "$out")
     clk=-

@@ -43,8 +43,15 @@ def parse():
                                      for n, v in zip(("H", "I", "Is", "E", "K", "T"), (H, I, Is, E, K, T)))
     if a.K > a.E or min(a.H, a.I, a.E, a.K, a.T) <= 0 or a.Is < 0:
         p.error("need 0 < K <= E and positive H, I, T")
-    if not (a.routing == "uniform" or (a.routing.startswith("zipf:") and float(a.routing[5:]) > 0)):
-        p.error("--routing must be uniform or zipf:S")
+    def zipf_exponent(text):
+        try:
+            return float(text)
+        except ValueError:
+            return float("nan")
+    if not (a.routing == "uniform" or (a.routing.startswith("zipf:") and 0 < zipf_exponent(a.routing[5:]) <= 8)):
+        p.error(f"--routing must be uniform or zipf:S with S in (0, 8], e.g. zipf:1.2 (got {a.routing!r})")
+    if a.reps < 1 or a.warmup < 0:
+        p.error(f"--reps must be at least 1 and --warmup at least 0 (got {a.reps} and {a.warmup})")
     return a
 
 

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <string>
@@ -22,6 +23,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f) a write then fails with EFBIG, which the writer reports and
+  // cleans up after (temporary file removed), instead of SIGXFSZ ending the process mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::string preset_help = "configuration preset:";
   for (const auto& p : mok::ref::presets()) {
     const auto& c = p.cfg;
@@ -98,6 +102,7 @@ int main(int argc, char** argv) {
     mok::ref::RoutingSpec rs = mok::ref::parse_routing(routing);
     rs.rank_skew = rank_skew;
     rs.empty_prob = empty;
+    mok::ref::check_routing(cfg, rs);  // before the header line: a usage error prints only itself
 
     const auto t0 = std::chrono::steady_clock::now();
     // The preset's name alone only where it still describes the layer. One word either way:

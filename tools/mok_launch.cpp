@@ -29,7 +29,8 @@ extern "C" void note_signal(int sig) { g_signal = sig; }
 int main(int argc, char** argv) {
   CLI::App app{
       "mok-launch: run PROGRAM as N processes, rank r on GPU r, joined by one NCCL unique id.\n"
-      "Each process gets MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID and CUDA_VISIBLE_DEVICES (its one GPU);\n"
+      "Each process gets MOK_RANK, MOK_WORLD_SIZE, MOK_NCCL_ID and CUDA_VISIBLE_DEVICES (its one GPU: the\n"
+      "r-th entry of the launcher's CUDA_VISIBLE_DEVICES when that is set, which must then name N GPUs);\n"
       "NVLink multicast stays off (NCCL_NVLS_ENABLE=0). The launcher waits for all, stops the rest when\n"
       "one fails, and exits with the first failure's code (0 when all succeed).\n\n"
       "  mok-launch -n 8 -- build/verify/mok-verify run fixtures/dsv3-micro-zipf.h5 --backend cuda --transport nccl\n\n"
@@ -49,6 +50,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--timeout: must be a number of seconds from 0 (none) to 1e7\nRun with --help for more information.\n");
     return 2;
   }
+  // GPU of rank r: the r-th entry of the launcher's CUDA_VISIBLE_DEVICES when it is set (a rank
+  // never gets a GPU the caller hid), else r.
+  std::vector<std::string> gpus;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible) {
+    std::string s = visible, cur;
+    for (char ch : s + ",") {
+      if (ch == ',') {
+        if (!cur.empty()) gpus.push_back(cur);
+        cur.clear();
+      } else {
+        cur += ch;
+      }
+    }
+    if (static_cast<int>(gpus.size()) < n) {
+      std::fprintf(stderr,
+                   "mok-launch: -n %d needs %d GPUs but CUDA_VISIBLE_DEVICES='%s' names %zu; lower -n, or list more "
+                   "GPUs in CUDA_VISIBLE_DEVICES (or unset it to use GPUs 0..%d)\n",
+                   n, n, visible, gpus.size(), n - 1);
+      return 2;
+    }
+  }
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {
     std::fprintf(stderr, "mok-launch: ncclGetUniqueId failed (is NCCL usable here?)\n");
@@ -59,19 +82,6 @@ int main(int argc, char** argv) {
     char b[3];
     std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(id.internal[i]));
     hex += b;
-  }
-  // GPU of rank r: the r-th entry of the launcher's CUDA_VISIBLE_DEVICES, or r.
-  std::vector<std::string> gpus;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string s = v, cur;
-    for (char ch : s + ",") {
-      if (ch == ',') {
-        if (!cur.empty()) gpus.push_back(cur);
-        cur.clear();
-      } else {
-        cur += ch;
-      }
-    }
   }
   std::vector<pid_t> pids;
   // Installed before the first fork, so no signal falls between a rank's start and the handler.
@@ -98,7 +108,7 @@ int main(int argc, char** argv) {
       setenv("MOK_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MOK_NCCL_ID", hex.c_str(), 1);
-      setenv("CUDA_VISIBLE_DEVICES", (r < static_cast<int>(gpus.size()) ? gpus[r] : std::to_string(r)).c_str(), 1);
+      setenv("CUDA_VISIBLE_DEVICES", (visible ? gpus[r] : std::to_string(r)).c_str(), 1);
       setenv("NCCL_NVLS_ENABLE", "0", 1);
       std::vector<char*> args;
       for (auto& c : command) args.push_back(c.data());
@@ -109,6 +119,7 @@ int main(int argc, char** argv) {
     }
     pids.push_back(pid);
   }
+  const std::vector<pid_t> rank_pids = pids;  // rank r's pid at r (pids loses the reaped ones)
   int first_failure = 0, remaining = n;
   const auto start = std::chrono::steady_clock::now();
   bool passed_on = false, killed = false;
@@ -133,12 +144,13 @@ int main(int argc, char** argv) {
     const pid_t done = waitpid(-1, &status, WNOHANG);
     if (done > 0) {
       --remaining;
+      const int rank = static_cast<int>(std::find(rank_pids.begin(), rank_pids.end(), done) - rank_pids.begin());
       // A reaped rank's pid may be reused by another process: never signal it again.
       pids.erase(std::remove(pids.begin(), pids.end(), done), pids.end());
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code != 0 && first_failure == 0) {
         first_failure = code;
-        std::fprintf(stderr, "mok-launch: a rank exited with %d; stopping the others\n", code);
+        std::fprintf(stderr, "mok-launch: rank %d exited with %d; stopping the others\n", rank, code);
         for (pid_t p : pids) kill(p, SIGTERM);
       }
       continue;

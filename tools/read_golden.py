@@ -58,7 +58,15 @@ def main(argv):
             return fail(f"{a.file}: not a mok golden file (no format = \"mok-golden\" attribute)")
         if "config" not in f:
             return fail(f"{a.file}: group /config is missing; regenerate the file with mok-golden")
-        cfg = {k: int(v) for k, v in f["config"].attrs.items() if k in ("H", "I", "Is", "E", "K", "R", "T")}
+        cfg = {}
+        for k, v in f["config"].attrs.items():
+            if k not in ("H", "I", "Is", "E", "K", "R", "T"):
+                continue
+            try:
+                cfg[k] = int(v)
+            except (TypeError, ValueError):
+                return fail(f"{a.file}: /config attribute {k} is {v!r}, not an integer; regenerate the file with "
+                            f"mok-golden")
         missing = [k for k in ("H", "I", "Is", "E", "K", "R", "T") if k not in cfg]
         if missing:
             return fail(f"{a.file}: /config lacks {', '.join(missing)}; regenerate the file with mok-golden")
@@ -81,6 +89,16 @@ def main(argv):
             y = load(f["intermediates/y"])
             s = f["intermediates/shared_out"][()] if "intermediates/shared_out" in f else None
             out = load(f["outputs/output"])
+            # The shapes the check indexes: [G, K], [G, K], [G, K, H], [G, H] (and [G, H]).
+            G, K, H = cfg["R"] * cfg["T"], cfg["K"], cfg["H"]
+            want_shapes = {"inputs/topk_experts": (G, K), "inputs/router_weights": (G, K),
+                           "intermediates/y": (G, K, H), "outputs/output": (G, H)}
+            if s is not None:
+                want_shapes["intermediates/shared_out"] = (G, H)
+            for name, shape in want_shapes.items():
+                if f[name].shape != shape:
+                    return fail(f"{a.file}: /{name} has shape {f[name].shape}, expected {shape} from /config "
+                                f"(G = R*T = {G}, K = {K}, H = {H}); regenerate the file with mok-golden")
             t, h = min(3, out.shape[0] - 1), min(5, out.shape[1] - 1)
             acc = np.float64(s[t, h]) if s is not None else 0.0
             for k in range(cfg["K"]):

@@ -25,7 +25,24 @@ if [[ -n ${MOK_GOLDEN:-} ]]; then
   out_h5=$(mktemp -u "${TMPDIR:-/tmp}/mok-bad-args-XXXXXX.h5")
   expect_exit "$MOK_GOLDEN" 2 "excludes" --no-bounds --end-to-end-bounds -o "$out_h5"
   expect_exit "$MOK_GOLDEN" 2 "excludes" --no-bounds --bound-terms -o "$out_h5"
+  # Routing values out of range name the value and the range; more hot experts than the layer has
+  # is refused before the run's header line (nothing else printed), naming E.
+  expect_exit "$MOK_GOLDEN" 2 "is -1; it must be in (0, 8]" --preset tiny --routing zipf:-1 -o "$out_h5"
+  expect_exit "$MOK_GOLDEN" 2 "factor F >= 1" --preset tiny --routing hot:2:-1 -o "$out_h5"
+  expect_exit "$MOK_GOLDEN" 2 "'abc' is not a number" --preset tiny --routing zipf:abc -o "$out_h5"
+  msg=$("$MOK_GOLDEN" --preset tiny --E 8 --routing hot:9 -o "$out_h5" 2>&1)
+  code=$?
+  if [[ $code != 2 || $msg != *"9 hot experts but the layer has E = 8"* || $(wc -l <<< "$msg") != 1 ]]; then
+    echo "mok-golden --routing hot:9 with E = 8: expected exit 2 and one line naming E, got $code: $msg"; expect_failed=1
+  fi
   [[ -e $out_h5 ]] && { echo "mok-golden wrote $out_h5 on a usage error"; expect_failed=1; rm -f "$out_h5"; }
+fi
+# The PyTorch baseline script checks its arguments before importing torch (exit 2, no GPU needed).
+torch_script=$(dirname "${BASH_SOURCE[0]}")/moe_torch_baseline.py
+if command -v python3 > /dev/null; then
+  expect_exit python3 2 "--routing must be uniform or zipf:S" "$torch_script" --routing zipf:abc
+  expect_exit python3 2 "--routing must be uniform or zipf:S" "$torch_script" --routing zipf:-1
+  expect_exit python3 2 "--reps must be at least 1" "$torch_script" --reps 0
 fi
 if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--transport" --transport bogus

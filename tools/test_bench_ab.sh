@@ -7,6 +7,7 @@ set -u
 ab=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+w=$(printf %q "$work")  # $work quoted for the command strings bench-ab.sh hands to bash -c
 fail() { echo "FAIL: $*"; exit 1; }
 # The stand-in prints mok-bench's two 'fused' lines; its forward time is the next value of $2
 # (a comma list), one per call, counted in a file so that alternation shows in the values.
@@ -20,7 +21,7 @@ echo "fused forward               ${v[$n]}     320.01     40.7%        347"
 echo "fused backward              $2     373.35     47.4%        578"
 FAKE
 chmod +x "$work/fake"
-out=$("$ab" -n 4 -o "$work/o1" A "$work/fake $work/a 5.0,3.0,4.0,9.0 6.5" B "$work/fake $work/b 1.0,1.0,2.0,2.0 7.25" 2>&1)
+out=$("$ab" -n 4 -o "$work/o1" A "$w/fake $w/a 5.0,3.0,4.0,9.0 6.5" B "$w/fake $w/b 1.0,1.0,2.0,2.0 7.25" 2>&1)
 rc=$?
 [[ $rc -eq 0 ]] || fail "two good variants: exit $rc: $out"
 grep -q "^round 3 A .*fwd *4.0 ms" <<< "$out" || fail "round 3 of A should read 4.0: $out"
@@ -32,15 +33,15 @@ grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 
 order=$(grep '^round' <<< "$out" | awk '{ printf "%s%s ", $2, $3 }')
 [[ $order == "1A 1B 2A 2B 3A 3B 4A 4B " ]] || fail "runs should alternate A, B each round: $order"
 [[ $(ls "$work/o1"/*_r*.txt | wc -l) -eq 8 ]] || fail "one output file per run expected in $work/o1"
-out=$("$ab" -n 3 -o "$work/o2" A "$work/fake $work/c 3.0,1.0,2.0 1" broken "false" 2>&1)
+out=$("$ab" -n 3 -o "$work/o2" A "$w/fake $w/c 3.0,1.0,2.0 1" broken "false" 2>&1)
 rc=$?
 [[ $rc -eq 1 ]] || fail "a failing variant should give exit 1, got $rc: $out"
 grep -q "round 2 broken: FAILED" <<< "$out" || fail "the failing variant should be named per round: $out"
 grep -q "^A *fwd 2.0 ms" <<< "$out" || fail "A's median over 3 rounds should be 2.0 (odd count): $out"
 grep -q "^broken against A: fwd -; bwd -$" <<< "$out" || fail "a pair without a good round compares nothing: $out"
 # -p: four labels as two (base, candidate) pairs, each compared with its own base only.
-out=$("$ab" -n 2 -o "$work/o5" -p q1 "$work/fake $work/f 2,2 4" q2 "$work/fake $work/g 1,3 4" \
-  d1 "$work/fake $work/h 2,2 4" d2 "$work/fake $work/i 2.2,2.2 3" 2>&1)
+out=$("$ab" -n 2 -o "$work/o5" -p q1 "$w/fake $w/f 2,2 4" q2 "$w/fake $w/g 1,3 4" \
+  d1 "$w/fake $w/h 2,2 4" d2 "$w/fake $w/i 2.2,2.2 3" 2>&1)
 rc=$?
 [[ $rc -eq 0 ]] || fail "-p with two pairs: exit $rc: $out"
 grep -q "^q2 against q1: fwd +0.0%, faster in 1 of 2; bwd +0.0%, faster in 0 of 2$" <<< "$out" || fail "q2 against q1: $out"
@@ -53,7 +54,7 @@ cat > "$work/fwdonly" <<'FWD'
 echo "fused forward               $1     320.01     40.7%        347"
 FWD
 chmod +x "$work/fwdonly"
-out=$("$ab" -n 2 -o "$work/o6" 1 "$work/fake $work/j 4,4 5" 1.0 "$work/fwdonly 2" 2>&1)
+out=$("$ab" -n 2 -o "$work/o6" 1 "$w/fake $w/j 4,4 5" 1.0 "$w/fwdonly 2" 2>&1)
 rc=$?
 [[ $rc -eq 0 ]] || fail "forward-only candidate: exit $rc: $out"
 grep -q "^1 *fwd 4 ms  bwd 5 ms .*(2 rounds)" <<< "$out" || fail "labels 1 and 1.0 should not mix: $out"
@@ -74,10 +75,39 @@ printf '%s\n' "345, 80.0, 70, 0" "1980, 500.0, 60, 100" "1800, 480.0, 62, 95" "1
 exec sleep 30
 SMI
 chmod +x "$work/bin/nvidia-smi"
-out=$(PATH="$work/bin:$PATH" "$ab" -n 1 -o "$work/o4" A "sleep 0.5; $work/fake $work/d 2.0 3.0" B "sleep 0.5; $work/fake $work/e 1.0 3.0" 2>&1)
+out=$(PATH="$work/bin:$PATH" "$ab" -n 1 -o "$work/o4" A "sleep 0.5; $w/fake $w/d 2.0 3.0" B "sleep 0.5; $w/fake $w/e 1.0 3.0" 2>&1)
 rc=$?
 [[ $rc -eq 0 ]] || fail "runs with a stand-in nvidia-smi: exit $rc: $out"
 grep -Eq "^round 1 A .*SM +1890 MHz +490.0 W +max 62 C" <<< "$out" || fail "clock, power, temperature should average the busy samples only: $out"
+# Ctrl-C (SIGINT to the process group) stops the run and the clock sampler with it: a stand-in
+# nvidia-smi records its pid; bench-ab.sh runs in its own group with SIGINT at its default action
+# (as from a terminal), and after the interrupt no sampler may be left.
+mkdir -p "$work/bin2"
+cat > "$work/bin2/nvidia-smi" <<'SMI'
+#!/usr/bin/env bash
+echo $$ > "$SMI_PID_FILE"
+trap '' INT  # like a background job of a non-interactive shell
+exec sleep 30
+SMI
+chmod +x "$work/bin2/nvidia-smi"
+export SMI_PID_FILE=$work/smi.pid
+PATH="$work/bin2:$PATH" python3 - "$ab" "$work/o7" <<'PY' &
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.setsid()
+os.execvp(sys.argv[1], [sys.argv[1], "-n", "1", "-o", sys.argv[2], "A", "sleep 20", "B", "sleep 20"])
+PY
+abpid=$!
+for _ in $(seq 100); do [[ -s $SMI_PID_FILE ]] && break; sleep 0.05; done
+[[ -s $SMI_PID_FILE ]] || fail "the stand-in sampler never started"
+sleep 0.2
+kill -INT -- "-$abpid"
+wait "$abpid"
+rc=$?
+smi=$(cat "$SMI_PID_FILE")
+for _ in $(seq 20); do kill -0 "$smi" 2> /dev/null || break; sleep 0.05; done  # a moment to be reaped
+if kill -0 "$smi" 2> /dev/null; then kill -9 "$smi"; fail "the nvidia-smi sampler outlived an interrupted bench-ab.sh"; fi
+[[ $rc -eq 130 ]] || fail "an interrupted bench-ab.sh should exit 130, got $rc"
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"

@@ -26,8 +26,10 @@ uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 double parse_number(const std::string& text, const std::string& whole) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  // strtod would also skip leading blanks and take a '+': the text is a plain number.
-  const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.');
+  // strtod would also skip leading blanks and take a '+': the text is a plain number (a '-' is
+  // taken, so that the caller's range check names a negative value as out of range).
+  const size_t at = !text.empty() && text[0] == '-' ? 1 : 0;
+  const bool plain = text.size() > at && (std::isdigit(static_cast<unsigned char>(text[at])) || text[at] == '.');
   if (!plain || *end != '\0' || !std::isfinite(v))
     throw Error("routing '" + whole + "': '" + text + "' is not a number; examples: uniform, zipf:1.2, hot:4, hot:4:8");
   return v;
@@ -123,26 +125,27 @@ RoutingSpec parse_routing(const std::string& text) {
   } else if (head == "zipf" && !rest.empty()) {
     r.kind = RoutingSpec::Kind::kZipf;
     r.zipf_s = parse_number(rest, text);
-    if (r.zipf_s <= 0 || r.zipf_s > 8) throw Error("routing '" + text + "': the Zipf exponent S must be in (0, 8]");
+    if (r.zipf_s <= 0 || r.zipf_s > 8)
+      throw Error("routing '" + text + "': the Zipf exponent S is " + rest + "; it must be in (0, 8], e.g. zipf:1.2");
   } else if (head == "hot" && !rest.empty()) {
     r.kind = RoutingSpec::Kind::kHot;
     const auto c2 = rest.find(':');
     const double n = parse_number(rest.substr(0, c2), text);
     if (n < 1 || n > (1 << 20) || n != static_cast<double>(static_cast<int64_t>(n)))
-      throw Error("routing '" + text + "': hot:N needs a whole number N of hot experts in [1, 2^20]");
+      throw Error("routing '" + text + "': hot:N needs a whole number N of hot experts in [1, 2^20], not " +
+                  rest.substr(0, c2) + "; e.g. hot:4");
     r.hot_count = static_cast<int64_t>(n);
     if (c2 != std::string::npos) r.hot_factor = parse_number(rest.substr(c2 + 1), text);
     if (r.hot_count < 1 || r.hot_factor < 1)
-      throw Error("routing '" + text + "': hot:N[:F] needs N >= 1 hot experts and a factor F >= 1");
+      throw Error("routing '" + text + "': hot:N:F needs a factor F >= 1 (how many times as likely a hot expert is "
+                  "as a cold one), not " + rest.substr(c2 + 1) + "; e.g. hot:4:8");
   } else {
     throw Error("unknown routing '" + text + "'; use uniform, zipf:S (e.g. zipf:1.2), hot:N or hot:N:F");
   }
   return r;
 }
 
-TensorMap generate_inputs(const spec::LayerConfig& cfg, const RoutingSpec& routing, uint64_t seed) {
-  const spec::Status status = cfg.validate();
-  if (!status.ok) throw Error(status.message);
+void check_routing(const spec::LayerConfig& cfg, const RoutingSpec& routing) {
   // The same ranges parse_routing() enforces, for a RoutingSpec built in code (NaN included:
   // every comparison with it is false, so each test is written to fail for it).
   if (routing.kind == RoutingSpec::Kind::kZipf && !(routing.zipf_s > 0 && routing.zipf_s <= 8))
@@ -151,9 +154,17 @@ TensorMap generate_inputs(const spec::LayerConfig& cfg, const RoutingSpec& routi
       !(routing.hot_count >= 1 && routing.hot_factor >= 1 && std::isfinite(routing.hot_factor)))
     throw Error("routing hot:N:F: N must be at least 1 and F a finite factor of at least 1");
   if (routing.kind == RoutingSpec::Kind::kHot && routing.hot_count > cfg.num_experts)
-    throw Error("routing hot:N: N is larger than the number of experts E");
+    throw Error("routing " + routing.describe() + ": " + std::to_string(routing.hot_count) +
+                " hot experts but the layer has E = " + std::to_string(cfg.num_experts) + "; lower N to at most " +
+                std::to_string(cfg.num_experts));
   if (!(routing.rank_skew >= 0 && routing.rank_skew <= 1 && routing.empty_prob >= 0 && routing.empty_prob <= 1))
     throw Error("routing: rank skew and empty-slot probability must be in [0, 1]");
+}
+
+TensorMap generate_inputs(const spec::LayerConfig& cfg, const RoutingSpec& routing, uint64_t seed) {
+  const spec::Status status = cfg.validate();
+  if (!status.ok) throw Error(status.message);
+  check_routing(cfg, routing);
   const int64_t G = cfg.num_tokens(), H = cfg.hidden, I = cfg.intermediate,
                 Is = cfg.shared_intermediate, E = cfg.num_experts, K = cfg.top_k;
   Rng rng(seed);

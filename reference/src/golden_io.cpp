@@ -48,6 +48,16 @@ constexpr std::array<const char*, 5> kDataGroups = {"inputs", "outputs", "grads"
 // ---------------------------------------------------------------------------------------------
 // HDF5 plumbing: owned ids, silenced error printing, the library's own reason for a failure.
 
+// No library clean-up at exit: every id this file opens is closed by its owner (Hid) before the
+// call returns, and after a failed write (a full disk, a file-size limit) HDF 1.10's exit-time
+// clean-up of the half-flushed file crashed the process after the error had been reported and
+// the temporary file removed (seen with ulimit -f: exit 139 instead of 2). Runs before main(),
+// so before the library's first use.
+const bool kNoHdf5Atexit = [] {
+  H5dont_atexit();
+  return true;
+}();
+
 class Hid {
  public:
   using Closer = herr_t (*)(hid_t);

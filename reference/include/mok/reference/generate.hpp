@@ -48,6 +48,9 @@ struct RoutingSpec {
 };
 // Parses the distribution part ("uniform", "zipf:1.2", "hot:4", "hot:4:8"); mok::Error on bad text.
 RoutingSpec parse_routing(const std::string& text);
+// mok::Error (bad input) when the routing cannot be drawn for this layer (more hot experts than
+// E, a value out of range); generate_inputs() checks the same, this lets a tool check first.
+void check_routing(const spec::LayerConfig& cfg, const RoutingSpec& routing);
 
 // Fresh random inputs for a config: x, d_output ~ bell; weights ~ bell/sqrt(fan_in); routing by
 // `routing`; router weights = softmax over the token's non-empty slots of random logits

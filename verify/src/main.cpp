@@ -9,9 +9,11 @@
 #include "mok/cli.hpp"
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <optional>
 
@@ -29,11 +31,26 @@ double estimated_macs(const mok::spec::LayerConfig& c) {
   return 3.0 * (slots * per_slot + shared);  // forward + backward (about twice forward)
 }
 
+// Writes the report to standard output and makes sure it got there (a full disk, a closed pipe,
+// /dev/full): a verdict nobody can read is not a pass. False after printing why on stderr.
+bool write_report(const std::string& text) {
+  errno = 0;
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), stdout) == text.size();
+  const bool flushed = std::fflush(stdout) == 0;
+  if (wrote && flushed && !std::ferror(stdout)) return true;
+  const int err = errno;
+  std::fprintf(stderr,
+               "mok-verify: cannot write the report to standard output%s%s; send it to a file or pipe that "
+               "can be written\n",
+               err ? ": " : "", err ? std::strerror(err) : "");
+  return false;
+}
+
 int finish(const mok::verify::Report& report, bool json) {
   // Under mok-launch every rank computes the same report; rank 0 prints it.
   const char* rank = std::getenv("MOK_RANK");
   if (rank && std::string(rank) != "0") return report.passed ? kExitPassed : kExitFailed;
-  std::fputs((json ? mok::verify::format_json(report) : mok::verify::format_table(report)).c_str(), stdout);
+  if (!write_report(json ? mok::verify::format_json(report) : mok::verify::format_table(report))) return kExitBadInput;
   return report.passed ? kExitPassed : kExitFailed;
 }
 
@@ -51,7 +68,8 @@ int main(int argc, char** argv) {
       "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--minibatch M,...] [--transport nccl]\n"
       "      runs the CUDA kernel on the file's inputs under every configuration, prints one hash per\n"
       "      tensor per configuration, and fails on any difference (the CI gate for GPU nodes).\n\n"
-      "Exit codes: 0 passed, 1 a check failed, 2 bad input or usage, 3 not supported here.",
+      "Exit codes: 0 passed, 1 a check failed, 2 bad input or usage, or the report could not be written\n"
+      "(standard output full or closed), 3 not supported here.",
       "mok-verify"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mok-verify 0.1.0");
@@ -159,6 +177,7 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       const mok::verify::DeterminismResult r = mok::verify::run_determinism(golden, o);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string text;
       if (json) {
         nlohmann::json j;
         j["file"] = file;
@@ -167,13 +186,16 @@ int main(int argc, char** argv) {
         j["executions"] = r.executions;
         j["seconds"] = secs;
         j["first_difference"] = r.first_difference.empty() ? nlohmann::json() : nlohmann::json(r.first_difference);
-        std::printf("%s\n", j.dump(2).c_str());
+        text = j.dump(2) + "\n";
       } else {
-        std::fputs(r.table.c_str(), stdout);
-        if (!r.passed) std::printf("# first difference: %s\n", r.first_difference.c_str());
-        std::printf("# %s: %lld configurations x %d runs = %lld executions, %.1f s\n", r.passed ? "PASSED" : "FAILED",
-                    (long long)r.configurations, runs, (long long)r.executions, secs);
+        text = r.table;
+        if (!r.passed) text += "# first difference: " + r.first_difference + "\n";
+        char line[256];
+        std::snprintf(line, sizeof line, "# %s: %lld configurations x %d runs = %lld executions, %.1f s\n",
+                      r.passed ? "PASSED" : "FAILED", (long long)r.configurations, runs, (long long)r.executions, secs);
+        text += line;
       }
+      if (!write_report(text)) return kExitBadInput;
       return r.passed ? kExitPassed : kExitFailed;
     }
     if (*run) {

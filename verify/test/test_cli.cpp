@@ -30,18 +30,36 @@ struct CliRun {
   std::string out, err;
 };
 
-CliRun run_cli(const std::string& args) {
-  const fs::path dir = fs::temp_directory_path() / ("mok-cli-" + std::to_string(::getpid()));
+// The scratch folder of run_cli, removed when the test program ends.
+struct ScratchDir {
+  fs::path path = fs::temp_directory_path() / ("mok-cli-" + std::to_string(::getpid()));
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+const ScratchDir& scratch() {
+  static const ScratchDir dir;
+  return dir;
+}
+
+// Runs mok-verify with `args` (and `env`, e.g. "MOK_RANK= "); stdout goes to `stdout_to` when given
+// (e.g. /dev/full), otherwise it is captured.
+CliRun run_cli(const std::string& args, const std::string& stdout_to = "", const std::string& env = "") {
+  const fs::path dir = scratch().path;
   fs::create_directories(dir);
   const std::string out = (dir / "out.txt").string(), err = (dir / "err.txt").string();
-  const int status = std::system((std::string(MOK_VERIFY_BIN) + " " + args + " >" + out + " 2>" + err).c_str());
+  fs::remove(out);
+  const int status = std::system(
+      (env + std::string(MOK_VERIFY_BIN) + " " + args + " >" + (stdout_to.empty() ? out : stdout_to) + " 2>" + err)
+          .c_str());
   auto slurp = [](const std::string& p) {
     std::ifstream f(p);
     std::stringstream s;
     s << f.rdbuf();
     return s.str();
   };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, stdout_to.empty() ? slurp(out) : "", slurp(err)};
 }
 
 // A real golden made the way mok-golden makes one (emulator + oracle), in a temp folder.
@@ -291,6 +309,18 @@ TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
     EXPECT_EQ(r.code, 2) << name << ": " << r.err;
     EXPECT_NE(r.err.find(mok::test::malformed_expected_text(name)), std::string::npos) << name << ": " << r.err;
     EXPECT_TRUE(r.out.empty()) << name << " printed a partial report: " << r.out;
+  }
+}
+
+// Found by audit (2026-12): a report that could not be written (a full disk, a closed pipe) exited
+// 0 or 1 as if someone had read the verdict.
+TEST_F(CliTest, AReportThatCannotBeWrittenIsBadInput) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  for (const std::string& args : {"run " + good_ + " --backend emulate", "run " + good_ + " --backend emulate --json",
+                                  "compare " + good_ + " " + good_, "compare " + good_ + " " + good_ + " --json"}) {
+    const CliRun r = run_cli(args, "/dev/full");
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("cannot write the report to standard output"), std::string::npos) << args << ": " << r.err;
   }
 }
 

@@ -94,9 +94,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   run->add_option("--sample-cols", sample_cols, "check only this many I and Is columns of every weight gradient")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  run->add_option("--sample-seed", sample_seed, "seed for choosing the sample")->capture_default_str();
+  run->add_option("--sample-seed", sample_seed, "seed for choosing the sample (0 to 2^64 - 1)")
+      ->capture_default_str()
+      ->check(mok::cli::seed());
   run->add_flag("--full", full, "check every element even when the case is large (default: sample above ~4e9 multiply-adds)");
-  run->add_flag("--no-bounds", no_bounds, "skip the per-element error-bound check");
+  run->add_flag("--no-bounds", no_bounds,
+                "skip the golden's per-element error-bound check (emulate, cuda, auto; not with --backend oracle "
+                "or --end-to-end, which are bounds checks: a usage error)");
   auto* e2e_flag = run->add_flag("--end-to-end", end_to_end,
                 "also check the output and every gradient against their true values computed from the inputs "
                 "alone (exact sums, silu in double) with radii that cover any bf16-v1 implementation, so the "
@@ -136,7 +140,9 @@ int main(int argc, char** argv) {
   det->add_option("--minibatch", minibatch,
                   "tokens per pass (default: the whole batch); per-token results must not change")
       ->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  det->add_option("--seed", det_seed, "shuffles the order in which configurations run")->capture_default_str();
+  det->add_option("--seed", det_seed, "shuffles the order in which configurations run (0 to 2^64 - 1)")
+      ->capture_default_str()
+      ->check(mok::cli::seed());
   det->add_option("--transport", transport, "virtual (ranks on one GPU) or nccl (one GPU per rank)")
       ->check(CLI::IsMember({"virtual", "nccl"}))
       ->capture_default_str();
@@ -199,10 +205,22 @@ int main(int argc, char** argv) {
       return r.passed ? kExitPassed : kExitFailed;
     }
     if (*run) {
+      // Usage first, then the file, then whether this machine supports the backend (exit 2 before 3:
+      // a bad command line or file stays bad on a machine that has a GPU).
       const mok::verify::Backend b = mok::verify::parse_backend(backend);
       if (run->count("--transport") > 0 && b != mok::verify::Backend::kCuda && b != mok::verify::Backend::kAuto)
         throw mok::Error("--transport chooses how the cuda backend's ranks talk; backend " + backend +
                          " has no transport: drop --transport or use --backend cuda");
+      if (full && (sample_tokens > 0 || sample_cols > 0))
+        throw mok::Error("--full and --sample-tokens/--sample-cols exclude each other");
+      if (no_bounds && b == mok::verify::Backend::kOracle)
+        throw mok::Error("--no-bounds with --backend oracle: the oracle backend is a bounds check (it checks that "
+                         "the file's tensors lie within recomputed radii); drop --no-bounds, or use --backend emulate");
+      if (no_bounds && end_to_end)
+        throw mok::Error("--no-bounds with --end-to-end: the end-to-end check is a bounds check; drop one of them");
+      progress("reading " + file);
+      const mok::ref::Golden golden = mok::ref::read_golden(file);
+      require_output(golden, file);
       if (b == mok::verify::Backend::kCuda) {
         std::string why;
         if (!mok::verify::cuda_available(&why)) {
@@ -210,11 +228,6 @@ int main(int argc, char** argv) {
           return kExitUnsupported;
         }
       }
-      if (full && (sample_tokens > 0 || sample_cols > 0))
-        throw mok::Error("--full and --sample-tokens/--sample-cols exclude each other");
-      progress("reading " + file);
-      const mok::ref::Golden golden = mok::ref::read_golden(file);
-      require_output(golden, file);
       std::optional<mok::ref::Sample> sample;
       const bool big = estimated_macs(golden.cfg) > kFullRunMacLimit;
       if (sample_tokens > 0 || sample_cols > 0 || (big && !full)) {

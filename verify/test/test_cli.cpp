@@ -335,6 +335,33 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
   EXPECT_EQ(run_cli("run " + good_ + " -j -1").code, 2);
   EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --transport nccl").code, 2);
   EXPECT_EQ(run_cli("determinism " + good_ + " --ranks 0").code, 2);  // usage before support
+  // Usage and file errors come before "not supported here" (found by audit, 2026-12: a missing
+  // file under --backend cuda exited 3).
+  for (const std::string& args :
+       {std::string("run /nonexistent/file.h5 --backend cuda"), "run " + good_ + " --backend cuda --full --sample-tokens 3",
+        "run " + good_ + " --backend cuda --no-bounds --end-to-end", std::string("run /nonexistent/file.h5 --backend cuda --transport nccl"),
+        std::string("determinism /nonexistent/file.h5")}) {
+    const CliRun r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+  }
+  // Seeds out of range are refused, not wrapped or clamped to another seed.
+  for (const char* seed : {"-1", "99999999999999999999999", "1.5", "x"}) {
+    CliRun r = run_cli("run " + good_ + " --backend emulate --sample-tokens 3 --sample-seed " + seed);
+    EXPECT_EQ(r.code, 2) << seed << ": " << r.err;
+    EXPECT_NE(r.err.find("--sample-seed"), std::string::npos) << r.err;
+    r = run_cli("determinism " + good_ + " --seed " + seed);
+    EXPECT_EQ(r.code, 2) << seed << ": " << r.err;
+    EXPECT_NE(r.err.find("--seed"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --sample-tokens 3 --sample-seed 18446744073709551615").code, 0);
+  // --no-bounds where the check is a bounds check: a usage error, not silently ignored.
+  CliRun nb = run_cli("run " + good_ + " --backend oracle --no-bounds");
+  EXPECT_EQ(nb.code, 2) << nb.err;
+  EXPECT_NE(nb.err.find("the oracle backend is a bounds check"), std::string::npos) << nb.err;
+  nb = run_cli("run " + good_ + " --backend emulate --no-bounds --end-to-end");
+  EXPECT_EQ(nb.code, 2) << nb.err;
+  EXPECT_NE(nb.err.find("the end-to-end check is a bounds check"), std::string::npos) << nb.err;
+  EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --no-bounds").code, 0);
   std::string why;
   if (!verify::cuda_available(&why)) {  // no CUDA build, or no GPU here: exit 3 and say why
     const CliRun r = run_cli("run " + good_ + " --backend cuda");

@@ -2,6 +2,7 @@
 #include "mok/reference/error.hpp"
 #include "mok/reference/golden.hpp"
 #include "mok/reference/sample.hpp"
+#include "mok/reference/schema.hpp"
 #include "mok/verify/backends.hpp"
 #include "mok/verify/compare.hpp"
 #include "mok/verify/determinism.hpp"
@@ -286,6 +287,24 @@ int main(int argc, char** argv) {
       if (!diff.empty())
         throw mok::Error(candidate_path + ": its /config differs from " + golden_path + "'s: " + diff +
                          "; compare files of the same case");
+    }
+    if (criterion == "bounds") {
+      // The bounds criterion judges every output and gradient by the golden's stored radii: a golden
+      // without them (mok-golden --no-bounds) has nothing to judge with, which is bad input, not a
+      // failed check.
+      std::string missing;
+      for (const auto& [path, tensor] : golden.tensors) {
+        const mok::ref::TensorSpec* s = mok::ref::find_spec(path);
+        if (!s || (s->role != mok::ref::Role::kOutput && s->role != mok::ref::Role::kGrad)) continue;
+        if (golden.tensors.count(mok::ref::bound_exact_path(path)) && golden.tensors.count(mok::ref::bound_radius_path(path)))
+          continue;
+        missing += std::string(missing.empty() ? "" : ", ") + "/" + mok::ref::bound_exact_path(path) + " and /" +
+                   mok::ref::bound_radius_path(path);
+      }
+      if (!missing.empty())
+        throw mok::Error(golden_path + ": --criterion bounds needs the golden's error bounds for its output and "
+                         "gradients, and it lacks " + missing +
+                         "; regenerate the golden with mok-golden without --no-bounds, or use --criterion bitwise");
     }
     mok::verify::CompareOptions co;
     co.criterion = criterion == "bounds" ? mok::verify::Criterion::kWithinBounds : mok::verify::Criterion::kBitwise;

@@ -299,6 +299,24 @@ TEST_F(CliTest, ShapesMissingTensorsAndBrokenBoundsAreNotPassed) {
   EXPECT_NE(r.err.find("bounds/d_x_bound"), std::string::npos) << r.err;
 }
 
+// Found by audit (2026-12): --criterion bounds against a golden without /bounds reported every
+// tensor FAILED (exit 1) with an empty worst element; there is nothing to judge with: bad input.
+TEST_F(CliTest, BoundsCriterionNeedsTheGoldensBounds) {
+  ref::Golden nb = golden_;
+  for (auto it = nb.tensors.begin(); it != nb.tensors.end();)
+    it = it->first.rfind("bounds/", 0) == 0 ? nb.tensors.erase(it) : std::next(it);
+  const std::string path = (dir_ / "no_bounds.h5").string();
+  ref::write_golden(path, nb);
+  CliRun r = run_cli("compare " + path + " " + path + " --criterion bounds");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("/bounds/output_exact and /bounds/output_bound"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/bounds/d_x_exact and /bounds/d_x_bound"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--criterion bitwise"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(run_cli("compare " + path + " " + path).code, 0);
+  EXPECT_EQ(run_cli("compare " + good_ + " " + path + " --criterion bounds").code, 0);
+}
+
 TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
   const fs::path mdir = dir_ / "malformed";
   fs::create_directories(mdir);

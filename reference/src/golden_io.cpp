@@ -779,6 +779,52 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
     }
   }
 
+  // Bounds come in pairs, value and radius: one without the other would silently skip the check.
+  for (const auto& [path, tensor] : golden.tensors) {
+    const Role role = find_spec(path)->role;
+    if (role != Role::kBoundExact && role != Role::kBoundRadius && role != Role::kEndToEndExact &&
+        role != Role::kEndToEndRadius)
+      continue;
+    const std::string checked = checked_path_of_bound(path);
+    const bool e2e = role == Role::kEndToEndExact || role == Role::kEndToEndRadius;
+    const std::string exact = e2e ? end_to_end_exact_path(checked) : bound_exact_path(checked);
+    const std::string radius = e2e ? end_to_end_radius_path(checked) : bound_radius_path(checked);
+    const std::string& partner = path == exact ? radius : exact;
+    if (golden.tensors.count(partner) == 0) {
+      ctx.fail_subject(dataset_where(path),
+                       "is present without /" + partner + " (the bounds of " + checked +
+                           " are a pair, oracle value and radius); regenerate the file's bounds with "
+                           "mok-golden, or remove both datasets");
+    }
+  }
+
+  // Backward results are computed from /inputs/d_output: a file with gradients, backward
+  // intermediates or their bounds but without d_output is inconsistent (its backward content could
+  // never be checked). Candidate files (require_inputs false) hold no inputs, so only goldens.
+  if (options.require_inputs && golden.tensors.count("inputs/d_output") == 0) {
+    std::string culprit;  // named in the message: a gradient before an intermediate before a bound
+    int culprit_rank = 3;
+    for (const auto& [path, tensor] : golden.tensors) {
+      std::string judged = path;
+      if (is_bound_role(find_spec(path)->role)) judged = checked_path_of_bound(path);
+      const std::string name = judged.substr(judged.find('/') + 1);
+      const bool backward = judged.rfind("grads/", 0) == 0 ||
+                            (judged.rfind("intermediates/", 0) == 0 &&
+                             (name.rfind('d', 0) == 0 || name.find("_d_") != std::string::npos));
+      const int rank = path.rfind("grads/", 0) == 0 ? 0 : path.rfind("intermediates/", 0) == 0 ? 1 : 2;
+      if (backward && rank < culprit_rank) {
+        culprit = path;
+        culprit_rank = rank;
+      }
+    }
+    if (!culprit.empty()) {
+      ctx.fail_subject(dataset_where(culprit),
+                       "belongs to a backward pass, but dataset /inputs/d_output (the gradient the backward pass "
+                       "starts from) is missing; regenerate the file with mok-golden, or remove the backward "
+                       "datasets (/grads, the backward /intermediates and their /bounds) for a forward-only case");
+    }
+  }
+
   if (options.check_values) check_values(ctx, golden);
 }
 

@@ -154,6 +154,10 @@ const std::map<std::string, std::string>& expected_texts() {
       {"nan_router_weight", "dataset /inputs/router_weights: element"},
       {"expert_out_of_range", "dataset /inputs/topk_experts: token"},
       {"duplicate_expert", "appears twice"},
+      {"grads_without_d_output", "dataset /grads/d_router_weights belongs to a backward pass, but dataset /inputs/d_output"},
+      {"backward_intermediates_without_d_output",
+       "dataset /intermediates/d_act belongs to a backward pass, but dataset /inputs/d_output"},
+      {"half_bound_pair", "dataset /bounds/output_exact is present without /bounds/output_bound"},
   };
   return texts;
 }
@@ -306,6 +310,28 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
     check(group >= 0, "H5Gcreate2");
     H5Gclose(group);
     cases.emplace_back("unknown_group", path);
+  }
+
+  // Inconsistent content (found by audit, 2026-12): backward results without the d_output they
+  // come from, with and without /grads; half of a bounds pair (the check would be skipped).
+  if (good.tensors.count("inputs/d_output") && good.tensors.count("grads/d_router_weights")) {
+    const std::string path = copy_of(good_path, dir, "grads_without_d_output");
+    File f(path);
+    check(H5Ldelete(f.get(), "/inputs/d_output", H5P_DEFAULT) >= 0, "H5Ldelete");
+    cases.emplace_back("grads_without_d_output", path);
+  }
+  if (good.tensors.count("inputs/d_output") && good.tensors.count("intermediates/d_act")) {
+    const std::string path = copy_of(good_path, dir, "backward_intermediates_without_d_output");
+    File f(path);
+    check(H5Ldelete(f.get(), "/inputs/d_output", H5P_DEFAULT) >= 0, "H5Ldelete");
+    check(H5Ldelete(f.get(), "/grads", H5P_DEFAULT) >= 0, "H5Ldelete");
+    cases.emplace_back("backward_intermediates_without_d_output", path);
+  }
+  if (good.tensors.count("bounds/output_bound")) {
+    const std::string path = copy_of(good_path, dir, "half_bound_pair");
+    File f(path);
+    check(H5Ldelete(f.get(), "/bounds/output_bound", H5P_DEFAULT) >= 0, "H5Ldelete");
+    cases.emplace_back("half_bound_pair", path);
   }
 
   // Value problems: written through write_golden, which checks structure but not values.

@@ -239,6 +239,12 @@ std::string format_table(const Report& r) {
                   ratio.c_str(), t.passed ? "OK" : "FAILED", where.c_str());
     out << line;
   }
+  // #outside counts only elements with a radius: say so where that is fewer than were compared (a
+  // golden whose oracle sampled), so "0 outside" is not read as "every element within".
+  for (const TensorReport& t : r.tensors)
+    if (t.has_bounds && t.bound_checked < t.compared)
+      out << "# bound-checked: " << t.path << ": " << t.bound_checked << " of " << t.compared
+          << " compared elements have a radius (NaN: not sampled by the oracle); #outside counts those only\n";
   if (!r.first_bad_stage.empty()) out << "# first failing stage: " << r.first_bad_stage << "\n";
   std::snprintf(line, sizeof line, "# %s: %zu tensors, %.2f s\n", r.passed ? "PASSED" : "FAILED", r.tensors.size(), r.seconds);
   out << line;

@@ -318,6 +318,31 @@ TEST_F(CliTest, BoundsCriterionNeedsTheGoldensBounds) {
   EXPECT_EQ(run_cli("compare " + good_ + " " + path + " --criterion bounds").code, 0);
 }
 
+// Found by audit (2026-12): with radii for only some elements (NaN: not sampled), the table said
+// "compared 384, #outside 0" as if every element were within its bound.
+TEST_F(CliTest, TableSaysHowManyElementsWereBoundChecked) {
+  CliRun r = run_cli("run " + good_ + " --backend emulate");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("# bound-checked:"), std::string::npos) << r.out;
+  ref::Golden sparse = golden_;
+  ref::Tensor& radius = sparse.tensors.at("bounds/output_bound");
+  const int64_t n = radius.numel();
+  for (int64_t i = 1; i < n; ++i) radius.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+  const std::string path = (dir_ / "sparse_bounds.h5").string();
+  ref::write_golden(path, sparse);
+  r = run_cli("run " + path + " --backend emulate");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("# bound-checked: outputs/output: 1 of " + std::to_string(n) + " compared elements"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("# bound-checked: grads/d_x"), std::string::npos) << r.out;
+  // The columns stay where scripts find them.
+  EXPECT_NE(r.out.find("tensor                                compared      equal  max_ulp   #outside  err/bound  "
+                       "result  worst element"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
   const fs::path mdir = dir_ / "malformed";
   fs::create_directories(mdir);

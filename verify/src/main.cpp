@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
       ->needs(e2e_flag);
   std::string transport = "virtual";
   run->add_option("--transport", transport,
-                  "cuda backend: virtual (all R ranks on one GPU) or nccl (one GPU per rank, NCCL symmetric memory)")
+                  "cuda backend: virtual (all R ranks on one GPU) or nccl (one GPU per rank, NCCL symmetric memory); "
+                  "with --backend auto where cuda is not available, nccl exits 3 and virtual is noted and unused")
       ->check(CLI::IsMember({"virtual", "nccl"}))
       ->capture_default_str();
   run->add_flag("--json", json, "machine-readable report on stdout");
@@ -227,6 +228,21 @@ int main(int argc, char** argv) {
         if (!mok::verify::cuda_available(&why)) {
           std::fprintf(stderr, "mok-verify: backend cuda is not supported here: %s\n", why.c_str());
           return kExitUnsupported;
+        }
+      }
+      if (b == mok::verify::Backend::kAuto && run->count("--transport") > 0) {
+        // auto resolves to emulate without a GPU: an explicit transport would silently not apply.
+        std::string why;
+        if (!mok::verify::cuda_available(&why)) {
+          if (transport == "nccl") {
+            std::fprintf(stderr,
+                         "mok-verify: --transport nccl needs the cuda backend, which is not supported here (%s), "
+                         "and --backend auto would run emulate instead; run on a GPU node, or drop --transport\n",
+                         why.c_str());
+            return kExitUnsupported;
+          }
+          progress("--transport " + transport + " applies to the cuda backend, which is not available here (" + why +
+                   "): auto runs emulate");
         }
       }
       std::optional<mok::ref::Sample> sample;

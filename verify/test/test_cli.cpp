@@ -408,9 +408,17 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
   EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --no-bounds").code, 0);
   std::string why;
   if (!verify::cuda_available(&why)) {  // no CUDA build, or no GPU here: exit 3 and say why
-    const CliRun r = run_cli("run " + good_ + " --backend cuda");
+    CliRun r = run_cli("run " + good_ + " --backend cuda");
     EXPECT_EQ(r.code, 3) << r.err;
     EXPECT_NE(r.err.find("not supported here"), std::string::npos) << r.err;
+    // An explicit nccl transport under auto would silently run emulate: not supported here.
+    r = run_cli("run " + good_ + " --transport nccl");
+    EXPECT_EQ(r.code, 3) << r.out << r.err;
+    EXPECT_NE(r.err.find("--transport nccl needs the cuda backend"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+    r = run_cli("run " + good_ + " --backend auto --transport virtual");
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.err.find("--transport virtual applies to the cuda backend"), std::string::npos) << r.err;
   }
 }
 

@@ -48,9 +48,10 @@ bool write_report(const std::string& text) {
 }
 
 int finish(const mok::verify::Report& report, bool json) {
-  // Under mok-launch every rank computes the same report; rank 0 prints it.
+  // Under mok-launch every rank computes the same report; rank 0 prints it. MOK_RANK unset or empty
+  // (an exported but blank variable) is a single process, which prints.
   const char* rank = std::getenv("MOK_RANK");
-  if (rank && std::string(rank) != "0") return report.passed ? kExitPassed : kExitFailed;
+  if (rank && *rank && std::string(rank) != "0") return report.passed ? kExitPassed : kExitFailed;
   if (!write_report(json ? mok::verify::format_json(report) : mok::verify::format_table(report))) return kExitBadInput;
   return report.passed ? kExitPassed : kExitFailed;
 }

@@ -368,6 +368,19 @@ TEST_F(CliTest, AReportThatCannotBeWrittenIsBadInput) {
   }
 }
 
+// Under mok-launch only rank 0 prints; an empty MOK_RANK (found by audit, 2026-12: it suppressed
+// the report) is no rank at all.
+TEST_F(CliTest, OnlyRankZeroPrintsAndEmptyRankIsUnset) {
+  CliRun r = run_cli("run " + good_ + " --backend emulate", "", "MOK_RANK= ");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("# PASSED"), std::string::npos) << r.out;
+  r = run_cli("run " + good_ + " --backend emulate", "", "MOK_RANK=0 ");
+  EXPECT_NE(r.out.find("# PASSED"), std::string::npos) << r.out;
+  r = run_cli("run " + good_ + " --backend emulate", "", "MOK_RANK=1 ");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
 TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
   EXPECT_EQ(run_cli("").code, 2);
   EXPECT_EQ(run_cli("run").code, 2);

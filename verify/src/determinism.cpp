@@ -94,10 +94,30 @@ ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, 
 }  // namespace
 #endif
 
+void check_determinism_options(const spec::LayerConfig& cfg, const DeterminismOptions& options) {
+  const int64_t G = cfg.num_tokens();
+  const std::string E = std::to_string(cfg.num_experts);
+  if (options.ranks.empty() || options.comm_blocks.empty())
+    throw Error("determinism: --ranks and --comm-sms each need at least one value");
+  for (int64_t mb : options.minibatches)
+    if (mb < 1 || G % mb)
+      throw Error("determinism: --minibatch " + std::to_string(mb) + " does not divide the batch (G = R*T = " +
+                  std::to_string(G) + " tokens); give divisors of " + std::to_string(G));
+  for (int R : options.ranks) {
+    if (R < 1 || cfg.num_experts % R)
+      throw Error("determinism: --ranks " + std::to_string(R) + " does not divide E = " + E +
+                  " (each rank owns E/R experts); give divisors of " + E);
+    for (int64_t mb : options.minibatches.empty() ? std::vector<int64_t>{G} : options.minibatches)
+      if (mb % R)
+        throw Error("determinism: --ranks " + std::to_string(R) + " does not divide the minibatch " +
+                    std::to_string(mb) + (options.minibatches.empty() ? " (the whole batch)" : "") +
+                    " (each rank takes minibatch/R tokens); give rank counts and minibatches that divide");
+  }
+}
+
 DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOptions& options) {
+  check_determinism_options(golden.cfg, options);  // usage before support
 #if !defined(MOK_HAVE_CUDA_KERNEL)
-  (void)golden;
-  (void)options;
   throw Error("determinism needs the CUDA kernel, and this build has none", ErrorKind::kUnsupported);
 #else
   std::string why;
@@ -115,13 +135,8 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
   for (int R : options.ranks)
     for (int comm : options.comm_blocks)
       for (int64_t mb : mbs) {
-        if (R < 1 || cfg.num_experts % R || mb < 1 || G % mb || mb % R) {
-          if (options.progress)
-            options.progress("skipping R=" + std::to_string(R) + " minibatch=" + std::to_string(mb) +
-                             ": needs R | E, minibatch | G and R | minibatch (E=" + std::to_string(cfg.num_experts) +
-                             ", G=" + std::to_string(G) + ")");
-          continue;
-        }
+        // R | E, minibatch | G and R | minibatch hold (check_determinism_options); too few GPUs for
+        // the nccl transport is this machine, not the command line: skipped and said.
         if (nccl && R > devices) {
           if (options.progress)
             options.progress("skipping R=" + std::to_string(R) + ": the nccl transport needs one GPU per rank (" +
@@ -130,7 +145,11 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
         }
         configs.push_back({R, comm, mb});
       }
-  if (configs.empty()) throw Error("determinism: no valid configuration (see the skipped lines)");
+  if (configs.empty())
+    throw Error("determinism: every configuration needs more GPUs than the " + std::to_string(devices) +
+                    " here (the nccl transport takes one GPU per rank); give --ranks that fit, or run on a node "
+                    "with more GPUs",
+                ErrorKind::kUnsupported);
   // Shuffle the order in which (configuration, run) pairs execute: state leaking from one run
   // into the next shows up as a difference.
   std::vector<std::pair<size_t, int>> order;

@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
   uint64_t det_seed = 1;
   det->add_option("FILE", file, "golden or input file (only /inputs is used)")->required();
   det->add_option("--runs,-n", runs, "runs of each configuration")->capture_default_str()->check(CLI::Range(1, 100000));
-  det->add_option("--ranks", ranks, "virtual rank counts R (each must divide E and the minibatch)")
+  det->add_option("--ranks", ranks, "virtual rank counts R (each must divide E and the minibatch, else exit 2; under --transport nccl, counts "
+                  "above the GPUs here are skipped, and exit 3 if none is left)")
       ->delimiter(',')->capture_default_str()->check(CLI::Range(1, 4096));
   det->add_option("--comm-sms", comm, "communication blocks per rank (the rest compute; 0: the kernel's default, blocks per rank - 1)")
       ->delimiter(',')->capture_default_str()->check(CLI::Range(0, 4096));

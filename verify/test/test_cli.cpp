@@ -401,6 +401,20 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
     const CliRun r = run_cli(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
   }
+  // determinism: a rank count or minibatch that does not divide is a usage error (it was skipped
+  // with a stderr line), found before whether this machine has a GPU. E = 4, G = 12 here.
+  for (const auto& [args, text] : std::vector<std::pair<std::string, std::string>>{
+           {"--ranks 1,3", "--ranks 3 does not divide E = 4"},
+           {"--minibatch 5", "--minibatch 5 does not divide the batch (G = R*T = 12"},
+           {"--ranks 4 --minibatch 6", "--ranks 4 does not divide the minibatch 6"},
+           {"--ranks 8", "--ranks 8 does not divide E = 4"}}) {
+    const CliRun r = run_cli("determinism " + good_ + " " + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(text), std::string::npos) << args << ": " << r.err;
+  }
+  if (std::string no_gpu; !verify::cuda_available(&no_gpu)) {
+    EXPECT_EQ(run_cli("determinism " + good_ + " --ranks 1,2,4 --minibatch 4,12 --runs 1").code, 3);
+  }
   // Seeds out of range are refused, not wrapped or clamped to another seed.
   for (const char* seed : {"-1", "99999999999999999999999", "1.5", "x"}) {
     CliRun r = run_cli("run " + good_ + " --backend emulate --sample-tokens 3 --sample-seed " + seed);

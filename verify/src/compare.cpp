@@ -286,7 +286,8 @@ std::string format_json(const Report& r) {
     tj["passed"] = t.passed;
     j["tensors"].push_back(tj);
   }
-  return j.dump(2) + "\n";
+  // Replace bytes that are not UTF-8 (a file name may hold any bytes) rather than throw.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace mok::verify

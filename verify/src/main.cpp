@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
         j["executions"] = r.executions;
         j["seconds"] = secs;
         j["first_difference"] = r.first_difference.empty() ? nlohmann::json() : nlohmann::json(r.first_difference);
-        text = j.dump(2) + "\n";
+        text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";  // any file name
       } else {
         text = r.table;
         if (!r.passed) text += "# first difference: " + r.first_difference + "\n";

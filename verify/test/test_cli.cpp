@@ -368,6 +368,19 @@ TEST_F(CliTest, AReportThatCannotBeWrittenIsBadInput) {
   }
 }
 
+// Found by audit (2026-12): --json with a file name that is not UTF-8 threw in the JSON writer
+// (exit 2 on a passing check). The bad bytes are replaced (U+FFFD); the verdict stands.
+TEST_F(CliTest, JsonReportsAnyFileName) {
+  const std::string path = (dir_ / "latin1-\xe9t\xe9.h5").string();
+  fs::copy_file(good_, path, fs::copy_options::overwrite_existing);
+  for (const std::string& args : {"run '" + path + "' --backend emulate --json", "compare '" + path + "' '" + path + "' --json"}) {
+    const CliRun r = run_cli(args);
+    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    EXPECT_NE(r.out.find("\"passed\": true"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("latin1-\xef\xbf\xbdt\xef\xbf\xbd.h5"), std::string::npos) << r.out;
+  }
+}
+
 // Under mok-launch only rank 0 prints; an empty MOK_RANK (found by audit, 2026-12: it suppressed
 // the report) is no rank at all.
 TEST_F(CliTest, OnlyRankZeroPrintsAndEmptyRankIsUnset) {

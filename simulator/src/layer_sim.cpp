@@ -394,6 +394,9 @@ class LayerSim {
   std::vector<int64_t> combine_last_data_ns_;
 
   std::vector<GpuTimeline> gpu_;
+  // Per GPU: its own GEMMs (shared expert and tiles) have ended; all its combine data is known.
+  // The final weighted sum starts when both hold.
+  std::vector<char> compute_finished_, combine_completed_;
   std::priority_queue<Event, std::vector<Event>, EventLater> events_;
   detail::CheckpointHeap checkpoints_;
   uint64_t seq_ = 0;
@@ -1226,7 +1229,10 @@ void LayerSim::on_dst_complete(int ph, int gpu, int64_t now) {
     if (proto_.phases == Phases::kLayer) run_compute_queue(gpu, now);
   } else {
     gpu_[gpu].combine_known_ns = now;
-    schedule(now + reduce_ns_, kReduceDone, 0, gpu);
+    combine_completed_[gpu] = 1;
+    // The final weighted sum adds the GPU's own shared-expert output to its tokens' routed
+    // results, so in a whole layer it also waits for the GPU's own GEMMs (on_compute_done).
+    if (proto_.phases != Phases::kLayer || compute_finished_[gpu]) schedule(now + reduce_ns_, kReduceDone, 0, gpu);
   }
 }
 
@@ -1317,6 +1323,10 @@ void LayerSim::check_tiles(int gpu) {
 
 void LayerSim::on_compute_done(int gpu, int64_t now) {
   gpu_[gpu].compute_done_ns = now;
+  compute_finished_[gpu] = 1;
+  // The combine's data was all known before the GPU's own GEMMs ended (e.g. no routed rows come
+  // back to it): the weighted sum waits for its shared expert (on_dst_complete).
+  if (combine_completed_[gpu]) schedule(now + reduce_ns_, kReduceDone, 0, gpu);
   // The expert outputs are published: a release fence over local stores, then a local flag
   // that remote pullers poll and local pushers observe.
   ready_visible_ns_[gpu] = now + static_cast<int64_t>(topo_.local_fence_ns);
@@ -1527,6 +1537,13 @@ void LayerSim::finish(LayerResult& res) {
   if (proto_.phases == Phases::kDispatch) {
     seg("dispatch data into " + L + " (last byte lands)", 0, last_data_ns_[kDispatch][last]);
     seg("dispatch completion signal at " + L, last_data_ns_[kDispatch][last], gpu_[last].dispatch_known_ns);
+  } else if (proto_.phases == Phases::kLayer && gpu_[last].compute_done_ns > gpu_[last].combine_known_ns) {
+    // The weighted sum waited for the GPU's own GEMMs (its shared expert), not for combine data.
+    seg("dispatch data into " + L + " (bytes that released its last tile)", 0, last_tile_piece_data_ns_[last]);
+    seg("dispatch signal at " + L, last_tile_piece_data_ns_[last], last_tile_piece_known_ns_[last]);
+    seg("expert GEMMs on " + L + " (shared expert and queued tiles)", last_tile_piece_known_ns_[last],
+        gpu_[last].compute_done_ns);
+    seg("final weighted sum on " + L, gpu_[last].compute_done_ns, gpu_[last].done_ns);
   } else {
     const int producer = proto_.phases == Phases::kLayer ? static_cast<int>(combine_last_source_[last]) : -1;
     if (producer >= 0) {
@@ -1577,6 +1594,8 @@ LayerResult LayerSim::run() {
   gpu_.assign(R_, GpuTimeline{});
   port_delay_history_.assign(net_.num_resources(), {});
   ready_visible_ns_.assign(R_, -1);
+  compute_finished_.assign(R_, 0);
+  combine_completed_.assign(R_, 0);
   ready_waiters_.assign(R_, {});
   compute_busy_ns_.assign(R_, 0);
   last_tile_piece_data_ns_.assign(R_, 0);

@@ -469,6 +469,37 @@ TEST(LayerSim, CombineClockStartsAtItsFirstByteNotAtAnIdleGpusFinish) {
   EXPECT_DOUBLE_EQ(r.combine.recv_gbps_per_gpu, recv / 2 / static_cast<double>(r.combine.end_ns - r.combine.start_ns));
 }
 
+TEST(LayerSim, FinalWeightedSumWaitsForTheGpusOwnSharedExpert) {
+  // The weighted sum adds the shared expert's output to the routed results: a GPU whose combine
+  // data is known early (all slots empty, or only other GPUs' tokens) still waits for its own
+  // GEMMs. Before the fix the empty layer ended at the combine's completion (~1.7 us on hgx-h200
+  // at T = 64) while the shared expert took ~14 us.
+  const spec::LayerConfig cfg{7168, 2048, 2048, 2, 1, 2, 64};
+  std::vector<int32_t> empty(cfg.num_slots(), -1);
+  std::vector<int32_t> rank0_to_1(cfg.num_slots(), -1);
+  for (int64_t t = 0; t < cfg.tokens_per_rank; ++t) rank0_to_1[t] = 1;  // rank 1's own tokens route nowhere
+  for (const auto& [topk, name] : {std::pair{empty, "all slots empty"}, std::pair{rank0_to_1, "rank 0 to expert 1"}}) {
+    const Workload w = Workload::from_topk(cfg, topk, name);
+    for (Direction combine : {Direction::kPush, Direction::kPull}) {
+      ProtocolConfig p;
+      p.combine = combine;
+      const LayerResult r = simulate_layer(resolve_topology("hgx-h200"), w, p);
+      ASSERT_GT(r.compute_ns_max, 10000) << name;
+      int64_t last_done = 0;
+      for (size_t g = 0; g < r.gpus.size(); ++g) {
+        EXPECT_GT(r.gpus[g].compute_done_ns, 0) << name << " gpu" << g;
+        EXPECT_GT(r.gpus[g].done_ns, r.gpus[g].compute_done_ns) << name << " gpu" << g;
+        EXPECT_GE(r.gpus[g].done_ns, r.gpus[g].combine_known_ns) << name << " gpu" << g;
+        last_done = std::max(last_done, r.gpus[g].done_ns);
+      }
+      EXPECT_EQ(r.layer_ns, last_done) << name;
+      EXPECT_GE(r.layer_ns, r.compute_ns_max) << name;
+      ASSERT_FALSE(r.critical_path.empty()) << name;
+      EXPECT_EQ(r.critical_path.back().end_ns, r.layer_ns) << name;
+    }
+  }
+}
+
 TEST(LayerSim, PeerFenceFlagSerialisesOneRoundTripPerPeerPerSignalThread) {
   // All-to-all, one SM per peer: every flow ends at the same t. Each SM fences (+2L + f), the
   // GPU's signal thread sees that through a local flag (rounded to the 100 ns poll, + 100 ns),

@@ -2,6 +2,7 @@
 #include "mok/sim/topology.hpp"
 
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <variant>
 
@@ -134,6 +135,7 @@ void validate_topology(const Topology& topo, const std::string& origin) {
 Topology topology_from_json(const nlohmann::json& doc, const std::string& origin) {
   if (!doc.is_object()) throw Error(origin + ": a topology must be a JSON object");
   Topology topo;
+  std::set<std::string> seen;  // "section.field" keys the file gives
   static const char* kSections[] = {"gpu", "scale_up", "scale_out", "signaling"};
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& key = it.key();
@@ -161,10 +163,24 @@ Topology topology_from_json(const nlohmann::json& doc, const std::string& origin
         const FieldDef* def = find_field(full);
         if (!def) throw Error(origin + ": unknown field '" + full + "'; known fields: " + known_fields());
         set_field(topo, *def, *f, origin);
+        seen.insert(full);
       }
     }
   }
   if (topo.name.empty()) throw Error(origin + ": missing \"name\"");
+  // Every field is required: a default that happens to be in range (a latency of 0, one domain)
+  // would otherwise run silently with a value nobody chose.
+  for (const auto& def : field_table()) {
+    const std::string key = def.key;
+    if (seen.count(key) != 0) continue;
+    std::string msg = origin + ": missing field '" + key + "' (" + def.meaning + "); every field is required: add \"" +
+                      key.substr(key.find('.') + 1) + "\" to section \"" + key.substr(0, key.find('.')) +
+                      "\" (`mok-sim topology show hgx-h200` shows every field with its source)";
+    if (key == "gpu.sm_load_gbps" || key == "gpu.sm_tma_load_gbps")
+      msg += std::string(" (added 2026-12-05: pulls used to be issued at the store rate; every preset sets it equal to ") +
+             (key == "gpu.sm_load_gbps" ? "gpu.sm_store_gbps" : "gpu.sm_tma_store_gbps") + ")";
+    throw Error(msg);
+  }
   validate_topology(topo, origin);
   return topo;
 }

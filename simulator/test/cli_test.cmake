@@ -155,3 +155,11 @@ execute_process(COMMAND ${MOK_SIM} run ${tiny} --trace ${WORK}/trace_link.json R
 if(NOT rc EQUAL 0 OR NOT IS_SYMLINK ${WORK}/trace_link.json OR NOT EXISTS ${WORK}/linked_target.json)
   message(FATAL_ERROR "--trace through a link: expected the link kept and its target written (rc ${rc})")
 endif()
+
+# A topology file with a field left out: exit 2 naming the file and the field (not a silent
+# default), while --topology with a preset and overrides keeps working.
+file(READ ${SRC}/topologies/hgx-h200.json topo_text)
+string(JSON topo_text REMOVE "${topo_text}" scale_up nvlink_latency_ns)
+file(WRITE ${WORK}/topo_missing.json "${topo_text}")
+expect_bad(topology_missing_field "topo_missing.json: missing field 'scale_up.nvlink_latency_ns'"
+           run --topology ${WORK}/topo_missing.json ${tiny})

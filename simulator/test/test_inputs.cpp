@@ -40,6 +40,26 @@ TEST(Inputs, TopologyErrorsNameTheField) {
   doc = preset_json("hgx-h200");
   doc["scale_up"].erase("nvlink_gbps");
   EXPECT_NE(error_of([&] { topology_from_json(doc, "my.json"); }).find("'scale_up.nvlink_gbps'"), std::string::npos);
+  // Every field is required, also those whose default is in range (audit 2026-12-05: these ran
+  // silently with a latency of 0, one domain, no oversubscription).
+  for (const char* key : {"scale_up.num_switch_chips", "scale_up.nvlink_latency_ns", "scale_out.num_domains",
+                          "scale_out.uplink_oversubscription", "scale_out.nic_latency_ns", "signaling.fence_overhead_ns",
+                          "signaling.local_fence_ns", "signaling.atomic_service_ns", "signaling.local_poll_ns"}) {
+    const std::string k = key, section = k.substr(0, k.find('.')), field = k.substr(k.find('.') + 1);
+    doc = preset_json("hgx-h200");
+    ASSERT_TRUE(doc[section].contains(field)) << key;
+    doc[section].erase(field);
+    EXPECT_NE(error_of([&] { topology_from_json(doc, "my.json"); }).find("my.json: missing field '" + k + "'"),
+              std::string::npos)
+        << key << ": " << error_of([&] { topology_from_json(doc, "my.json"); });
+  }
+  // Overrides on a preset change one field of a complete topology.
+  const Topology overridden =
+      apply_overrides(resolve_topology("hgx-h200"), {{"scale_up.nvlink_latency_ns", 700}}, "s.json");
+  EXPECT_DOUBLE_EQ(overridden.nvlink_latency_ns, 700);
+  EXPECT_DOUBLE_EQ(apply_overrides(resolve_topology("multi-rack:2"), {{"scale_out.nic_latency_ns", 5000}}, "s.json")
+                       .nic_latency_ns,
+                   5000);
   EXPECT_NE(error_of([] { resolve_topology("multi-rack:0"); }).find("multi-rack:N"), std::string::npos);
   EXPECT_NE(error_of([] { resolve_topology("dgx-z9"); }).find("unknown topology preset 'dgx-z9'"), std::string::npos);
 }

@@ -88,7 +88,9 @@ Examples
   mok-sim example > my_scenario.json
   mok-sim run --golden fixtures/small-zipf.h5   layer and routing from a golden file
 
-Exit codes: 0 ran, 1 internal error, 2 bad input or usage, 3 unsupported (nothing written).)";
+Exit codes: 0 ran, 1 internal error (a failure while running), 2 bad input or usage, or an output
+  that cannot be written (a full disk, standard output closed or full), 3 unsupported; on any
+  error no output file is left behind.)";
 
 const char* kExampleScenario = R"({
   "name": "example: pull vs push dispatch under a power-law routing on an HGX H200 node",
@@ -123,6 +125,17 @@ fs::path existing_ancestor(fs::path p) {
   return p.empty() ? fs::path(".") : p;
 }
 
+// Standard output is checked like any other output: a failed write (a full disk, a closed
+// pipe) is an error (exit 2), never a silent exit 0.
+// Callers set errno to 0 before they write, so that the message can give the write's reason.
+void flush_stdout(const std::string& what) {
+  std::cout.flush();
+  const bool flushed = std::fflush(stdout) == 0;
+  if (!std::cout || !flushed || std::ferror(stdout))
+    throw Error("cannot write " + what + " to standard output (" + (errno != 0 ? std::strerror(errno) : "write failed") +
+                "); check where standard output goes (free space, a closed pipe) or give --out DIR");
+}
+
 // A stream or device (mok::ref::is_stream_or_device: a pipe, /dev/stdout, ...) is written to
 // directly rather than through a temporary file and a rename.
 bool write_directly(const fs::path& p) { return mok::ref::is_stream_or_device(p); }
@@ -139,7 +152,9 @@ struct PendingFiles {
     std::string flag;  // the option that named it, for messages: "--trace", "--out"
   };
   std::vector<Item> items;
+  std::optional<std::string> stdout_text;  // the result printed to standard output, if any
   void add(fs::path p, std::string text, std::string flag) { items.push_back({std::move(p), std::move(text), std::move(flag)}); }
+  void add_stdout(std::string text) { stdout_text = std::move(text); }
 
   // The file a rename would replace: `p` with its symbolic links followed.
   static fs::path resolved(const fs::path& p, const std::string& flag) {
@@ -183,6 +198,10 @@ struct PendingFiles {
                       "'; give them different files");
   }
 
+  // Order, so that a failure leaves nothing: (1) every file goes to its temporary; (2) streams,
+  // devices and standard output are written (nothing can take those back, so they come after
+  // everything that can still fail before them); (3) the temporaries are renamed into place.
+  // A failure in (1) or (2) removes the temporaries and the directories made for them.
   void commit() {
     check_distinct();
     std::vector<fs::path> made_dirs;  // created here, outermost first
@@ -224,34 +243,50 @@ struct PendingFiles {
           throw Error(item.flag + " '" + item.path.string() + "': cannot write it (" + std::strerror(errno) +
                       "); check the directory and free space");
       }
-      for (const auto& [tmp, target] : renames) {
-        std::error_code ec;
-        fs::rename(tmp, target, ec);
-        if (ec) throw Error("cannot move the finished file into place at '" + target.string() + "': " + ec.message());
+      for (const Item* item : direct) write_direct(*item);
+      if (stdout_text) {
+        errno = 0;
+        std::cout << *stdout_text;
+        flush_stdout("the result");
       }
     } catch (...) {
       undo();
       throw;
     }
-    for (const Item* item : direct) {
-      // This process's own standard output or error (/dev/stdout, /proc/self/fd/1, ... even
-      // when redirected to a file) goes through the same stream as the rest of the output, so
-      // the two keep their order and neither overwrites the other.
-      struct stat target {}, fd_st {};
-      const bool exists = ::stat(item->path.c_str(), &target) == 0;
-      auto same_as = [&](int fd) {
-        return exists && ::fstat(fd, &fd_st) == 0 && fd_st.st_dev == target.st_dev && fd_st.st_ino == target.st_ino;
-      };
-      if (same_as(1)) {
-        std::cout << item->text << std::flush;
-      } else if (same_as(2)) {
-        std::cerr << item->text << std::flush;
-      } else {
-        std::ofstream out(item->path, std::ios::binary | std::ios::app);  // a stream: append, never truncate
-        out << item->text;
-        out.close();
-        if (!out) throw Error(item->flag + " '" + item->path.string() + "': cannot write to it (" + std::strerror(errno) + ")");
+    for (const auto& [tmp, target] : renames) {
+      std::error_code ec;
+      fs::rename(tmp, target, ec);
+      if (ec) {
+        undo();
+        throw Error("cannot move the finished file into place at '" + target.string() + "': " + ec.message());
       }
+    }
+  }
+
+  static void write_direct(const Item& item) {
+    // This process's own standard output or error (/dev/stdout, /proc/self/fd/1, ... even
+    // when redirected to a file) goes through the same stream as the rest of the output, so
+    // the two keep their order and neither overwrites the other.
+    struct stat target {}, fd_st {};
+    const bool exists = ::stat(item.path.c_str(), &target) == 0;
+    auto same_as = [&](int fd) {
+      return exists && ::fstat(fd, &fd_st) == 0 && fd_st.st_dev == target.st_dev && fd_st.st_ino == target.st_ino;
+    };
+    if (same_as(1)) {
+      errno = 0;
+      std::cout << item.text;
+      flush_stdout(item.flag + " '" + item.path.string() + "'");
+    } else if (same_as(2)) {
+      std::cerr << item.text << std::flush;
+      if (!std::cerr) throw Error(item.flag + " '" + item.path.string() + "': cannot write it to standard error");
+    } else {
+      errno = 0;
+      std::ofstream out(item.path, std::ios::binary | std::ios::app);  // a stream: append, never truncate
+      out << item.text;
+      out.close();
+      if (!out)
+        throw Error(item.flag + " '" + item.path.string() + "': cannot write to it (" +
+                    (errno != 0 ? std::strerror(errno) : "write failed") + "); nothing else was written");
     }
   }
 };
@@ -371,8 +406,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       files.add(fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format)), text, "--out");
       files.commit();
     } else {
+      files.add_stdout(text);
       files.commit();
-      std::cout << text;
     }
     return kExitOk;
   }
@@ -399,10 +434,13 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     files.add(fs::path(out_dir) / "runs.csv", csv, "--out");
     files.add(fs::path(out_dir) / "summary.csv", summary, "--out");
     files.commit();
+    errno = 0;
     std::cout << "wrote " << rows.size() << " runs of " << points.size() << " points to " << out_dir
               << " (runs.csv, summary.csv" << (plots.empty() ? "" : ", plots") << ")\n";
+    flush_stdout("the summary line (the files in " + out_dir + " were written)");
   } else {
-    std::cout << (first.trials > 1 ? summary : csv);
+    files.add_stdout(first.trials > 1 ? summary : csv);
+    files.commit();
   }
   return kExitOk;
 }
@@ -468,6 +506,7 @@ int main(int argc, char** argv) {
     if (run->parsed()) return run_command(scenario_path, topology, golden_path, sets, format, out_dir, trace_path, trace_gpus,
                                           threads, per_gpu);
     if (topo_cmd->parsed()) {
+      errno = 0;
       if (show->parsed()) {
         std::cout << mok::sim::topology_to_json(mok::sim::resolve_topology(show_name)).dump(2) << "\n";
       } else {
@@ -477,9 +516,12 @@ int main(int argc, char** argv) {
         }
         std::printf("%-13s %s\n", "multi-rack:N", "N gb200-nvl72 racks, 400 Gb/s NIC per GPU (multi-rack:N:800 for 800)");
       }
+      flush_stdout(show->parsed() ? "the topology" : "the preset list");
       return kExitOk;
     }
+    errno = 0;
     std::cout << kExampleScenario;
+    flush_stdout("the example scenario");
     return kExitOk;
   } catch (const Error& e) {
     std::cerr << "mok-sim: error: " << e.what() << "\n";

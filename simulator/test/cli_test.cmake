@@ -163,3 +163,39 @@ string(JSON topo_text REMOVE "${topo_text}" scale_up nvlink_latency_ns)
 file(WRITE ${WORK}/topo_missing.json "${topo_text}")
 expect_bad(topology_missing_field "topo_missing.json: missing field 'scale_up.nvlink_latency_ns'"
            run --topology ${WORK}/topo_missing.json ${tiny})
+
+# All or none at commit time (audit 2026-12-05): the run succeeds, then a device output fails
+# (--trace /dev/full). The result file --out would get must not be left behind, neither in a
+# folder made for it nor in one that existed (the checks above fail before any output exists,
+# so they cannot catch a rollback that misses). A failed write to standard output is an error
+# too, not exit 0.
+if(EXISTS /dev/full)
+  expect_bad(trace_full_new_out "--trace '/dev/full': cannot write to it" run ${tiny} --trace /dev/full --out ${WORK}/full_out)
+  if(EXISTS ${WORK}/full_out)
+    message(FATAL_ERROR "--trace /dev/full left ${WORK}/full_out behind")
+  endif()
+  file(MAKE_DIRECTORY ${WORK}/full_out_existing)
+  expect_bad(trace_full_existing_out "--trace '/dev/full': cannot write to it"
+             run ${tiny} --trace /dev/full --out ${WORK}/full_out_existing)
+  file(GLOB left ${WORK}/full_out_existing/*)
+  if(left)
+    message(FATAL_ERROR "--trace /dev/full left files in an existing --out: ${left}")
+  endif()
+  function(expect_stdout_full tag pattern)
+    execute_process(COMMAND ${MOK_SIM} ${ARGN} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_FILE /dev/full)
+    if(NOT rc EQUAL 2 OR NOT err MATCHES "${pattern}")
+      message(FATAL_ERROR "${tag}: standard output full: expected exit 2 and '${pattern}' (rc ${rc}: ${err})")
+    endif()
+  endfunction()
+  expect_stdout_full(stdout_single "cannot write the result to standard output" run ${tiny})
+  expect_stdout_full(stdout_sweep "cannot write the result to standard output"
+                     run ${SRC}/scenarios/smoke_sweep.json --set /plots=[] --threads 1)
+  expect_stdout_full(stdout_trace "cannot write --trace '/dev/stdout' to standard output"
+                     run ${tiny} --format json --trace /dev/stdout)
+  expect_stdout_full(stdout_example "cannot write the example scenario to standard output" example)
+  # The trace file is not left behind when the result cannot be printed.
+  expect_stdout_full(stdout_with_trace "cannot write the result" run ${tiny} --trace ${WORK}/stdout_full_trace.json)
+  if(EXISTS ${WORK}/stdout_full_trace.json)
+    message(FATAL_ERROR "a failed standard output left the trace ${WORK}/stdout_full_trace.json behind")
+  endif()
+endif()

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -534,5 +535,13 @@ int main(int argc, char** argv) {
     std::cerr << "mok-sim: error: " << e.what() << "; a field of the scenario or topology has the wrong type "
               << "(`mok-sim example` and `mok-sim topology show NAME` show each field's form)\n";
     return kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    // A failure while running (exit 1), like a sweep's: the input may be valid but too large.
+    std::cerr << "mok-sim: error: out of memory while running; the layer is too large for this machine: lower "
+              << "/layer/tokens_per_rank or the number of GPUs, or run with more memory\n";
+    return kExitInternal;
+  } catch (const std::exception& e) {
+    std::cerr << "mok-sim: error: internal: " << e.what() << "; please report\n";
+    return kExitInternal;
   }
 }

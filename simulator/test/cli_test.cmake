@@ -199,3 +199,13 @@ if(EXISTS /dev/full)
     message(FATAL_ERROR "a failed standard output left the trace ${WORK}/stdout_full_trace.json behind")
   endif()
 endif()
+
+# An exception other than mok::Error (here std::bad_alloc under a 3 GB address-space limit) is
+# reported and exits 1 (a failure while running), not an abort (exit 134).
+execute_process(COMMAND sh -c "ulimit -v 3000000 && exec \"$0\" run --set /layer/tokens_per_rank=16777216" ${MOK_SIM}
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(err MATCHES "Sanitizer")
+  message(STATUS "out-of-memory check skipped: a sanitizer build cannot start under ulimit -v")
+elseif(NOT rc EQUAL 1 OR NOT err MATCHES "out of memory while running")
+  message(FATAL_ERROR "out of memory: expected exit 1 and 'out of memory while running' (rc ${rc}: ${err})")
+endif()

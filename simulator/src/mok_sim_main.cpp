@@ -349,6 +349,7 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     doc["layer"] = layer_to_json(golden->cfg);
   }
   const std::vector<mok::sim::SweepPoint> points = mok::sim::expand_sweep(doc, origin);
+  mok::sim::check_sweep_workloads(points, origin, golden.has_value());
   const mok::sim::Scenario first = mok::sim::scenario_from_json(points[0].doc, origin);
   const bool many = points.size() > 1 || first.trials > 1;
   // Everything that can be checked before a run is checked here, so a mistake costs no time.

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cmath>
+#include <cstdint>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -164,21 +166,33 @@ std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::strin
     const auto& axis = axes[a];
     if (!axis.is_object() || !axis.contains("path") || !axis["path"].is_string() || !axis.contains("values") ||
         !axis["values"].is_array() || axis["values"].empty())
-      throw Error(origin + ": sweep[" + std::to_string(a) +
-                  "] must be {\"path\": \"/json/pointer\", \"values\": [v1, v2, ...]} with at least one value");
+      throw Error(origin + ": /sweep/" + std::to_string(a) +
+                  " must be {\"path\": \"/json/pointer\", \"values\": [v1, v2, ...]} with at least one value");
     const std::string path = axis["path"].get<std::string>();
     nlohmann::json::json_pointer ptr;
     try {
       ptr = nlohmann::json::json_pointer(path);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(origin + ": sweep[" + std::to_string(a) + "].path '" + path +
+      throw Error(origin + ": /sweep/" + std::to_string(a) + "/path '" + path +
                   "' is not a JSON pointer (write it like /workload/exponent)");
     }
     if (path.empty() || path[0] != '/' || path == "/")
-      throw Error(origin + ": sweep[" + std::to_string(a) + "].path '" + path +
+      throw Error(origin + ": /sweep/" + std::to_string(a) + "/path '" + path +
                   "' must name a field below the top, like /workload/exponent");
     if (path.rfind("/sweep", 0) == 0 || path.rfind("/trials", 0) == 0)
-      throw Error(origin + ": sweep[" + std::to_string(a) + "].path cannot change the sweep or trials");
+      throw Error(origin + ": /sweep/" + std::to_string(a) + "/path cannot change the sweep or trials");
+    // Two axes on one field (or a later axis on a field that holds an earlier one's) would
+    // overwrite the earlier axis's value while the CSV still labels the run with it.
+    for (size_t b = 0; b < a; ++b) {
+      const std::string earlier = axes[b]["path"].get<std::string>();
+      const bool within = earlier.size() > path.size() && earlier.compare(0, path.size(), path) == 0 &&
+                          earlier[path.size()] == '/';
+      if (earlier == path || within)
+        throw Error(origin + ": /sweep/" + std::to_string(a) + "/path '" + path + "' " +
+                    (earlier == path ? "repeats" : "holds the field of") + " /sweep/" + std::to_string(b) +
+                    "/path '" + earlier + "', so the runs would be mislabelled; give each field one axis (all its " +
+                    "values in one \"values\" list)");
+    }
     std::vector<SweepPoint> next;
     for (const auto& p : points) {
       for (const auto& v : axis["values"]) {
@@ -187,7 +201,7 @@ std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::strin
         try {
           q.doc[ptr] = v;
         } catch (const nlohmann::json::exception& e) {
-          throw Error(origin + ": sweep[" + std::to_string(a) + "].path '" + path + "' cannot be set in this scenario (" +
+          throw Error(origin + ": /sweep/" + std::to_string(a) + "/path '" + path + "' cannot be set in this scenario (" +
                       e.what() + "); every step but the last must name an object, so write e.g. the topology as " +
                       "{\"preset\": \"hgx-h200\", \"overrides\": {}} to sweep /topology/overrides/...");
         }
@@ -205,8 +219,32 @@ uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx) {
   return Rng::derive(base_seed, 1000003ull + static_cast<uint64_t>(trial_idx)).next_u64() >> 1;
 }
 
+void check_sweep_workloads(const std::vector<SweepPoint>& points, const std::string& origin, bool golden_workload) {
+  for (const SweepPoint& p : points) {
+    // The axis (settings are in axis order) that sets the workload, if any.
+    int64_t axis = -1;
+    for (size_t a = 0; a < p.settings.size(); ++a) {
+      const std::string& path = p.settings[a].first;
+      if (path == "/workload" || path.rfind("/workload/", 0) == 0) axis = static_cast<int64_t>(a);
+    }
+    if (axis < 0) continue;
+    std::string where = origin;
+    for (const auto& [path, v] : p.settings) where += " [" + path + "=" + v.dump() + "]";
+    const std::string sweep = "/sweep/" + std::to_string(axis);
+    if (golden_workload)
+      throw Error(where + ": " + sweep + "/path '" + p.settings[axis].first +
+                  "' changes the workload, but a golden workload fixes the routing of every run; sweep other fields");
+    const nlohmann::json::json_pointer kind_ptr("/workload/kind");
+    if (p.doc.contains(kind_ptr) && p.doc[kind_ptr] == "golden")
+      throw Error(where + ": " + sweep +
+                  "/values: golden cannot be a sweep value (the golden file is read once, before the sweep); give "
+                  "\"workload\": {\"kind\": \"golden\", \"file\": FILE} (or --golden FILE) and sweep other fields");
+  }
+}
+
 std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads,
                                const Workload* fixed_workload, const std::function<void(const std::string&)>& progress) {
+  check_sweep_workloads(points, origin, fixed_workload != nullptr);
   // Parse every point first, so a bad value stops the run before any work.
   std::vector<Scenario> scenarios;
   std::vector<std::string> wheres;
@@ -244,9 +282,23 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
                   secs * static_cast<double>(jobs.size() - d) / static_cast<double>(d));
     progress(line);
   };
+  // The error reported is the lowest-index failing job's, what one thread gives: jobs are taken
+  // in index order and a failure only stops new ones from starting, so every job below a failed
+  // one has started and runs to its end.
+  std::mutex error_mutex;
+  size_t first_error_job = SIZE_MAX;
   std::string first_error;
   ErrorKind first_kind = ErrorKind::kInternal;
   std::atomic<bool> failed{false};
+  auto record_error = [&](size_t j, std::string what, ErrorKind kind) {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (j < first_error_job) {
+      first_error_job = j;
+      first_error = std::move(what);
+      first_kind = kind;
+    }
+    failed.store(true);
+  };
   auto worker = [&] {
     WorkloadBuffers buffers;  // reused by this thread's trials
     for (;;) {
@@ -262,17 +314,12 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
         rows[j] = RunRow{pi, trial, routing.seed, flat_metrics(r)};
         report();
       } catch (const Error& e) {
-        if (!failed.exchange(true)) {
-          const std::string what = e.what();
-          first_error = what.rfind(wheres[pi], 0) == 0 ? what : wheres[pi] + " (trial " + std::to_string(trial) + "): " + what;
-          first_kind = e.kind();
-        }
+        const std::string what = e.what();
+        record_error(j, what.rfind(wheres[pi], 0) == 0 ? what : wheres[pi] + " (trial " + std::to_string(trial) + "): " + what,
+                     e.kind());
         return;
       } catch (const std::exception& e) {
-        if (!failed.exchange(true)) {
-          first_error = std::string("internal: ") + e.what() + "; please report";
-          first_kind = ErrorKind::kInternal;
-        }
+        record_error(j, std::string("internal: ") + e.what() + "; please report", ErrorKind::kInternal);
         return;
       }
     }

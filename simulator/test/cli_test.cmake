@@ -118,7 +118,7 @@ function(expect_bad tag pattern)
 endfunction()
 expect_bad(name_type "\"name\" must be a string" run --set /name=5)
 expect_bad(kind_type "workload.kind must be one of" run --set /workload/kind=3)
-expect_bad(sweep_through_string "sweep\\[0\\].path '/topology/overrides/x' cannot be set"
+expect_bad(sweep_through_string "/sweep/0/path '/topology/overrides/x' cannot be set"
            run --set "/sweep=[{\"path\":\"/topology/overrides/x\",\"values\":[1,2]}]")
 expect_bad(sweep_root "must name a field below the top" run --set "/sweep=[{\"path\":\"\",\"values\":[1,2]}]")
 expect_bad(zero_window "sm_store_inflight_bytes' = 0 is out of range"
@@ -209,3 +209,14 @@ if(err MATCHES "Sanitizer")
 elseif(NOT rc EQUAL 1 OR NOT err MATCHES "out of memory while running")
   message(FATAL_ERROR "out of memory: expected exit 1 and 'out of memory while running' (rc ${rc}: ${err})")
 endif()
+
+# Sweeps (audit 2026-12-05): two axes on one path mislabelled the runs; golden as a sweep value
+# exited 3 with a message about the CLI. Both are bad input (exit 2) naming the sweep entry.
+expect_bad(sweep_duplicate_path "/sweep/1/path '/protocol/dispatch' repeats /sweep/0/path"
+           run ${tiny} --set "/sweep=[{\"path\":\"/protocol/dispatch\",\"values\":[\"push\",\"pull\"]},{\"path\":\"/protocol/dispatch\",\"values\":[\"pull\"]}]")
+expect_bad(sweep_golden_value "/sweep/0/values: golden cannot be a sweep value"
+           run ${tiny} --set /workload/file=${FIXTURES}/small-zipf.h5
+           --set "/sweep=[{\"path\":\"/workload/kind\",\"values\":[\"uniform\",\"golden\"]}]")
+expect_bad(sweep_workload_of_golden "/sweep/0/path '/workload/kind' changes the workload, but a golden workload"
+           run --golden ${FIXTURES}/small-zipf.h5 --set "/sweep=[{\"path\":\"/workload/kind\",\"values\":[\"uniform\"]}]")
+

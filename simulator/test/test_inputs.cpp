@@ -89,5 +89,48 @@ TEST(Inputs, ScenarioErrorsNameTheField) {
             std::string::npos);
 }
 
+TEST(Inputs, TwoSweepAxesOnOneFieldAreRefused) {
+  // The second axis would overwrite the first's value while runs.csv labels the run with both.
+  nlohmann::json doc = {{"topology", "hgx-h200"},
+                        {"layer", {{"hidden", 7168}, {"intermediate", 2048}, {"num_experts", 32}, {"top_k", 8},
+                                   {"tokens_per_rank", 64}}},
+                        {"sweep", {{{"path", "/protocol/dispatch"}, {"values", {"push", "pull"}}},
+                                   {{"path", "/protocol/dispatch"}, {"values", {"pull"}}}}}};
+  EXPECT_NE(error_of([&] { expand_sweep(doc, "s.json"); }).find("s.json: /sweep/1/path '/protocol/dispatch' repeats /sweep/0/path"),
+            std::string::npos)
+      << error_of([&] { expand_sweep(doc, "s.json"); });
+  doc["sweep"][1] = {{"path", "/protocol"}, {"values", {nlohmann::json::object()}}};
+  EXPECT_NE(error_of([&] { expand_sweep(doc, "s.json"); }).find("/sweep/1/path '/protocol' holds the field of /sweep/0/path"),
+            std::string::npos);
+  // An axis inside an earlier one's field sets it after: labelled correctly, so it stays allowed.
+  doc["sweep"] = {{{"path", "/workload"}, {"values", {{{"kind", "uniform"}}, {{"kind", "hot"}}}}},
+                  {{"path", "/workload/seed"}, {"values", {1, 2}}}};
+  EXPECT_EQ(expand_sweep(doc, "s.json").size(), 4u);
+}
+
+TEST(Inputs, ASweepOnManyThreadsReportsTheLowestIndexFailure) {
+  // Job 0 fails late (its workload is drawn first: 65,536 tokens a GPU, then the compute-overflow
+  // refusal), jobs 1..5 fail at once (a topk_file that does not exist). On one thread job 0's
+  // error comes first; several threads must report the same one, not whichever failed first in
+  // time (before: the first failure in time, mostly a topk_file one).
+  nlohmann::json base = {
+      {"topology", {{"preset", "hgx-h200"}, {"overrides", {{"gpu.bf16_dense_tflops", 1}, {"gpu.gemm_efficiency", 0.01}}}}},
+      {"layer", {{"hidden", 16777216}, {"intermediate", 16777216}, {"num_experts", 32}, {"top_k", 8},
+                 {"tokens_per_rank", 65536}}}};
+  std::vector<SweepPoint> points;
+  for (int i = 0; i < 6; ++i) {
+    SweepPoint p{{{"/n", i}}, base};
+    if (i > 0) {
+      p.doc["layer"]["tokens_per_rank"] = 64;
+      p.doc["workload"] = {{"kind", "topk_file"}, {"topk_file", "/nonexistent/topk" + std::to_string(i) + ".bin"}};
+    }
+    points.push_back(std::move(p));
+  }
+  const std::string one = error_of([&] { run_points(points, "s.json", 1); });
+  ASSERT_NE(one.find("s.json [/n=0]"), std::string::npos) << one;
+  ASSERT_NE(one.find("1e17 ns"), std::string::npos) << one;
+  for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(error_of([&] { run_points(points, "s.json", 4); }), one) << rep;
+}
+
 }  // namespace
 }  // namespace mok::sim

@@ -55,6 +55,10 @@ struct RunRow {
 std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std::string& origin, int num_threads,
                                const Workload* fixed_workload = nullptr,
                                const std::function<void(const std::string&)>& progress = {});
+// Refuses sweep axes that set the workload where it cannot change: any /workload axis when a
+// golden workload fixes the routing (`golden_workload`), and "golden" as a swept value (the
+// golden file is read once, before the sweep). Errors name the /sweep/N entry. run_points calls it.
+void check_sweep_workloads(const std::vector<SweepPoint>& points, const std::string& origin, bool golden_workload);
 // Workload seed of trial i (trial 0 uses the scenario's own seed).
 uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx);
 

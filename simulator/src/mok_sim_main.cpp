@@ -423,6 +423,11 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   if (!plots.is_array()) throw Error(origin + ": \"plots\" must be a list");
   if (!plots.empty() && out_dir.empty()) throw Error(origin + " has plots: give --out DIR for the SVG files");
   for (const auto& p : plots) mok::sim::check_plot_request(p, points, origin);
+  for (size_t i = 0; i < plots.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (plots[i]["file"] == plots[j]["file"])
+        throw Error(origin + ": /plots/" + std::to_string(i) + "/file '" + plots[i]["file"].get<std::string>() +
+                    "' is also /plots/" + std::to_string(j) + "/file; give each plot its own file");
   const std::vector<mok::sim::RunRow> rows =
       mok::sim::run_points(points, origin, threads, golden ? &*golden : nullptr,
                            [](const std::string& line) { std::cerr << "mok-sim: " << line << std::endl; });
@@ -505,6 +510,10 @@ int main(int argc, char** argv) {
   try {
     if (run->parsed() && run->count("--topology") > 0 && topology.empty())
       throw Error("--topology is empty; give a preset (mok-sim topology list), multi-rack:N or a topology file");
+    if (run->parsed() && run->count("--trace") > 0 && trace_path.empty())
+      throw Error("--trace is empty; give a file name, e.g. --trace trace.json (or leave --trace out)");
+    if (run->parsed() && run->count("--out") > 0 && out_dir.empty())
+      throw Error("--out is empty; give a directory, e.g. --out results (or leave --out out to print the result)");
     if (run->parsed()) return run_command(scenario_path, topology, golden_path, sets, format, out_dir, trace_path, trace_gpus,
                                           threads, per_gpu);
     if (topo_cmd->parsed()) {

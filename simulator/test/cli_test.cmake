@@ -220,3 +220,17 @@ expect_bad(sweep_golden_value "/sweep/0/values: golden cannot be a sweep value"
 expect_bad(sweep_workload_of_golden "/sweep/0/path '/workload/kind' changes the workload, but a golden workload"
            run --golden ${FIXTURES}/small-zipf.h5 --set "/sweep=[{\"path\":\"/workload/kind\",\"values\":[\"uniform\"]}]")
 
+# Empty output paths are refused like --topology '' (they were silently ignored).
+# (Direct calls: a function's ARGN drops empty arguments.)
+foreach(flag trace out)
+  execute_process(COMMAND ${MOK_SIM} run ${tiny} --${flag} "" RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "--${flag} is empty")
+    message(FATAL_ERROR "--${flag} '': expected exit 2 and '--${flag} is empty' (rc ${rc}: ${err})")
+  endif()
+endforeach()
+# Two plots writing one SVG: refused before any run (no --out folder appears), naming the entry.
+expect_bad(plot_same_file "/plots/1/file 'smoke.svg' is also /plots/0/file" run ${SRC}/scenarios/smoke_sweep.json
+           --out ${WORK}/plot_same_out --set "/plots/1={\"file\":\"smoke.svg\",\"x\":\"/workload/exponent\",\"y\":\"layer_us\"}")
+if(EXISTS ${WORK}/plot_same_out)
+  message(FATAL_ERROR "two plots on one file left ${WORK}/plot_same_out behind")
+endif()

@@ -1737,10 +1737,24 @@ LayerResult LayerSim::run() {
   for (int ph = 0; ph < 2; ++ph) {
     if (!phase_on(ph)) continue;
     for (int g = 0; g < R_; ++g)
-      if (known_count_[ph][g] != traffic_.recv_pieces[ph][g])
+      if (known_count_[ph][g] != traffic_.recv_pieces[ph][g]) {
+        // A flow that moves but would need 1e17 ns or more at its rate was left without a
+        // completion (delivery_ns): the input is too large for int64 nanoseconds, not a bug.
+        for (int f = 0; f < static_cast<int>(flow_state_.size()); ++f) {
+          const FlowState& fs = flow_state_[f];
+          if (!net_.active(f) || !(fs.seg_rate > 0) || fs.due_ns != INT64_MAX) continue;
+          std::ostringstream os;
+          os << "layer: a transfer of " << std::llround(fs.total) << " bytes at " << fs.seg_rate
+             << " GB/s would take over 1e17 ns (about 3 years), past what int64 nanoseconds hold; check the "
+             << "layer sizes (hidden, tokens_per_rank), protocol.chunk_tokens and the topology's SM issue rates, "
+             << "in-flight windows (gpu.sm_*_inflight_bytes) and latencies (scale_up.nvlink_latency_ns, "
+             << "scale_out.nic_latency_ns)";
+          throw Error(os.str());
+        }
         throw Error("internal: simulation ended with undelivered " + std::string(kPhaseName[ph]) + " data at gpu" +
                         std::to_string(g) + " (a protocol wait that nothing releases); please report",
                     ErrorKind::kInternal);
+      }
   }
   LayerResult res;
   finish(res);

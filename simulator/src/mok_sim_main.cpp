@@ -362,13 +362,24 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   PendingFiles files;
   if (!many) {
     mok::sim::RoutingSpec routing = first.routing;
-    const mok::sim::Workload w = golden ? *golden : mok::sim::generate_workload(first.cfg, routing, threads);
     mok::sim::SimOptions opt = first.options;
     opt.record_trace = !trace_path.empty();
     opt.trace_max_gpus = trace_gpus;
     opt.threads = threads;  // one layer: a helper thread at racks scale (same output)
     opt.progress = [](const std::string& line) { std::cerr << "mok-sim: " << line << "\n"; };
-    const mok::sim::LayerResult r = mok::sim::simulate_layer(first.topo, w, first.proto, opt);
+    // Errors of the run (a refused layer, a topk_file's content) name the scenario and the --set
+    // changes, as a sweep's do.
+    auto run_one = [&] {
+      try {
+        const mok::sim::Workload w = golden ? *golden : mok::sim::generate_workload(first.cfg, routing, threads);
+        return mok::sim::simulate_layer(first.topo, w, first.proto, opt);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        if (what.rfind(origin, 0) == 0) throw;
+        throw Error(origin + ": " + what, e.kind());
+      }
+    };
+    const mok::sim::LayerResult r = run_one();
     nlohmann::json j;
     j["scenario"] = first.name;
     j["topology"] = first.topo.name;

@@ -128,7 +128,7 @@ expect_bad(hot_beyond_experts "num_hot = 100 exceeds the layer's 16 experts"
            run --set /layer/experts_per_rank=2 --set "/workload={\"kind\":\"hot\",\"num_hot\":100}")
 expect_bad(golden_fixes_layer "a golden workload fixes the layer" run --golden ${FIXTURES}/small-zipf.h5 --set /layer/top_k=1)
 expect_bad(sweep_json "--format json prints one run's result" run ${SRC}/scenarios/smoke_sweep.json --format json)
-expect_bad(overflow "over 1e17 ns" run --set "/layer/hidden=16777216" --set "/layer/intermediate=16777216"
+expect_bad(overflow "\\(default scenario\\) with --set /layer/hidden=16777216.*: layer: the expert GEMMs could take over 1e17 ns" run --set "/layer/hidden=16777216" --set "/layer/intermediate=16777216"
            --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"gpu.bf16_dense_tflops\":1,\"gpu.gemm_efficiency\":0.01}}")
 expect_bad(unknown_command "unknown command 'bogus'" bogus)
 # A plot naming no metric is refused before the sweep runs: no --out directory appears.
@@ -234,3 +234,14 @@ expect_bad(plot_same_file "/plots/1/file 'smoke.svg' is also /plots/0/file" run 
 if(EXISTS ${WORK}/plot_same_out)
   message(FATAL_ERROR "two plots on one file left ${WORK}/plot_same_out behind")
 endif()
+
+# Communication past int64 nanoseconds (a 1-byte window over a 10 ms latency, 16 GiB pieces):
+# refused as bad input with the reason and the file, not an "internal ... please report" (exit 1).
+file(WRITE ${WORK}/comm_overflow.json "{\"topology\": {\"preset\": \"hgx-h200\", \"overrides\": {
+  \"gpu.sm_store_inflight_bytes\": 1, \"gpu.sm_load_inflight_bytes\": 1, \"gpu.sm_tma_load_inflight_bytes\": 1,
+  \"scale_up.nvlink_latency_ns\": 10000000, \"gpu.bf16_dense_tflops\": 1000000, \"gpu.gemm_efficiency\": 1}},
+  \"layer\": {\"hidden\": 16777216, \"intermediate\": 16, \"shared_intermediate\": 0, \"experts_per_rank\": 1,
+            \"top_k\": 1, \"tokens_per_rank\": 4096},
+  \"protocol\": {\"comm_sms\": 1, \"chunk_tokens\": 4096}}")
+expect_bad(comm_overflow "comm_overflow.json: layer: a transfer of [0-9]+ bytes at .* GB/s would take over 1e17 ns"
+           run ${WORK}/comm_overflow.json)

@@ -312,6 +312,9 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   } else {
     doc = mok::sim::read_json_file(scenario_path);
     origin = scenario_path;
+    if (!doc.is_object())
+      throw Error(origin + ": a scenario must be a JSON object {\"topology\": ..., \"layer\": {...}, ...}, not " +
+                  doc.type_name() + " (`mok-sim example` prints one)");
     if (!topology.empty()) doc["topology"] = topology;
   }
   if (!golden_path.empty()) doc["workload"] = {{"kind", "golden"}, {"file", golden_path}};
@@ -322,7 +325,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     try {
       doc[nlohmann::json::json_pointer(s.substr(0, eq))] = parse_set_value(s.substr(eq + 1));
     } catch (const nlohmann::json::exception& e) {
-      throw Error("--set '" + s + "': " + e.what());
+      throw Error("--set '" + s + "': " + e.what() + "; the pointer must lead through objects of the scenario to " +
+                  "the field to change (e.g. /protocol/comm_sms; `mok-sim example` shows the fields)");
     }
   }
   if (!sets.empty()) {

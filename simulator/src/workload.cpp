@@ -158,13 +158,13 @@ std::vector<double> global_popularity(const spec::LayerConfig& cfg, const Routin
 std::vector<int32_t> read_topk_file(const spec::LayerConfig& cfg, const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    throw Error("workload.topk_file '" + path + "' is a directory; give the raw int32 topk_experts file");
+    throw Error("/workload/topk_file '" + path + "' is a directory; give the raw int32 topk_experts file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error("workload.topk_file '" + path + "' cannot be opened; check the path");
+  if (!in) throw Error("/workload/topk_file '" + path + "' cannot be opened; check the path");
   const auto size = static_cast<int64_t>(in.tellg());
   if (size != cfg.num_slots() * 4) {
     std::ostringstream os;
-    os << "workload.topk_file '" << path << "' has " << size << " bytes; R*T*K*4 = " << cfg.num_slots() * 4
+    os << "/workload/topk_file '" << path << "' has " << size << " bytes; R*T*K*4 = " << cfg.num_slots() * 4
        << " bytes expected (raw little-endian int32 topk_experts in global token order)";
     throw Error(os.str());
   }
@@ -411,7 +411,16 @@ const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpe
   const spec::Status cfg_status = cfg.validate();
   if (!cfg_status.ok) throw Error(std::string("layer: ") + cfg_status.message);
   if (s.kind == RoutingKind::kTopkFile) {
-    buffers.workload = Workload::from_topk(cfg, read_topk_file(cfg, s.topk_file), "topk_file " + s.topk_file);
+    std::vector<int32_t> topk = read_topk_file(cfg, s.topk_file);  // its errors name the file
+    try {
+      buffers.workload = Workload::from_topk(cfg, std::move(topk), "topk_file " + s.topk_file);
+    } catch (const Error& e) {
+      // The routing's own errors (an expert id out of range, a repeated expert) name the token
+      // and slot; the file and the field say where to fix them.
+      throw Error("/workload/topk_file '" + s.topk_file + "': " + e.what() +
+                      "; fix the file (raw little-endian int32 topk_experts[R*T*K] in global token order) or the layer",
+                  e.kind());
+    }
     return buffers.workload;
   }
   if (s.kind == RoutingKind::kGolden)

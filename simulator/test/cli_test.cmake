@@ -245,3 +245,9 @@ file(WRITE ${WORK}/comm_overflow.json "{\"topology\": {\"preset\": \"hgx-h200\",
   \"protocol\": {\"comm_sms\": 1, \"chunk_tokens\": 4096}}")
 expect_bad(comm_overflow "comm_overflow.json: layer: a transfer of [0-9]+ bytes at .* GB/s would take over 1e17 ns"
            run ${WORK}/comm_overflow.json)
+
+# Errors that named neither the file nor the fix (audit 2026-12-05, item 8).
+file(WRITE ${WORK}/array.json "[1, 2]")
+expect_bad(scenario_not_object "array.json: a scenario must be a JSON object" run ${WORK}/array.json --topology hgx-h200)
+expect_bad(set_through_number "--set '/layer/tokens_per_rank/x=3': .*; the pointer must lead through objects"
+           run --set /layer/tokens_per_rank/x=3)

@@ -183,6 +183,23 @@ TEST(Workload, TopkFileRoundTrips) {
   EXPECT_EQ(generate_workload(cfg, f).topk_experts, w.topk_experts);
   cfg.tokens_per_rank = 17;
   EXPECT_THROW(generate_workload(cfg, f), Error);
+  // A file of the right size with an expert id out of range: the error names the field, the
+  // file, and the token and slot (audit 2026-12-05: it named only the token and slot).
+  cfg.tokens_per_rank = 16;
+  std::vector<int32_t> bad = w.topk_experts;
+  bad[3 * cfg.top_k + 1] = static_cast<int32_t>(cfg.num_experts);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bad.data()), bad.size() * 4);
+  }
+  try {
+    generate_workload(cfg, f);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("/workload/topk_file '" + path + "': ", 0), 0u) << what;
+    EXPECT_NE(what.find("global token 3, slot 1"), std::string::npos) << what;
+  }
   std::remove(path.c_str());
 }
 

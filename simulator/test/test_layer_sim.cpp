@@ -1,8 +1,6 @@
 // Layer simulation: exact analytic cases, conservation of bytes, signaling mechanisms, determinism.
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "mok/sim/error.hpp"
 #include "mok/sim/report.hpp"
 #include "sim_test_util.hpp"
@@ -300,7 +298,9 @@ TEST(LayerSim, HelperThreadGivesTheSameBytes) {
                               EngineCase{"hgx-h200", 8, Direction::kPush, Signaling::kPeerFenceFlag, true, false, 500},
                               EngineCase{"", 16, Direction::kPull, Signaling::kFenceFlag, false, false, 3000},
                               EngineCase{"", 16, Direction::kPush, Signaling::kFlagInData, false, false, 700}}) {
-    const uint64_t seed = std::random_device{}();  // fresh routing each run; the messages below name it
+    // A fixed routing per case (was std::random_device: a failure could not be reproduced), a
+    // different seed for each case; the messages below name it.
+    const uint64_t seed = 0x5eed0000u + static_cast<uint64_t>(c.ranks) * 131u + static_cast<uint64_t>(c.quantum_ns);
     const EngineInputs in = engine_inputs(c, seed);
     SimOptions one, two;
     one.signal_queueing = two.signal_queueing = c.queueing;

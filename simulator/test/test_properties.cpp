@@ -122,10 +122,11 @@ RC_GTEST_PROP(Properties, PushingMoreLoadOntoOneExpertIsNeverFaster, ()) {
   // - either shift can cross a boundary of the receiver's flag sweep (100 ns here).
   // Measured with this generator (20 x 10,000 cases): the phase end moved earlier in 9 cases,
   // each by one sweep after a 5-17 ns shift of the data; the second case above, by two sweeps,
-  // came once in about 360,000. So: 0.1 % for integer-nanosecond rounding, 5 % for the
-  // anomalies, and one sweep; a mechanism that made concentrated load really faster fails it.
+  // came once in about 360,000. So: 0.1 % for integer-nanosecond rounding and two sweeps for
+  // the anomalies (5 % was allowed until 2026-12-05; the two-sweep bound held over 5 x 20,000
+  // cases, RapidCheck seeds 1-5); a mechanism that made concentrated load really faster fails it.
   const int64_t sweep = std::max<int64_t>(p.poll_interval_ns, static_cast<int64_t>(topo.local_poll_ns));
-  RC_ASSERT(b.dispatch.end_ns >= a.dispatch.end_ns - a.dispatch.end_ns / 1000 - a.dispatch.end_ns / 20 - sweep);
+  RC_ASSERT(b.dispatch.end_ns >= a.dispatch.end_ns - a.dispatch.end_ns / 1000 - 2 * sweep);
 }
 
 RC_GTEST_PROP(Properties, ASeedFixesTheOutput, ()) {

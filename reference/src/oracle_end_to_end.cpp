@@ -12,6 +12,7 @@
 #include "mok/spec/mma_model.hpp"
 #include "mok/spec/orders.hpp"
 #include "mok/spec/routing_plan.hpp"
+#include "oracle_scalar.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -21,20 +22,12 @@
 namespace mok::ref {
 namespace {
 
+using namespace oracle_scalar;
 using spec::f32_from_bf16;
-
-constexpr double kSlack = 1.0 + 0x1.0p-20;  // covers the double roundings of the radii themselves
-constexpr double kSiluLipschitz = 1.1;      // sup |silu'(x)| = 1.0998... (at x = 2.3994...)
 
 int bf16_exp(uint16_t b) {
   const int ef = (b >> 7) & 0xFF;
   return ef == 0 ? -126 : ef - 127;
-}
-
-// Half an ulp of any value of magnitude at most m, rounded to nearest with `bits` significand bits
-// (24: fp32, 8: bf16), subnormals included (their ulp is that of 2^-126).
-double half_ulp(double m, int bits) {
-  return std::ldexp(1.0, std::max(m > 0 ? std::ilogb(m * kSlack) : -126, -126) - bits);
 }
 
 // Adds a * b to s: the rounded product and its error (an fma recovers it exactly unless it
@@ -42,15 +35,6 @@ double half_ulp(double m, int bits) {
 // that is at most 2^-299 per product, which the callers' radii add (kDropped), far below fp32's
 // smallest subnormal (2^-149).
 constexpr double kDropped = 0x1.0p-299;
-// The bounds do not cover fp32 overflow (a profile result of 2^128 or more is Inf): a value
-// whose magnitude bound reaches 2^127 ends the oracle with a named error instead of a radius
-// that an overflowing implementation would seem to break.
-double in_range(double magnitude) {
-  if (!(magnitude < 0x1.0p127))
-    throw Error("end-to-end oracle: a value of the layer may reach fp32's range limit (|value| + radius = " +
-                std::to_string(magnitude) + " >= 2^127); its bounds do not cover overflow: scale the inputs down");
-  return magnitude;
-}
 
 void add_product(ExactSum& s, double a, double b) {
   const double p = a * b;
@@ -60,11 +44,6 @@ void add_product(ExactSum& s, double a, double b) {
   if (std::fabs(e) >= 0x1.0p-300) s.add(e);
 }
 
-// A true value (here rounded to double) and a radius: |any implementation's value - v| <= r.
-struct Bounded {
-  double v = 0.0, r = 0.0;
-  double max() const { return std::fabs(v) + r; }
-};
 
 // A dot chain (ORDER: dot-chain, kMmaK products per MMA step, one accumulator across add()
 // calls) whose A operand is known only as a true value a[i] with a radius ra[i] (the
@@ -179,56 +158,6 @@ void exact_operand(const uint16_t* a, int64_t n, std::vector<double>& v, std::ve
   for (int64_t i = 0; i < n; ++i) v[i] = f32_from_bf16(a[i]);
 }
 
-// silu, silu' and silu'' bounds in double: the values the oracle calls true.
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double silu(double x) { return x * sigmoid(x); }
-double silu_grad(double x) {
-  const double s = sigmoid(x);
-  return s * (1.0 + x * (1.0 - s));
-}
-constexpr double kSiluGradLipschitz = 0.51;  // sup |silu''(x)| = 0.5 (at x = 0)
-
-// The spec's fp32 silu and silu' against the real functions (spec/math.hpp; test_spec_math sweeps
-// both against long double): silu_f32 within 2^-18 |silu(x)| + 2^-118; silu_grad_f32, whose
-// 1 + x (1 - s) cancels near silu's minimum, within 2^-18 (s + |x| s (1 - s)) + 2^-118.
-double silu_allowance(double x_max_silu) { return 0x1.0p-18 * x_max_silu + 0x1.0p-118; }
-
-// a * b for bounded a and b: the true product and the radius of the implementation's exact
-// product of its own a and b (before any rounding).
-Bounded times(const Bounded& a, const Bounded& b) {
-  return {a.v * b.v, (a.r * b.max() + std::fabs(a.v) * b.r + 0x1.0p-52 * std::fabs(a.v * b.v)) * kSlack};
-}
-// One rounding to fp32 (bits 24) or bf16 (8) of a bounded value.
-Bounded rounded(Bounded x, int bits) {
-  x.r = (x.r + half_ulp(in_range(x.max()), bits)) * kSlack;
-  return x;
-}
-
-// silu(g) at the implementation's g (within g.r of g.v), as silu_f32 computes it.
-Bounded silu_of(const Bounded& g) {
-  const double s = silu(g.v);
-  const double s_true = std::fabs(s) * (1 + 0x1.0p-40);  // |silu| at the real g.v (double evaluation)
-  const double s_impl = s_true + kSiluLipschitz * g.r;    // |silu| at the implementation's g
-  return {s, (kSiluLipschitz * g.r + silu_allowance(s_impl) + 0x1.0p-44 * std::fabs(s)) * kSlack};
-}
-// silu'(g) as silu_grad_f32 computes it.
-Bounded silu_grad_of(const Bounded& g) {
-  const double d = silu_grad(g.v);
-  const double gmax = std::fabs(g.v) + g.r;
-  // s + |x| s (1 - s) over the implementation's g: s <= 1 and s (1 - s) <= 1/4.
-  const double parts = 1.0 + 0.25 * gmax;
-  return {d, (kSiluGradLipschitz * g.r + 0x1.0p-18 * parts + 0x1.0p-118 + 0x1.0p-44 * (1 + std::fabs(g.v))) * kSlack};
-}
-
-// The SwiGLU's elementwise steps (spec/orders.hpp) on bounded operands:
-// act = rn_bf16(rn(silu_f32(g) * u)),
-Bounded act_of(const Bounded& g, const Bounded& u) { return rounded(rounded(times(silu_of(g), u), 24), 8); }
-// dg = rn_bf16(rn(rn(da * u) * silu'(g))),
-Bounded d_gate_of(const Bounded& da, const Bounded& g, const Bounded& u) {
-  return rounded(rounded(times(rounded(times(da, u), 24), silu_grad_of(g)), 24), 8);
-}
-// du = rn_bf16(rn(da * silu(g))).
-Bounded d_up_of(const Bounded& da, const Bounded& g) { return rounded(rounded(times(da, silu_of(g)), 24), 8); }
 
 // What one token's end-to-end pass keeps of a routed slot or of the shared expert: gate, up
 // and act per intermediate column.

@@ -10,9 +10,14 @@
 #include "mok/spec/mma_model.hpp"
 #include "mok/spec/orders.hpp"
 #include "mok/spec/routing_plan.hpp"
+#include "oracle_scalar.hpp"
 
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace mok::ref {
@@ -80,6 +85,21 @@ class Element {
   }
   void add_radius(double r) { radius_ += r; }
   double exact() const { return sum_.to_double(); }
+  // The exact sum rounded to odd in double (truncated, with the last bit set when anything was
+  // dropped): rounding that once more to 24 or 8 bits gives the correctly rounded value.
+  double exact_odd() const {
+    const double d = sum_.to_double();
+    ExactSum rest = sum_;
+    rest.add(-d);  // exact: d's bits lie within the sum's range
+    if (rest.is_zero()) return d;
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    if (bits & 1) return d;  // already odd: the truncation's neighbour with the set last bit
+    bool below = false;      // the exact sum lies below d
+    uint32_t digits[ExactSum::kLimbs];
+    rest.digits(&below, digits);
+    return std::nextafter(d, below ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
+  }
   double radius() const { return radius_; }
   double abs_sum() const { return abs_sum_; }
   // Rounding of the final fp32 value to bf16 (half an ulp of bf16, subnormals included).
@@ -106,14 +126,72 @@ class Element {
 
 const float kNan = std::numeric_limits<float>::quiet_NaN();
 
+// v (finite) rounded once to nearest-even bf16 (8 significant bits, subnormals below 2^-126,
+// +-Inf from 2^128 less a quarter ulp up), as bf16 bits.
+uint16_t bf16_bits_of(double v) {
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(v);
+  if (a == 0.0) return sign;
+  const int e = std::max(std::ilogb(a), -126);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(a, 7 - e)), e - 7);  // exact in double
+  if (r >= 0x1.0p128) return sign | 0x7F80;
+  return sign | spec::bf16_from_f32_rne(static_cast<float>(r));  // r fits bf16: exact
+}
+// v (finite) rounded once to nearest-even fp32.
+float f32_of(double v) {
+  if (std::fabs(v) >= 0x1.ffffffp127) return std::copysign(std::numeric_limits<float>::infinity(), v);
+  return static_cast<float>(v);
+}
+
 struct Out {
   float* exact;
   float* bound;
-  float* terms;  // null unless OracleOptions::terms
-  void finish(const Element& el, int64_t i) const { el.finish(exact + i, bound + i, terms ? terms + i : nullptr); }
+  float* terms;        // null unless OracleOptions::terms
+  void* rounded;       // null unless OracleOptions::rounded; the tensor's dtype (bf16 bits or fp32)
+  bool rounded_bf16;
+  void set_rounded(int64_t i, double v) const {
+    if (!rounded) return;
+    if (rounded_bf16) static_cast<uint16_t*>(rounded)[i] = bf16_bits_of(v);
+    else static_cast<float*>(rounded)[i] = f32_of(v);
+  }
+  void finish(const Element& el, int64_t i) const {
+    el.finish(exact + i, bound + i, terms ? terms + i : nullptr);
+    if (rounded) set_rounded(i, el.exact_odd());
+  }
+  // An intermediate's element: as finish(), unless its value or radius reaches 2^127 (left NaN).
+  void finish_in_range(const Element& el, int64_t i) const {
+    if (std::fabs(el.exact()) + el.radius() < 0x1.0p127) finish(el, i);
+  }
+  // An elementwise intermediate's bounded value; the storage rounding of the exact value joins the
+  // radius, which is rounded up (as the end-to-end oracle stores its values).
+  void store(const oracle_scalar::Bounded& b, int64_t i) const {
+    if (!(std::fabs(b.v) + b.r < 0x1.0p127)) return;
+    const float v32 = static_cast<float>(b.v);
+    exact[i] = v32;
+    bound[i] = round_up_f32((b.r + std::fabs(static_cast<double>(v32) - b.v)) * kSlack);
+    set_rounded(i, b.v);
+  }
+  // An element that is exactly 0 (an empty slot's).
+  void zero(int64_t i) const {
+    exact[i] = 0.0f;
+    bound[i] = 0.0f;
+    if (terms) terms[i] = 0.0f;
+    set_rounded(i, 0.0);
+  }
 };
 
+bool all_finite_bf16(const uint16_t* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!spec::bf16_is_finite(v[i])) return false;
+  return true;
+}
+
 }  // namespace
+
+std::string bound_rounded_path(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return "bounds/" + (slash == std::string::npos ? path : path.substr(slash + 1)) + "_rounded";
+}
 
 ChainBound dot_chain_bound(const uint16_t* a, int64_t a_stride, const uint16_t* b, int64_t b_stride, int64_t n) {
   Element el;
@@ -143,8 +221,11 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
   const float* rw = at(inputs, "inputs/router_weights").data<float>();
 
   TensorMap out;
+  // The bound datasets of a checked tensor or intermediate, NaN-filled (not sampled); the terms
+  // only for the checked tensors.
   auto make = [&](const std::string& checked) -> Out {
     const TensorSpec* s = find_spec(checked);
+    const bool is_checked = s->role == Role::kOutput || s->role == Role::kGrad;
     const auto shape = spec_shape(*s, cfg);
     Tensor ex(DType::kF32, shape), bd(DType::kF32, shape);
     std::fill(ex.data<float>(), ex.data<float>() + ex.numel(), kNan);
@@ -153,14 +234,25 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
     out[pe] = std::move(ex);
     out[pb] = std::move(bd);
     float* terms = nullptr;
-    if (options.terms) {
+    if (options.terms && is_checked) {
       const std::string pt = bound_terms_path(checked);
       Tensor tm(DType::kF32, shape);
       std::fill(tm.data<float>(), tm.data<float>() + tm.numel(), kNan);
       out[pt] = std::move(tm);
       terms = out[pt].data<float>();
     }
-    return {out[pe].data<float>(), out[pb].data<float>(), terms};
+    void* rounded = nullptr;
+    if (options.rounded) {
+      const std::string pr = bound_rounded_path(checked);
+      Tensor rt(s->dtype, shape);
+      if (s->dtype == DType::kBf16)
+        std::fill(rt.data<uint16_t>(), rt.data<uint16_t>() + rt.numel(), spec::kBf16QuietNanBits);
+      else
+        std::fill(rt.data<float>(), rt.data<float>() + rt.numel(), kNan);
+      out[pr] = std::move(rt);
+      rounded = out[pr].raw();
+    }
+    return {out[pe].data<float>(), out[pb].data<float>(), terms, rounded, s->dtype == DType::kBf16};
   };
   auto token_ok = [&](int64_t g) { return !sample || sample->token_mask[g]; };
 
@@ -183,6 +275,131 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
         }
       }
     }, 8);
+  }
+
+  // ---- Intermediates (OracleOptions::intermediates), stage-local like the checked tensors: each
+  // from the reference's own earlier intermediates and the inputs. Only those the reference holds,
+  // with their operands.
+  auto has = [&](std::initializer_list<const char*> paths) {
+    for (const char* p : paths)
+      if (!reference.count(p)) return false;
+    return true;
+  };
+  auto ref32 = [&](const char* p) { return at(reference, p).data<float>(); };
+  using oracle_scalar::Bounded;
+  // An elementwise step on exact operands: not judged (NaN) when an operand is not finite or the
+  // bound leaves fp32's range (oracle_scalar::rounded throws then).
+  auto elementwise = [](const Out& o, int64_t idx, std::initializer_list<double> operands, auto&& f) {
+    for (double v : operands)
+      if (!std::isfinite(v)) return;
+    try {
+      o.store(f(), idx);
+    } catch (const Error&) {
+    }
+  };
+  // Per-slot dot products over n of a routed slot's operand row (at slot), or per-token ones:
+  // body(o, g, k_or_minus1) runs for every sampled token and slot.
+  auto per_slot = [&](const std::vector<Out>& outs, int64_t width,
+                      const std::function<void(int64_t g, int64_t slot, int64_t e)>& body) {
+    parallel_for(G, threads, [&](int64_t b, int64_t e_end) {
+      for (int64_t g = b; g < e_end; ++g) {
+        if (!token_ok(g)) continue;
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t slot = g * K + k;
+          if (topk[slot] < 0) {  // an empty slot's intermediates are exactly 0
+            for (const Out& o : outs)
+              for (int64_t c = 0; c < width; ++c) o.zero(slot * width + c);
+            continue;
+          }
+          body(g, slot, topk[slot]);
+        }
+      }
+    }, 2);
+  };
+  auto per_token = [&](const std::function<void(int64_t g)>& body) {
+    parallel_for(G, threads, [&](int64_t b, int64_t e_end) {
+      for (int64_t g = b; g < e_end; ++g)
+        if (token_ok(g)) body(g);
+    }, 2);
+  };
+  const uint16_t* xin = in16("inputs/x");
+  if (options.intermediates) {
+    const uint16_t* w_rg = in16("inputs/w_routed_gate");
+    const uint16_t* w_ru = in16("inputs/w_routed_up");
+    const uint16_t* w_rd = in16("inputs/w_routed_down");
+    // gate, up: x · W_gate[e]ᵀ, x · W_up[e]ᵀ (fp32 chains over H).
+    for (const auto& [path, w] : {std::pair{"intermediates/gate", w_rg}, std::pair{"intermediates/up", w_ru}}) {
+      if (!has({path})) continue;
+      const Out o = make(path);
+      per_slot({o}, I, [&, w = w](int64_t g, int64_t slot, int64_t e) {
+        for (int64_t i = 0; i < I; ++i) {
+          Element el;  // ORDER: dot-chain over H
+          el.mma_chain(xin + g * H, 1, w + (e * I + i) * H, 1, H);
+          o.finish_in_range(el, slot * I + i);
+        }
+      });
+    }
+    // act = rn(silu(g) u).
+    if (has({"intermediates/act", "intermediates/gate", "intermediates/up"})) {
+      const Out o = make("intermediates/act");
+      const float *gt = ref32("intermediates/gate"), *up = ref32("intermediates/up");
+      per_slot({o}, I, [&](int64_t, int64_t slot, int64_t) {
+        for (int64_t i = slot * I; i < (slot + 1) * I; ++i)
+          elementwise(o, i, {gt[i], up[i]}, [&] { return oracle_scalar::act_of({gt[i], 0.0}, {up[i], 0.0}); });
+      });
+    }
+    // y = rn(act · W_down[e]ᵀ) (chain over I).
+    if (has({"intermediates/y", "intermediates/act"})) {
+      const Out o = make("intermediates/y");
+      const uint16_t* act = ref16("intermediates/act");
+      per_slot({o}, H, [&](int64_t, int64_t slot, int64_t e) {
+        if (!all_finite_bf16(act + slot * I, I)) return;
+        for (int64_t h = 0; h < H; ++h) {
+          Element el;  // ORDER: dot-chain over I
+          el.mma_chain(act + slot * I, 1, w_rd + (e * H + h) * I, 1, I);
+          el.round_to_bf16();
+          o.finish_in_range(el, slot * H + h);
+        }
+      });
+    }
+    if (shared) {
+      const uint16_t* w_sg = in16("inputs/w_shared_gate");
+      const uint16_t* w_su = in16("inputs/w_shared_up");
+      const uint16_t* w_sd = in16("inputs/w_shared_down");
+      for (const auto& [path, w] :
+           {std::pair{"intermediates/shared_gate", w_sg}, std::pair{"intermediates/shared_up", w_su}}) {
+        if (!has({path})) continue;
+        const Out o = make(path);
+        per_token([&, w = w](int64_t g) {
+          for (int64_t j = 0; j < Is; ++j) {
+            Element el;
+            el.mma_chain(xin + g * H, 1, w + j * H, 1, H);
+            o.finish_in_range(el, g * Is + j);
+          }
+        });
+      }
+      if (has({"intermediates/shared_act", "intermediates/shared_gate", "intermediates/shared_up"})) {
+        const Out o = make("intermediates/shared_act");
+        const float *gt = ref32("intermediates/shared_gate"), *up = ref32("intermediates/shared_up");
+        per_token([&](int64_t g) {
+          for (int64_t i = g * Is; i < (g + 1) * Is; ++i)
+            elementwise(o, i, {gt[i], up[i]}, [&] { return oracle_scalar::act_of({gt[i], 0.0}, {up[i], 0.0}); });
+        });
+      }
+      // shared_out = shared_act · W_sdᵀ (fp32, not rounded).
+      if (has({"intermediates/shared_out", "intermediates/shared_act"})) {
+        const Out o = make("intermediates/shared_out");
+        const uint16_t* sa = ref16("intermediates/shared_act");
+        per_token([&](int64_t g) {
+          if (!all_finite_bf16(sa + g * Is, Is)) return;
+          for (int64_t h = 0; h < H; ++h) {
+            Element el;
+            el.mma_chain(sa + g * Is, 1, w_sd + h * Is, 1, Is);
+            o.finish_in_range(el, g * H + h);
+          }
+        });
+      }
+    }
   }
   if (!backward) return out;
 
@@ -223,9 +440,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
         for (int64_t k = 0; k < K; ++k) {
           const int64_t idx = g * K + k;
           if (topk[idx] < 0) {  // an empty slot's gradient is exactly 0
-            o.exact[idx] = 0.0f;
-            o.bound[idx] = 0.0f;
-            if (o.terms) o.terms[idx] = 0.0f;
+            o.zero(idx);
             continue;
           }
           Element el;
@@ -247,12 +462,119 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
     }, 8);
   }
 
+  if (options.intermediates) {
+    const uint16_t* w_rg = in16("inputs/w_routed_gate");
+    const uint16_t* w_ru = in16("inputs/w_routed_up");
+    const uint16_t* w_rd = in16("inputs/w_routed_down");
+    const uint16_t* d_out = in16("inputs/d_output");
+    // dy = rn(w d_output): the product is exact in double; fp32 then bf16 rounding.
+    if (has({"intermediates/dy"})) {
+      const Out o = make("intermediates/dy");
+      per_slot({o}, H, [&](int64_t g, int64_t slot, int64_t) {
+        for (int64_t h = 0; h < H; ++h) {
+          const double w = rw[slot], d = f32_from_bf16(d_out[g * H + h]);
+          elementwise(o, slot * H + h, {w, d}, [&] {
+            return oracle_scalar::rounded(oracle_scalar::rounded(oracle_scalar::times({w, 0.0}, {d, 0.0}), 24), 8);
+          });
+        }
+      });
+    }
+    // d_act = dy · W_down[e] (fp32 chain over H; column i of [H, I] has stride I).
+    if (has({"intermediates/d_act", "intermediates/dy"})) {
+      const Out o = make("intermediates/d_act");
+      const uint16_t* dy = ref16("intermediates/dy");
+      per_slot({o}, I, [&](int64_t, int64_t slot, int64_t e) {
+        if (!all_finite_bf16(dy + slot * H, H)) return;
+        for (int64_t i = 0; i < I; ++i) {
+          Element el;  // ORDER: dot-chain over H
+          el.mma_chain(dy + slot * H, 1, w_rd + e * H * I + i, I, H);
+          o.finish_in_range(el, slot * I + i);
+        }
+      });
+    }
+    // d_gate = rn(rn(da u) silu'(g)), d_up = rn(da silu(g)).
+    if (has({"intermediates/d_act", "intermediates/gate", "intermediates/up"})) {
+      const float *da = ref32("intermediates/d_act"), *gt = ref32("intermediates/gate"), *up = ref32("intermediates/up");
+      const bool dg = has({"intermediates/d_gate"}), du = has({"intermediates/d_up"});
+      const Out og = dg ? make("intermediates/d_gate") : Out{}, ou = du ? make("intermediates/d_up") : Out{};
+      std::vector<Out> outs;
+      if (dg) outs.push_back(og);
+      if (du) outs.push_back(ou);
+      per_slot(outs, I, [&](int64_t, int64_t slot, int64_t) {
+        for (int64_t i = slot * I; i < (slot + 1) * I; ++i) {
+          const Bounded a{da[i], 0.0}, gv{gt[i], 0.0}, uv{up[i], 0.0};
+          if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_of(a, gv, uv); });
+          if (du) elementwise(ou, i, {da[i], gt[i]}, [&] { return oracle_scalar::d_up_of(a, gv); });
+        }
+      });
+    }
+    // dx_slot = rn(d_gate · W_gate[e] + d_up · W_up[e]): one chain over 2I, gate half first.
+    if (has({"intermediates/dx_slot", "intermediates/d_gate", "intermediates/d_up"})) {
+      const Out o = make("intermediates/dx_slot");
+      const uint16_t *dg = ref16("intermediates/d_gate"), *du = ref16("intermediates/d_up");
+      per_slot({o}, H, [&](int64_t, int64_t slot, int64_t e) {
+        if (!all_finite_bf16(dg + slot * I, I) || !all_finite_bf16(du + slot * I, I)) return;
+        for (int64_t h = 0; h < H; ++h) {
+          Element el;  // ORDER: dot-chain over 2I
+          el.mma_chain(dg + slot * I, 1, w_rg + e * I * H + h, H, I);
+          el.mma_chain(du + slot * I, 1, w_ru + e * I * H + h, H, I);
+          el.round_to_bf16();
+          o.finish_in_range(el, slot * H + h);
+        }
+      });
+    }
+    if (shared) {
+      const uint16_t* w_sg = in16("inputs/w_shared_gate");
+      const uint16_t* w_su = in16("inputs/w_shared_up");
+      const uint16_t* w_sd = in16("inputs/w_shared_down");
+      // shared_d_act = d_output · W_sd (the shared expert's output gradient is d_output itself).
+      if (has({"intermediates/shared_d_act"})) {
+        const Out o = make("intermediates/shared_d_act");
+        per_token([&](int64_t g) {
+          for (int64_t j = 0; j < Is; ++j) {
+            Element el;
+            el.mma_chain(d_out + g * H, 1, w_sd + j, Is, H);
+            o.finish_in_range(el, g * Is + j);
+          }
+        });
+      }
+      if (has({"intermediates/shared_d_act", "intermediates/shared_gate", "intermediates/shared_up"})) {
+        const float *da = ref32("intermediates/shared_d_act"), *gt = ref32("intermediates/shared_gate"),
+                    *up = ref32("intermediates/shared_up");
+        const bool dg = has({"intermediates/shared_d_gate"}), du = has({"intermediates/shared_d_up"});
+        const Out og = dg ? make("intermediates/shared_d_gate") : Out{},
+                  ou = du ? make("intermediates/shared_d_up") : Out{};
+        per_token([&](int64_t g) {
+          for (int64_t i = g * Is; i < (g + 1) * Is; ++i) {
+            const Bounded a{da[i], 0.0}, gv{gt[i], 0.0}, uv{up[i], 0.0};
+            if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_of(a, gv, uv); });
+            if (du) elementwise(ou, i, {da[i], gt[i]}, [&] { return oracle_scalar::d_up_of(a, gv); });
+          }
+        });
+      }
+      // dx_shared = shared_d_gate · W_sg + shared_d_up · W_su (fp32, one chain over 2Is).
+      if (has({"intermediates/dx_shared", "intermediates/shared_d_gate", "intermediates/shared_d_up"})) {
+        const Out o = make("intermediates/dx_shared");
+        const uint16_t *sdg = ref16("intermediates/shared_d_gate"), *sdu = ref16("intermediates/shared_d_up");
+        per_token([&](int64_t g) {
+          if (!all_finite_bf16(sdg + g * Is, Is) || !all_finite_bf16(sdu + g * Is, Is)) return;
+          for (int64_t h = 0; h < H; ++h) {
+            Element el;
+            el.mma_chain(sdg + g * Is, 1, w_sg + h, H, Is);
+            el.mma_chain(sdu + g * Is, 1, w_su + h, H, Is);
+            o.finish_in_range(el, g * H + h);
+          }
+        });
+      }
+    }
+  }
+
   // Weight gradients: chains over canonical row lists (routed) and the rank's tokens (shared).
   std::vector<int64_t> offsets(E + 1);
   std::vector<spec::RowRef> rows(cfg.num_slots());
   std::vector<int32_t> slot_row(cfg.num_slots());
   spec::build_routing_plan(cfg, topk, {offsets.data(), rows.data(), slot_row.data()});
-  const uint16_t* x = in16("inputs/x");
+  const uint16_t* x = xin;
   auto col_ok = [&](const std::vector<uint8_t>& mask, int64_t i) { return !sample || mask[i]; };
   {
     Out og = make("grads/d_w_routed_gate"), ou = make("grads/d_w_routed_up"), od = make("grads/d_w_routed_down");

@@ -331,6 +331,210 @@ RC_GTEST_PROP(OracleBound, TermsAreTheSumOfAbsoluteTermsOfTheLastStage, ()) {
   RC_ASSERT(near(out_terms.value_at(g * H + h), osum));
 }
 
+// ---- Intermediates (OracleOptions::intermediates): every intermediate bounded stage-locally, each
+// from the reference's own earlier intermediates and the inputs.
+
+ref::OracleOptions with_intermediates() {
+  ref::OracleOptions o;
+  o.intermediates = true;
+  o.rounded = true;
+  return o;
+}
+
+bool is_intermediate(const std::string& p) {
+  const ref::TensorSpec* s = ref::find_spec(p);
+  return s && s->role == ref::Role::kIntermediate;
+}
+
+// Every intermediate of `emu` within its bound (none left NaN); returns the count checked. With
+// tight, each radius is a few roundings (as check_within_bounds asks of the checked tensors).
+int64_t check_intermediates(const spec::LayerConfig& cfg, const TensorMap& inputs, const TensorMap& emu, bool tight,
+                            const std::vector<std::string>& only = {}) {
+  const TensorMap b = ref::oracle_bounds(cfg, inputs, emu, with_intermediates());
+  int64_t checked = 0;
+  for (const auto& [p, t] : emu) {
+    if (!is_intermediate(p)) continue;
+    if (!only.empty() && std::find(only.begin(), only.end(), p) == only.end()) continue;
+    RC_ASSERT_FALSE(!b.count(ref::bound_exact_path(p)) && (RC_LOG() << p << " has no bound\n", true));
+    const Tensor& ex = b.at(ref::bound_exact_path(p));
+    const Tensor& bd = b.at(ref::bound_radius_path(p));
+    const ref::TensorSpec* s = ref::find_spec(p);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double err = std::fabs(t.value_at(i) - ex.value_at(i));
+      const double r = bd.value_at(i);
+      RC_ASSERT_FALSE(!std::isfinite(r) && (RC_LOG() << p << " " << ref::locate(*s, cfg, i) << " not bounded\n", true));
+      RC_ASSERT_FALSE(!(err <= r) && (RC_LOG() << p << " " << ref::locate(*s, cfg, i) << " value " << t.value_at(i)
+                                               << " exact " << ex.value_at(i) << " err " << err << " bound " << r
+                                               << "\n", true));
+      if (tight) RC_ASSERT(r <= 0x1.0p-6 * std::fabs(ex.value_at(i)) + 1e-3);
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+RC_GTEST_PROP(OracleIntermediates, EveryIntermediateOfTheEmulatorWithinItsBound, ()) {
+  const Case c = gen_case();
+  const TensorMap emu = ref::emulate(c.cfg, c.inputs);
+  RC_ASSERT(check_intermediates(c.cfg, c.inputs, emu, /*tight=*/true) > 0);
+  // Off by default: the default result (what mok-golden stores) has the checked tensors' pairs only,
+  // with the same bits as with the option.
+  const TensorMap plain = ref::oracle_bounds(c.cfg, c.inputs, emu);
+  const TensorMap with = ref::oracle_bounds(c.cfg, c.inputs, emu, with_intermediates());
+  size_t checked_tensors = 0, intermediates = 0;
+  for (const auto& [p, t] : emu) {
+    const ref::TensorSpec* s = ref::find_spec(p);
+    checked_tensors += s->role == ref::Role::kOutput || s->role == ref::Role::kGrad;
+    intermediates += s->role == ref::Role::kIntermediate;
+  }
+  RC_ASSERT(plain.size() == 2 * checked_tensors);
+  RC_ASSERT(with.size() == 3 * (checked_tensors + intermediates));  // exact, bound and rounded each
+  for (const auto& [p, t] : plain) RC_ASSERT(std::memcmp(t.raw(), with.at(p).raw(), t.size_bytes()) == 0);
+}
+
+RC_GTEST_PROP(OracleIntermediates, WithinTheirBoundsForTinyValues, ()) {
+  Case c = gen_case();
+  const int shift = *rc::gen::inRange(55, 76);
+  for (auto& [p, t] : c.inputs)
+    if (t.dtype() == ref::DType::kBf16) scale_down(t, shift);
+  check_intermediates(c.cfg, c.inputs, ref::emulate(c.cfg, c.inputs), /*tight=*/false);
+}
+
+// The elementwise steps over a wide range of operands: gate, up and d_act (and the shared ones)
+// replaced by random fp32 values of magnitude 2^-70 (products reach fp32's and bf16's subnormals) to
+// 2^60, some near silu's minimum (-1.2785, where silu' cancels), then act, d_gate and d_up
+// recomputed with the spec's code (spec/orders.hpp) from them: each within its bound.
+RC_GTEST_PROP(OracleIntermediates, ElementwiseStepsWithinTheirBoundsForWideOperands, ()) {
+  const Case c = gen_case();
+  TensorMap emu = ref::emulate(c.cfg, c.inputs);
+  const auto value = rc::gen::map(
+      rc::gen::tuple(rc::gen::inRange(0, 2), rc::gen::inRange(-70, 61), rc::gen::inRange(0, 1 << 23), rc::gen::inRange(0, 6)),
+      [](std::tuple<int, int, int, int> t) {
+        auto [sgn, e, m, near_min] = t;
+        if (near_min == 0) return -1.2784645f + std::ldexp(static_cast<float>(m), -30);
+        const float v = std::ldexp(1.0f + std::ldexp(static_cast<float>(m), -23), e);
+        return sgn ? -v : v;
+      });
+  std::vector<std::string> only;
+  for (const char* pre : {"", "shared_"}) {
+    const std::string g = std::string("intermediates/") + pre + "gate", u = std::string("intermediates/") + pre + "up",
+                      da = std::string("intermediates/") + pre + "d_act", act = std::string("intermediates/") + pre + "act",
+                      dg = std::string("intermediates/") + pre + "d_gate", du = std::string("intermediates/") + pre + "d_up";
+    if (!emu.count(g)) continue;
+    const int64_t n = emu.at(g).numel();
+    const auto gv = *rc::gen::container<std::vector<float>>(n, value);
+    const auto uv = *rc::gen::container<std::vector<float>>(n, value);
+    const auto dv = *rc::gen::container<std::vector<float>>(n, value);
+    float *pg = emu.at(g).data<float>(), *pu = emu.at(u).data<float>(), *pd = emu.at(da).data<float>();
+    uint16_t *pa = emu.at(act).data<uint16_t>(), *pdg = emu.at(dg).data<uint16_t>(), *pdu = emu.at(du).data<uint16_t>();
+    // Empty slots stay 0 (exactly 0 is what their bound says).
+    const int32_t* topk = c.inputs.at("inputs/topk_experts").data<int32_t>();
+    const int64_t width = *pre ? c.cfg.shared_intermediate : c.cfg.intermediate;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!*pre && topk[i / width] < 0) continue;
+      pg[i] = gv[i];
+      pu[i] = uv[i];
+      pd[i] = dv[i];
+      pa[i] = spec::swiglu_act(pg[i], pu[i]);
+      pdg[i] = spec::swiglu_grad_gate(pd[i], pg[i], pu[i]);
+      pdu[i] = spec::swiglu_grad_up(pd[i], pg[i]);
+    }
+    only.insert(only.end(), {act, dg, du});
+  }
+  RC_ASSERT(check_intermediates(c.cfg, c.inputs, emu, /*tight=*/false, only) > 0);
+}
+
+// The next value of a dtype above (up) or below a bf16 or fp32 value, on the monotone line.
+uint64_t step_value(ref::DType d, uint64_t bits, bool up) {
+  const int width = d == ref::DType::kBf16 ? 16 : 32;
+  const uint64_t sign = uint64_t{1} << (width - 1);
+  int64_t ord = (bits & sign) ? -static_cast<int64_t>(bits & (sign - 1)) : static_cast<int64_t>(bits);
+  ord += up ? 1 : -1;
+  return ord < 0 ? (sign | static_cast<uint64_t>(-ord)) : static_cast<uint64_t>(ord);
+}
+void set_bits(Tensor& t, int64_t i, uint64_t bits) {
+  if (t.dtype() == ref::DType::kBf16) t.data<uint16_t>()[i] = static_cast<uint16_t>(bits);
+  else {
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(t.data<float>() + i, &b, 4);
+  }
+}
+
+// One intermediate element moved 1 to 4 ULP beyond its radius (above or below) lies outside the
+// bound computed from the moved reference, as mok-verify's oracle backend computes it; the element's
+// own bound does not depend on it.
+RC_GTEST_PROP(OracleIntermediates, AnElementBeyondItsRadiusIsOutside, ()) {
+  const Case c = gen_case();
+  TensorMap emu = ref::emulate(c.cfg, c.inputs);
+  std::vector<std::string> paths;
+  for (const auto& [p, t] : emu)
+    if (is_intermediate(p)) paths.push_back(p);
+  const std::string path = *rc::gen::elementOf(paths);
+  Tensor& t = emu.at(path);
+  const int64_t i = *rc::gen::inRange<int64_t>(0, t.numel());
+  const bool up = *rc::gen::arbitrary<bool>();
+  const int extra = *rc::gen::inRange(0, 4);
+  const TensorMap b0 = ref::oracle_bounds(c.cfg, c.inputs, emu, with_intermediates());
+  const double ex = b0.at(ref::bound_exact_path(path)).value_at(i), r = b0.at(ref::bound_radius_path(path)).value_at(i);
+  RC_ASSERT(std::isfinite(r));
+  // The first value of the dtype beyond ex +- r, then `extra` more steps.
+  uint64_t bits = t.bits_at(i);
+  auto value_of = [&](uint64_t b) {
+    Tensor one(t.dtype(), {1});
+    set_bits(one, 0, b);
+    return one.value_at(0);
+  };
+  const double limit = up ? ex + r : ex - r;
+  while (up ? value_of(bits) <= limit : value_of(bits) >= limit) bits = step_value(t.dtype(), bits, up);
+  for (int k = 0; k < extra; ++k) bits = step_value(t.dtype(), bits, up);
+  const double moved = value_of(bits);
+  RC_ASSERT(std::isfinite(moved));
+  set_bits(t, i, bits);
+  RC_LOG() << path << " " << ref::locate(*ref::find_spec(path), c.cfg, i) << " exact " << ex << " radius " << r
+           << " moved to " << moved << "\n";
+  const TensorMap b1 = ref::oracle_bounds(c.cfg, c.inputs, emu, with_intermediates());
+  const double ex1 = b1.at(ref::bound_exact_path(path)).value_at(i), r1 = b1.at(ref::bound_radius_path(path)).value_at(i);
+  RC_ASSERT(ex1 == ex);
+  RC_ASSERT(r1 == r);
+  RC_ASSERT(std::fabs(moved - ex1) > r1);
+}
+
+// bounds/<name>_rounded of a dot product is its exact value correctly rounded to the dtype: no
+// value of the dtype lies nearer, and a tie goes to the even one. Checked for gate (fp32) and y
+// (bf16) against exact sums in 1100-bit binary floats (products of bf16 span 2^-266 to 2^256).
+RC_GTEST_PROP(OracleIntermediates, RoundedValueOfADotProductIsCorrectlyRounded, ()) {
+  using big = boost::multiprecision::number<boost::multiprecision::cpp_bin_float<1100, boost::multiprecision::digit_base_2>>;
+  const Case c = gen_case();
+  const TensorMap emu = ref::emulate(c.cfg, c.inputs);
+  const TensorMap b = ref::oracle_bounds(c.cfg, c.inputs, emu, with_intermediates());
+  const int64_t H = c.cfg.hidden, I = c.cfg.intermediate, K = c.cfg.top_k;
+  const int32_t* topk = c.inputs.at("inputs/topk_experts").data<int32_t>();
+  auto bf = [&](const TensorMap& m, const char* p, int64_t i) { return big(spec::f32_from_bf16(m.at(p).data<uint16_t>()[i])); };
+  auto check = [&](const char* path, int64_t i, const big& exact) {
+    const Tensor& rt = b.at(ref::bound_rounded_path(path));
+    const uint64_t q = rt.bits_at(i);
+    auto v = [&](uint64_t bits) {
+      Tensor one(rt.dtype(), {1});
+      set_bits(one, 0, bits);
+      return big(one.value_at(0));
+    };
+    const big d = abs(exact - v(q)), lo = abs(exact - v(step_value(rt.dtype(), q, false))),
+              hi = abs(exact - v(step_value(rt.dtype(), q, true)));
+    RC_ASSERT_FALSE((d > lo || d > hi) && (RC_LOG() << path << " element " << i << " not the nearest\n", true));
+    if (d == lo || d == hi) RC_ASSERT((q & 1) == 0);
+  };
+  for (int64_t slot = 0; slot < c.cfg.num_tokens() * K; ++slot) {
+    const int64_t e = topk[slot], g = slot / K;
+    if (e < 0) continue;
+    const int64_t i = *rc::gen::inRange<int64_t>(0, I), h = *rc::gen::inRange<int64_t>(0, H);
+    big gate = 0, y = 0;
+    for (int64_t k = 0; k < H; ++k) gate += bf(c.inputs, "inputs/x", g * H + k) * bf(c.inputs, "inputs/w_routed_gate", (e * I + i) * H + k);
+    for (int64_t k = 0; k < I; ++k) y += bf(emu, "intermediates/act", slot * I + k) * bf(c.inputs, "inputs/w_routed_down", (e * H + h) * I + k);
+    check("intermediates/gate", slot * I + i, gate);
+    check("intermediates/y", slot * H + h, y);
+  }
+}
+
 RC_GTEST_PROP(Emulate, ThreadCountAndSamplingDoNotChangeBits, ()) {
   const Case c = gen_case();
   ref::EmulateOptions one;

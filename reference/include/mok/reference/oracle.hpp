@@ -13,7 +13,26 @@ struct OracleOptions {
   // oracle_bounds only: also give bounds/<name>_terms, the sum of |terms| of each element's last
   // stage (DESIGN's bound material; rounded up to fp32), from which other error models follow.
   bool terms = false;
+  // oracle_bounds only: also bound every intermediate the reference holds (reference/README.md,
+  // "Intermediates"): bounds/<name>_exact and _bound of intermediates/<name> (bound_exact_path and
+  // bound_radius_path of its path), each from the reference's own earlier intermediates and the
+  // inputs, as the checked tensors are. mok-verify's oracle backend judges a golden's
+  // intermediates with them. Off by default: what mok-golden stores stays as it was.
+  bool intermediates = false;
+  // oracle_bounds only: also give bound_rounded_path(N) for every tensor N bounded, in N's dtype:
+  // the oracle's value rounded to N's dtype (nearest-even). For a dot product (and the output,
+  // d_x, d_router_weights) that is the exact value rounded once (correctly rounded: the exact sum
+  // is first rounded to odd in double, which a second rounding to 24 or 8 bits cannot spoil); for
+  // an elementwise intermediate (act, dy, d_gate, d_up and the shared ones) it is the double
+  // evaluation (silu within about 2^-44 relative) rounded once. NaN where the element is not
+  // bounded. mok-verify's oracle backend reports each tensor's elements equal to it and the
+  // largest ULP distance from it.
+  bool rounded = false;
 };
+
+// bounds/<name>_rounded: the OracleOptions::rounded tensor of a checked tensor or intermediate. Not a
+// dataset of the golden schema (mok-golden never stores it).
+std::string bound_rounded_path(const std::string& path);
 
 // For every checked tensor N (outputs/output and grads/*), computes
 //   bounds/N_exact: the exact value of N's last stage (rounded to double, then stored as fp32;
@@ -28,6 +47,15 @@ struct OracleOptions {
 // The bounds are stage-local: they judge the arithmetic of the last stage of each element,
 // given its rounded operands (see reference/README.md). `reference` must hold those
 // intermediates (emulate(..., intermediates=true) or a golden's /intermediates).
+// With OracleOptions::intermediates, the same for every intermediate the reference holds (and
+// whose operands it holds): a dot product (gate, up, y, d_act, dx_slot and the shared expert's
+// shared_gate, shared_up, shared_out, shared_d_act, dx_shared) with the MMA chain's radius, plus
+// the final bf16 rounding for y and dx_slot; an elementwise step (act, dy, d_gate, d_up,
+// shared_act, shared_d_gate, shared_d_up) with the end-to-end oracle's scalar rule for silu,
+// silu', products and roundings, its operands taken as exact. An empty slot's intermediates are
+// exactly 0 (radius 0). An element whose operands in the reference are not finite, or whose value
+// or radius would reach 2^127 (the bounds do not cover overflow), is left NaN (not judged): its
+// operand's own stage is where such a reference fails.
 TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                         const TensorMap& reference, const OracleOptions& options = {});
 

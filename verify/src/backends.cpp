@@ -114,12 +114,21 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
       eo.sample = options.sample;
       reference = ref::emulate(golden.cfg, inputs, eo);
     }
-    say("oracle: exact sums and radii for every checked element");
+    // With the golden's own intermediates as operands, those intermediates are judged too (each
+    // stage from the golden's earlier stages); emulated operands are not the golden's, so without
+    // them there is nothing more to judge.
+    say(std::string("oracle: exact sums and radii for every checked element") +
+        (intermediates ? " and every intermediate" : ""));
     ref::OracleOptions oo;
     oo.num_threads = options.num_threads;
     oo.sample = options.sample;
+    oo.intermediates = intermediates;
+    oo.rounded = true;
     const ref::TensorMap bounds = ref::oracle_bounds(golden.cfg, inputs, reference, oo);
-    // Judge the golden's own checked tensors against freshly computed bounds.
+    // Judge the golden's own tensors (the candidate) against freshly computed bounds. The
+    // reference side of the bitwise columns is the oracle's value rounded to each tensor's dtype,
+    // so compared/equal/max_ulp say how many elements equal the correctly rounded value and how
+    // far the rest lie from it (verify/README.md).
     ref::Golden judged;
     judged.meta = golden.meta;
     judged.cfg = golden.cfg;
@@ -127,16 +136,24 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     for (const auto& [path, t] : golden.tensors) {
       const ref::TensorSpec* s = ref::find_spec(path);
       if (!s) continue;
-      if (s->role == ref::Role::kOutput || s->role == ref::Role::kGrad) candidate[path] = t;
-      if (s->role == ref::Role::kInput || s->role == ref::Role::kOutput || s->role == ref::Role::kGrad)
-        judged.tensors[path] = t;
+      if (s->role == ref::Role::kInput) judged.tensors[path] = t;
+      const bool judge = s->role == ref::Role::kOutput || s->role == ref::Role::kGrad ||
+                         (s->role == ref::Role::kIntermediate && bounds.count(ref::bound_radius_path(path)));
+      if (!judge) continue;
+      candidate[path] = t;
+      judged.tensors[path] = bounds.at(ref::bound_rounded_path(path));
     }
-    for (const auto& [path, t] : bounds) judged.tensors[path] = t;
+    for (const auto& [path, t] : bounds)
+      if (path.size() < 8 || path.compare(path.size() - 8, 8, "_rounded") != 0) judged.tensors[path] = t;
     CompareOptions co;
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;
     co.golden_name = options.golden_name + " (bounds computed now by the oracle)";
     report = compare(judged, keep(candidate), co);
+    // compare() names the reference side "golden" and the candidate "got"; here the candidate is
+    // the golden, so the worst element's values are swapped back: golden = the file's value, got =
+    // the oracle's rounded value.
+    for (TensorReport& t : report.tensors) std::swap(t.worst_expected, t.worst_actual);
   } else {
 #if defined(MOK_HAVE_CUDA_KERNEL)
     const bool nccl = options.transport == "nccl";

@@ -81,8 +81,12 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
   for (const auto& [path, tensor] : candidate) {
     const ref::TensorSpec* s = ref::find_spec(path);
     if (!s || s->role == ref::Role::kInput || ref::is_bound_role(s->role)) continue;
-    // Bounds exist for outputs and gradients only; under that criterion nothing else is judged.
-    if (options.criterion == Criterion::kWithinBounds && s->role == ref::Role::kIntermediate) continue;
+    // Under that criterion an intermediate is judged only where the golden holds its bounds (the
+    // oracle backend's, OracleOptions::intermediates); golden files hold bounds for outputs and
+    // gradients only.
+    if (options.criterion == Criterion::kWithinBounds && s->role == ref::Role::kIntermediate &&
+        !golden.tensors.count(ref::bound_radius_path(path)))
+      continue;
     if (golden.tensors.count(path)) paths.push_back(path);
   }
   // Every output and gradient the golden holds must be in the candidate (intermediates need not:
@@ -123,7 +127,7 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
     const bool checked_tensor = s.role == ref::Role::kOutput || s.role == ref::Role::kGrad;
     const ref::Tensor* exact = nullptr;
     const ref::Tensor* bound = nullptr;
-    if (checked_tensor && options.check_bounds) {
+    if ((checked_tensor || s.role == ref::Role::kIntermediate) && options.check_bounds) {
       auto e = golden.tensors.find(ref::bound_exact_path(path));
       auto b = golden.tensors.find(ref::bound_radius_path(path));
       if (e != golden.tensors.end() && b != golden.tensors.end()) {

@@ -127,10 +127,78 @@ TEST_F(CliTest, OutputOutsideItsBoundFailsTheOracleCheck) {
   out[7] = static_cast<uint16_t>(out[7] + 4);  // 4 bf16 ulps away
   const std::string path = (dir_ / "off.h5").string();
   ref::write_golden(path, bad);
-  const CliRun r = run_cli("run " + path + " --backend oracle");
+  CliRun r = run_cli("run " + path + " --backend oracle");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   // The report lists every tensor by path; the verdict is the failing-stage line.
   EXPECT_NE(r.out.find("# first failing stage: outputs/output"), std::string::npos) << r.out;
+  // The bitwise columns compare the golden with the oracle's correctly rounded value (not with
+  // itself): the moved element lies at least 3 ULP from it.
+  r = run_cli("run " + path + " --backend oracle --json");
+  const size_t at = r.out.find("\"tensor\": \"outputs/output\"");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const size_t ulp = r.out.rfind("\"max_ulp\": ", at);
+  ASSERT_NE(ulp, std::string::npos) << r.out;
+  EXPECT_GE(std::stoll(r.out.substr(ulp + 11)), 3) << r.out;
+}
+
+// The oracle backend judges a golden's intermediates too, stage by stage, each from the golden's
+// own earlier stages (found by audit: it used to judge only the output and gradients, so garbage
+// intermediates passed): a gate of 1e30 and a d_act of -7 fail, first at intermediates/gate.
+TEST_F(CliTest, OracleJudgesTheGoldensIntermediates) {
+  CliRun r = run_cli("run " + good_ + " --backend oracle");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  for (const char* p : {"intermediates/gate ", "intermediates/act ", "intermediates/y ", "intermediates/shared_out ",
+                        "intermediates/dy ", "intermediates/d_act ", "intermediates/d_gate ", "intermediates/dx_slot ",
+                        "intermediates/shared_d_up ", "intermediates/dx_shared "})
+    EXPECT_NE(r.out.find(p), std::string::npos) << p << "\n" << r.out;
+  // In stage order, as the emulate backend lists them.
+  EXPECT_LT(r.out.find("intermediates/y "), r.out.find("outputs/output "));
+  EXPECT_LT(r.out.find("outputs/output "), r.out.find("intermediates/d_act "));
+
+  ref::Golden bad = golden_;
+  ref::Tensor& gate = bad.tensors.at("intermediates/gate");
+  std::fill(gate.data<float>(), gate.data<float>() + gate.numel(), 1e30f);
+  ref::Tensor& d_act = bad.tensors.at("intermediates/d_act");
+  std::fill(d_act.data<float>(), d_act.data<float>() + d_act.numel(), -7.0f);
+  const std::string path = (dir_ / "gate_garbage.h5").string();
+  ref::write_golden(path, bad);
+  r = run_cli("run " + path + " --backend oracle");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: intermediates/gate at token=0 slot=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# FAILED"), std::string::npos) << r.out;
+  r = run_cli("run " + path + " --backend emulate");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: intermediates/gate"), std::string::npos) << r.out;
+
+  // One element of a later stage (d_up, bf16) moved 3 ULP: that stage fails, at that element.
+  ref::Golden moved = golden_;
+  uint16_t* du = moved.tensors.at("intermediates/d_up").data<uint16_t>();
+  const int32_t* tk = moved.tensors.at("inputs/topk_experts").data<int32_t>();
+  int64_t slot = 0;
+  while (tk[slot] < 0) ++slot;
+  du[slot * 16 + 3] = static_cast<uint16_t>(du[slot * 16 + 3] + 3);
+  const std::string mpath = (dir_ / "d_up_moved.h5").string();
+  ref::write_golden(mpath, moved);
+  r = run_cli("run " + mpath + " --backend oracle");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: intermediates/d_up at token=" + std::to_string(slot / 2) + " slot=" +
+                       std::to_string(slot % 2) + " expert=" + std::to_string(tk[slot]) + " i=3"),
+            std::string::npos)
+      << r.out;
+}
+
+// Every shipped fixture passes the oracle backend, its intermediates judged too.
+TEST(CliFixtures, EveryFixturePassesTheOracleWithItsIntermediates) {
+  int seen = 0;
+  for (const auto& entry : fs::directory_iterator(MOK_FIXTURES_DIR)) {
+    if (entry.path().extension() != ".h5") continue;
+    ++seen;
+    const CliRun r = run_cli("run " + entry.path().string() + " --backend oracle");
+    EXPECT_EQ(r.code, 0) << entry.path() << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("intermediates/gate "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("intermediates/dx_slot "), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(seen, 5);
 }
 
 // The end-to-end check sees what the stage-local oracle cannot: a golden whose results were made
@@ -177,11 +245,16 @@ TEST_F(CliTest, EndToEndCatchesResultsMadeFromOtherWeights) {
   }
   const std::string path = (dir_ / "other_weights.h5").string();
   ref::write_golden(path, bad);
+  // The stage-local oracle judges y from the file's act and down weights, so it sees this too.
   r = run_cli("run " + path + " --backend oracle");
-  EXPECT_EQ(r.code, 0) << "stage by stage the golden is consistent\n" << r.out << r.err;
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: intermediates/y"), std::string::npos) << r.out;
   r = run_cli("run " + path + " --backend oracle --end-to-end");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_NE(r.out.find("# first failing stage: end to end: outputs/output"), std::string::npos) << r.out;
+  // The end-to-end row of the output fails as well.
+  const size_t row = r.out.find("outputs/output (end to end)");
+  ASSERT_NE(row, std::string::npos) << r.out;
+  EXPECT_NE(r.out.substr(row, r.out.find('\n', row) - row).find("FAILED"), std::string::npos) << r.out;
   r = run_cli("run " + path + " --backend oracle --end-to-end --json");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("\"tensor\": \"outputs/output (end to end)\""), std::string::npos) << r.out;

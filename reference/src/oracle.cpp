@@ -502,8 +502,8 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
       if (du) outs.push_back(ou);
       per_slot(outs, I, [&](int64_t, int64_t slot, int64_t) {
         for (int64_t i = slot * I; i < (slot + 1) * I; ++i) {
-          const Bounded a{da[i], 0.0}, gv{gt[i], 0.0}, uv{up[i], 0.0};
-          if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_of(a, gv, uv); });
+          const Bounded a{da[i], 0.0}, gv{gt[i], 0.0};
+          if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_at(da[i], gt[i], up[i]); });
           if (du) elementwise(ou, i, {da[i], gt[i]}, [&] { return oracle_scalar::d_up_of(a, gv); });
         }
       });
@@ -546,8 +546,8 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
                   ou = du ? make("intermediates/shared_d_up") : Out{};
         per_token([&](int64_t g) {
           for (int64_t i = g * Is; i < (g + 1) * Is; ++i) {
-            const Bounded a{da[i], 0.0}, gv{gt[i], 0.0}, uv{up[i], 0.0};
-            if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_of(a, gv, uv); });
+            const Bounded a{da[i], 0.0}, gv{gt[i], 0.0};
+            if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_at(da[i], gt[i], up[i]); });
             if (du) elementwise(ou, i, {da[i], gt[i]}, [&] { return oracle_scalar::d_up_of(a, gv); });
           }
         });

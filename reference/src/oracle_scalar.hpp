@@ -80,12 +80,28 @@ inline Bounded silu_grad_of(const Bounded& g) {
   return {d, (kSiluGradLipschitz * g.r + 0x1.0p-18 * parts + 0x1.0p-118 + 0x1.0p-44 * (1 + std::fabs(g.v))) * kSlack};
 }
 
+// silu'(g) at an exact g (the stage-local oracle's operands): the same allowance for silu_grad_f32,
+// 2^-18 (s + |g| s (1 - s)) + 2^-118, with its parts evaluated at g instead of bounded by
+// 1 + |g|/4 (which grows without limit in |g|). silu' is evaluated as s (1 + g sigmoid(-g)), with
+// 1 - s taken as sigmoid(-g), so no cancellation: its double error is below 2^-49 of the same parts
+// (2^-44 is allowed), and the parts' own double error is under 2^-40 of them. Where exp overflows
+// or underflows the parts are below 2^-1000, inside the 2^-118.
+inline Bounded silu_grad_at(double g) {
+  const double s = sigmoid(g), t = sigmoid(-g);
+  const double parts = (s + std::fabs(g) * s * t) * (1 + 0x1.0p-40);
+  return {s * (1.0 + g * t), (0x1.0p-18 * parts + 0x1.0p-118 + 0x1.0p-44 * parts) * kSlack};
+}
+
 // The SwiGLU's elementwise steps (spec/orders.hpp) on bounded operands:
 // act = rn_bf16(rn(silu_f32(g) * u)),
 inline Bounded act_of(const Bounded& g, const Bounded& u) { return rounded(rounded(times(silu_of(g), u), 24), 8); }
 // dg = rn_bf16(rn(rn(da * u) * silu'(g))),
 inline Bounded d_gate_of(const Bounded& da, const Bounded& g, const Bounded& u) {
   return rounded(rounded(times(rounded(times(da, u), 24), silu_grad_of(g)), 24), 8);
+}
+// The same at exact operands (the stage-local oracle), with silu'(g) from silu_grad_at.
+inline Bounded d_gate_at(double da, double g, double u) {
+  return rounded(rounded(times(rounded(times({da, 0.0}, {u, 0.0}), 24), silu_grad_at(g)), 24), 8);
 }
 // du = rn_bf16(rn(da * silu(g))).
 inline Bounded d_up_of(const Bounded& da, const Bounded& g) { return rounded(rounded(times(da, silu_of(g)), 24), 8); }

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -332,6 +333,12 @@ int main(int argc, char** argv) {
                            std::to_string(cfg_opts.num_experts) + "; lower N");
     }
   } catch (const mok::Error& e) {
+    // A golden of another numerics profile or MMA model is "not supported here" (3), as in
+    // mok-verify; anything else wrong with the file or the options is usage (2).
+    if (e.kind() == mok::ErrorKind::kUnsupported) {
+      std::fprintf(stderr, "mok-bench: %s\n", e.what());
+      return 3;
+    }
     return usage_error(e.what());
   }
   {
@@ -741,5 +748,12 @@ int main(int argc, char** argv) {
     // environment problem, 3 as in mok-verify; a CUDA or kernel failure while running is 1; the
     // rest is bad input, 2.
     return e.kind() == mok::ErrorKind::kUnsupported ? 3 : e.kind() == mok::ErrorKind::kInternal ? 1 : 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mok-bench: out of host memory while running (the layer's inputs and baselines live in "
+                         "host memory too); use a smaller --T or --case\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mok-bench: %s\n", e.what());
+    return 1;
   }
 }

@@ -1546,7 +1546,16 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   const int64_t H = c.hidden;
   trace_mark(P, kTrStart);
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
-  // gate/up/act) stay in the workspace from the forward pass of the same inputs.
+  // gate/up/act) stay in the workspace from the forward pass of the same inputs. A forward that
+  // overflowed its workspace (its error reported or not yet) leaves offsets past row_capacity:
+  // then nothing of the plan is used, so nothing is read or written past the workspace.
+  const int64_t planned_rows = S.expert_offsets[c.experts_per_rank()];
+  if (planned_rows > P.row_capacity) {
+    if (threadIdx.x == 0)
+      raise_error(P, 3, role.rank, kFlagBadRouting, static_cast<uint64_t>(P.row_capacity),
+                  static_cast<uint64_t>(planned_rows), -1);
+    return;
+  }
   count_expected_arrivals(P, role);
   trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });

@@ -96,6 +96,17 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   const spec::Status st = cfg.validate();
   if (!st.ok) throw Error(st.message);
   if (cfg.num_ranks > kMaxRanks) throw Error("kernel: at most 72 ranks per layer");
+  if (first_rank < 0 || local_ranks < 1 || first_rank + local_ranks > cfg.num_ranks)
+    throw Error("kernel: ranks " + std::to_string(first_rank) + ".." + std::to_string(first_rank + local_ranks - 1) +
+                " are not ranks of a layer with R = " + std::to_string(cfg.num_ranks));
+  // Every wait is bounded (STYLE.md): a finite, positive bound; 0, a negative value or NaN would
+  // make every wait fail at once or never.
+  if (!(options.wait_timeout_s > 0 && options.wait_timeout_s <= 1e6))
+    throw Error("kernel: wait_timeout_s must be in (0, 1e6] seconds (the bound on every wait for a flag; 10 is the "
+                "default), got " + std::to_string(options.wait_timeout_s));
+  if (options.blocks_per_rank < 0)
+    throw Error("kernel: blocks_per_rank must be >= 0 (0: as many as fit, divided among the ranks), got " +
+                std::to_string(options.blocks_per_rank));
   int device = 0, sms = 0, per_sm_fwd = 0, per_sm_bwd = 0, coop = 0, major = 0;
   MOK_CUDA(cudaGetDevice(&device));
   MOK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -121,7 +132,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   const int resident = sms * std::min(per_sm_fwd, per_sm_bwd);
   const int L = local_ranks;
   blocks_per_rank_ = options.blocks_per_rank > 0 ? options.blocks_per_rank : resident / L;
-  if (blocks_per_rank_ * L > resident)
+  if (int64_t{blocks_per_rank_} * L > resident)
     throw Error("kernel: " + std::to_string(blocks_per_rank_) + " blocks per rank x " + std::to_string(L) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
   if (blocks_per_rank_ < 2)
@@ -175,6 +186,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   control_words_ = int64_t{L} * 8 + 1 + int64_t{L} * tile_counters + int64_t{L} * El;
   control_ = device_alloc<uint32_t>(owned_, control_words_);
   error_ = device_alloc<ErrorRecord>(owned_, 1);
+  MOK_CUDA(cudaMemset(error_, 0, sizeof(ErrorRecord)));  // cleared here and by check_errors() only
   host_maps_.assign(2 * kMaxRanks, RankTensorMaps{});
   sent_maps_.assign(2 * kMaxRanks, RankTensorMaps{});
   maps_sent_.assign(2 * kMaxRanks, 0);
@@ -187,6 +199,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   for (int r = first_rank; r < first_rank + L; ++r) {
     RankState& s = P.state[r];
     s.expert_offsets = device_alloc<int64_t>(owned_, El + 1);
+    MOK_CUDA(cudaMemset(s.expert_offsets, 0, (El + 1) * sizeof(int64_t)));  // an empty plan until a forward
     s.rows = device_alloc<spec::RowRef>(owned_, cap);
     s.row_ready = device_alloc<uint32_t>(owned_, cap);
     s.row_ready_bwd = device_alloc<uint32_t>(owned_, cap);
@@ -242,6 +255,13 @@ void LayerCore::set_tensors(int r, const DeviceInputs& in, const DeviceOutputs& 
 }
 
 void LayerCore::launch(const void* kernel, cudaStream_t stream) {
+  // The backward reuses the forward's routing plan and intermediates in the workspace.
+  if (kernel == forward_kernel())
+    forward_launched_ = true;
+  else if (!forward_launched_)
+    throw Error("kernel: backward before any forward on this layer: the backward reuses the forward's routing plan "
+                "and intermediates (the same inputs); run forward() first",
+                ErrorKind::kBadInput);
   const spec::LayerConfig& c = host_.cfg;
   const int64_t T = c.tokens_per_rank, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate,
                 El = c.experts_per_rank();
@@ -288,7 +308,9 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
       maps_sent_[i] = 1;
     }
   MOK_CUDA(cudaMemsetAsync(control_, 0, control_words_ * sizeof(uint32_t), stream));
-  MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));
+  // The error record is not cleared here: the first error since the last check_errors() stays,
+  // so forward(); backward(); check_errors(); reports a failed forward rather than losing it to
+  // the backward's launch (and the backward refuses a plan the forward left incomplete).
   if (trace_)
     MOK_CUDA(cudaMemsetAsync(trace_, 0, int64_t{local_ranks_} * blocks_per_rank_ * kTraceSlots * sizeof(uint64_t), stream));
   void* args[] = {&host_};
@@ -309,7 +331,14 @@ void LayerCore::check_errors(cudaStream_t stream) {
   ErrorRecord e{};
   MOK_CUDA(cudaMemcpy(&e, error_, sizeof e, cudaMemcpyDeviceToHost));
   if (e.code == 0) return;
+  MOK_CUDA(cudaMemset(error_, 0, sizeof(ErrorRecord)));  // reported once; the next pass starts clean
   std::ostringstream s;
+  if (e.code == 3)
+    throw Error("kernel: rank " + std::to_string(e.rank) + "'s backward found the routing plan of " +
+                    std::to_string(e.observed) + " rows, more than its workspace's " + std::to_string(e.expected) +
+                    ": the forward before it failed (an error reported by the forward's check_errors()); run a "
+                    "forward that succeeds first",
+                ErrorKind::kBadInput);
   if (e.code == 2) {
     const int64_t K = host_.cfg.top_k;
     if (e.index < 0)
@@ -391,19 +420,58 @@ Layer::Layer(const spec::LayerConfig& cfg, const KernelOptions& options) : impl_
 
 Layer::~Layer() = default;
 
+namespace detail {
+
+void check_pass_pointers(const spec::LayerConfig& cfg, const DeviceInputs& in, const DeviceOutputs& out,
+                         bool backward, const char* who) {
+  const bool shared = cfg.has_shared();
+  // What each pass reads or writes (the backward reads the forward's inputs too: x, the routing
+  // and the weights, through its tensor maps and its gradients).
+  const struct {
+    const char* name;
+    const void* p;
+    bool needed;
+  } ptrs[] = {
+      {"in.x", in.x, true},
+      {"in.topk_experts", in.topk_experts, true},
+      {"in.router_weights", in.router_weights, true},
+      {"in.w_routed_gate", in.w_routed_gate, true},
+      {"in.w_routed_up", in.w_routed_up, true},
+      {"in.w_routed_down", in.w_routed_down, true},
+      {"in.w_shared_gate", in.w_shared_gate, shared},
+      {"in.w_shared_up", in.w_shared_up, shared},
+      {"in.w_shared_down", in.w_shared_down, shared},
+      {"out.output", out.output, !backward},
+      {"in.d_output", in.d_output, backward},
+      {"out.d_x", out.d_x, backward},
+      {"out.d_router_weights", out.d_router_weights, backward},
+      {"out.d_w_routed_gate", out.d_w_routed_gate, backward},
+      {"out.d_w_routed_up", out.d_w_routed_up, backward},
+      {"out.d_w_routed_down", out.d_w_routed_down, backward},
+      {"out.d_w_shared_gate", out.d_w_shared_gate, backward && shared},
+      {"out.d_w_shared_up", out.d_w_shared_up, backward && shared},
+      {"out.d_w_shared_down", out.d_w_shared_down, backward && shared},
+  };
+  for (const auto& q : ptrs) {
+    if (!q.needed) continue;
+    if (!q.p)
+      throw Error(std::string(who) + (backward ? " backward" : " forward") + ": " + q.name +
+                  " is null; every tensor the pass reads or writes needs a device pointer (layer.hpp)");
+    if (reinterpret_cast<uintptr_t>(q.p) % 16 != 0)
+      throw Error(std::string(who) + (backward ? " backward" : " forward") + ": " + q.name +
+                  " is not 16-byte aligned; the kernel moves rows in 16-byte accesses (cudaMalloc gives 256)");
+  }
+}
+
+}  // namespace detail
+
 void Layer::forward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
-  if (!in.x || !in.topk_experts || !in.router_weights || !in.w_routed_gate || !in.w_routed_up || !in.w_routed_down ||
-      !out.output || (impl_->core.cfg().has_shared() && (!in.w_shared_gate || !in.w_shared_up || !in.w_shared_down)))
-    throw Error("kernel forward: a required device pointer is null (x, topk_experts, router_weights, routed and "
-                "shared weights, output)");
+  detail::check_pass_pointers(impl_->core.cfg(), in, out, false, "kernel");
   impl_->launch(reinterpret_cast<const void*>(device::moe_forward_kernel), in, out, static_cast<cudaStream_t>(stream));
 }
 
 void Layer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
-  if (!in.d_output || !out.d_x || !out.d_router_weights || !out.d_w_routed_gate || !out.d_w_routed_up ||
-      !out.d_w_routed_down ||
-      (impl_->core.cfg().has_shared() && (!out.d_w_shared_gate || !out.d_w_shared_up || !out.d_w_shared_down)))
-    throw Error("kernel backward: a required device pointer is null (d_output, d_x, d_router_weights, weight gradients)");
+  detail::check_pass_pointers(impl_->core.cfg(), in, out, true, "kernel");
   impl_->launch(reinterpret_cast<const void*>(device::moe_backward_kernel), in, out, static_cast<cudaStream_t>(stream));
 }
 

@@ -35,6 +35,11 @@ DeviceOutputs outputs_from(const std::map<std::string, void*>& dev);
 // The intermediates a rank's workspace holds after a pass, as schema paths (Layer::copy_intermediates).
 std::vector<const char*> workspace_intermediate_paths(const spec::LayerConfig& cfg, bool backward);
 
+// Throws mok::Error naming the first pointer a pass needs that is null or not 16-byte aligned
+// (`who` starts the message: "kernel", "NcclLayer").
+void check_pass_pointers(const spec::LayerConfig& cfg, const DeviceInputs& in, const DeviceOutputs& out,
+                         bool backward, const char* who);
+
 class LayerCore;
 // Copies rank r's workspace intermediates into `result`, whose tensors for those paths must exist
 // with their global shapes: the rows of r's experts go to their (token, slot) places, r's tokens'
@@ -82,6 +87,7 @@ class LayerCore {
   bool hopper_ = false, fast_ = false;
   size_t smem_bytes_ = 0;
   uint32_t epoch_ = 0;
+  bool forward_launched_ = false;  // a backward needs a forward's plan (launch())
   std::vector<void*> owned_;
   LaunchParams host_{};  // passed by value to every launch (a __grid_constant__ kernel parameter)
   std::vector<RankTensorMaps> host_maps_;   // [2 * kMaxRanks] (params.hpp): the launch's ranks' entries encoded every launch

@@ -10,6 +10,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
@@ -91,6 +92,12 @@ struct NcclLayer::Impl {
     MOK_NCCL(ncclMemAlloc(&window_buf, lay.total));
     MOK_CUDA(cudaMemset(window_buf, 0, lay.total));
     MOK_NCCL(ncclCommWindowRegister(comm, window_buf, lay.total, &window, NCCL_WIN_COLL_SYMMETRIC));
+    // NCCL returns success with no window where symmetric memory is unavailable (no CUDA P2P
+    // between the ranks, no cuMem, NCCL_WIN_ENABLE=0): say so instead of faulting on its pointers.
+    if (!window)
+      throw Error("transport nccl: NCCL gave no symmetric memory window (needs every rank's GPU reachable by CUDA "
+                  "P2P/NVLink in one node, cuMem, and NCCL_WIN_ENABLE not 0); use --transport virtual",
+                  ErrorKind::kUnsupported);
     barrier_word = detail::device_alloc<int>(core.owned(), 1);
     void** bases_dev = detail::device_alloc<void*>(core.owned(), nranks);
     peer_window_bases<<<1, 128>>>(window, nranks, bases_dev);
@@ -145,15 +152,13 @@ NcclLayer::NcclLayer(const spec::LayerConfig& cfg, void* nccl_comm, const Kernel
 NcclLayer::~NcclLayer() = default;
 
 void NcclLayer::forward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
-  if (!in.x || !in.topk_experts || !in.router_weights || !in.w_routed_gate || !out.output)
-    throw Error("NcclLayer forward: a required device pointer is null");
+  detail::check_pass_pointers(impl_->core.cfg(), in, out, false, "NcclLayer");
   impl_->pass(detail::forward_kernel(), in, out, false,
               static_cast<cudaStream_t>(stream));
 }
 
 void NcclLayer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
-  if (!in.d_output || !out.d_x || !out.d_router_weights || !out.d_w_routed_gate)
-    throw Error("NcclLayer backward: a required device pointer is null");
+  detail::check_pass_pointers(impl_->core.cfg(), in, out, true, "NcclLayer");
   impl_->pass(detail::backward_kernel(), in, out, true,
               static_cast<cudaStream_t>(stream));
 }
@@ -389,6 +394,13 @@ void on_every_gpu(const spec::LayerConfig& cfg, Fn&& fn) {
       try {
         MOK_CUDA(cudaSetDevice(r));
         fn(comms[r], r);
+      } catch (const std::exception& e) {
+        // Said at once: the other ranks may now wait for this one inside an NCCL collective (a
+        // barrier, a window registration), and this thread's join would then never return.
+        std::fprintf(stderr, "transport nccl: rank %d failed: %s (the other ranks may wait for it in NCCL; stop the "
+                     "process if it does not end)\n", r, e.what());
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();

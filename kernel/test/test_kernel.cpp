@@ -12,10 +12,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -394,6 +396,102 @@ TEST(Kernel, SilentRankEndsInADiagnosticNotAHang) {
   }
 }
 
+// Device buffers of a layer's inputs and results for Layer's own calls (freed with it).
+struct LayerBuffers {
+  std::vector<void*> owned;
+  kernel::DeviceInputs in;
+  kernel::DeviceOutputs out;
+  LayerBuffers(const spec::LayerConfig& cfg, const ref::TensorMap& inputs) {
+    auto upload = [&](const char* path) -> void* {
+      const ref::Tensor& t = inputs.at(path);
+      void* d = nullptr;
+      if (cudaMalloc(&d, t.size_bytes()) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+      owned.push_back(d);
+      cudaMemcpy(d, t.raw(), t.size_bytes(), cudaMemcpyHostToDevice);
+      return d;
+    };
+    auto zeros = [&](const char* path) -> void* {
+      const ref::TensorSpec* s = ref::find_spec(path);
+      size_t n = ref::dtype_size(s->dtype);
+      for (int64_t d : ref::spec_shape(*s, cfg)) n *= static_cast<size_t>(d);
+      void* d = nullptr;
+      if (cudaMalloc(&d, n) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+      owned.push_back(d);
+      cudaMemset(d, 0, n);
+      return d;
+    };
+    in.x = static_cast<const uint16_t*>(upload("inputs/x"));
+    in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts"));
+    in.router_weights = static_cast<const float*>(upload("inputs/router_weights"));
+    in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate"));
+    in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up"));
+    in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down"));
+    in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate"));
+    in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up"));
+    in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down"));
+    in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output"));
+    out.output = static_cast<uint16_t*>(zeros("outputs/output"));
+    out.d_x = static_cast<uint16_t*>(zeros("grads/d_x"));
+    out.d_router_weights = static_cast<float*>(zeros("grads/d_router_weights"));
+    out.d_w_routed_gate = static_cast<float*>(zeros("grads/d_w_routed_gate"));
+    out.d_w_routed_up = static_cast<float*>(zeros("grads/d_w_routed_up"));
+    out.d_w_routed_down = static_cast<float*>(zeros("grads/d_w_routed_down"));
+    out.d_w_shared_gate = static_cast<float*>(zeros("grads/d_w_shared_gate"));
+    out.d_w_shared_up = static_cast<float*>(zeros("grads/d_w_shared_up"));
+    out.d_w_shared_down = static_cast<float*>(zeros("grads/d_w_shared_down"));
+  }
+  ~LayerBuffers() {
+    for (void* p : owned) cudaFree(p);
+  }
+};
+
+// A pass's error is kept until check_errors() reports it: forward(); backward(); check_errors()
+// reports the forward's overflow, and the backward does not run on the plan it left (which would
+// read and write past the workspace). A backward with no forward before it is refused at once.
+TEST(Kernel, AFailedForwardIsReportedAfterTheBackwardAndStopsIt) {
+  REQUIRE_GPU();
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
+  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("zipf:1.2"), 21);
+  const int64_t need = kernel::rows_per_rank(cfg, in.at("inputs/topk_experts").data<int32_t>());
+  ASSERT_GE(need, 2);
+  LayerBuffers buf(cfg, in);
+  kernel::KernelOptions small;
+  small.row_capacity = need - 1;  // one row short on the busiest rank
+  {
+    kernel::Layer layer(cfg, small);
+    try {
+      layer.backward(buf.in, buf.out);
+      ADD_FAILURE() << "a backward before any forward was launched";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("before any forward"), std::string::npos) << e.what();
+    }
+    layer.forward(buf.in, buf.out);
+    layer.backward(buf.in, buf.out);  // no check in between: the forward's error must survive it
+    try {
+      layer.check_errors();
+      ADD_FAILURE() << "the forward's overflow was lost";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("more than its workspace's"), std::string::npos) << e.what();
+    }
+    // Reported once: the backward alone again finds the plan past the workspace.
+    layer.backward(buf.in, buf.out);
+    try {
+      layer.check_errors();
+      ADD_FAILURE() << "a backward on an overflowed plan ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("backward found the routing plan"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  // A layer with room runs both passes after all of that (no sticky device fault).
+  kernel::KernelOptions enough;
+  enough.row_capacity = need;
+  kernel::Layer layer(cfg, enough);
+  layer.forward(buf.in, buf.out);
+  layer.backward(buf.in, buf.out);
+  EXPECT_NO_THROW(layer.check_errors());
+}
+
 TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   REQUIRE_GPU();
   const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 8};
@@ -423,6 +521,16 @@ TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   }
   o.group_rows = 64;  // the largest allowed
   EXPECT_NO_THROW(kernel::Layer(cfg, o));
+  o.group_rows = 8;
+  for (double bad : {0.0, -1.0, std::nan(""), 2e6}) {  // every wait is bounded, by a positive bound
+    o.wait_timeout_s = bad;
+    EXPECT_THROW(kernel::Layer(cfg, o), Error) << "wait_timeout_s " << bad;
+  }
+  o.wait_timeout_s = 10;
+  o.blocks_per_rank = -3;
+  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  o.blocks_per_rank = 1 << 30;  // more than fit (the product with R must not wrap)
+  EXPECT_THROW(kernel::Layer(cfg, o), Error);
 }
 
 }  // namespace

@@ -40,9 +40,10 @@ enum FlagId : int32_t {
   kFlagTileDone = 9,
 };
 
-// First error of a launch: which rank waited for which flag, for what value, and what it saw.
+// First error since the layer's last check_errors() (it is not cleared between launches): which
+// rank waited for which flag, for what value, and what it saw.
 struct ErrorRecord {
-  uint32_t code;          // 0 = none, 1 = timeout, 2 = bad routing
+  uint32_t code;          // 0 = none, 1 = timeout, 2 = bad routing, 3 = backward without a valid forward plan
   int32_t rank;
   int32_t flag;
   int32_t block;

@@ -492,6 +492,14 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
         }
       });
     }
+    // d_gate = rn(rn(da u) silu'(g)) and d_up = rn(da silu(g)) of element i from the golden's own
+    // d_act, gate and up (routed or shared), each where the golden holds it.
+    auto gate_up_grads = [&](const Out& og, const Out& ou, bool dg, bool du, const float* da, const float* gt,
+                             const float* up, int64_t i) {
+      const Bounded a{da[i], 0.0}, gv{gt[i], 0.0};
+      if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_at(da[i], gt[i], up[i]); });
+      if (du) elementwise(ou, i, {da[i], gt[i]}, [&] { return oracle_scalar::d_up_of(a, gv); });
+    };
     // d_gate = rn(rn(da u) silu'(g)), d_up = rn(da silu(g)).
     if (has({"intermediates/d_act", "intermediates/gate", "intermediates/up"})) {
       const float *da = ref32("intermediates/d_act"), *gt = ref32("intermediates/gate"), *up = ref32("intermediates/up");
@@ -501,11 +509,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
       if (dg) outs.push_back(og);
       if (du) outs.push_back(ou);
       per_slot(outs, I, [&](int64_t, int64_t slot, int64_t) {
-        for (int64_t i = slot * I; i < (slot + 1) * I; ++i) {
-          const Bounded a{da[i], 0.0}, gv{gt[i], 0.0};
-          if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_at(da[i], gt[i], up[i]); });
-          if (du) elementwise(ou, i, {da[i], gt[i]}, [&] { return oracle_scalar::d_up_of(a, gv); });
-        }
+        for (int64_t i = slot * I; i < (slot + 1) * I; ++i) gate_up_grads(og, ou, dg, du, da, gt, up, i);
       });
     }
     // dx_slot = rn(d_gate · W_gate[e] + d_up · W_up[e]): one chain over 2I, gate half first.
@@ -545,11 +549,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
         const Out og = dg ? make("intermediates/shared_d_gate") : Out{},
                   ou = du ? make("intermediates/shared_d_up") : Out{};
         per_token([&](int64_t g) {
-          for (int64_t i = g * Is; i < (g + 1) * Is; ++i) {
-            const Bounded a{da[i], 0.0}, gv{gt[i], 0.0};
-            if (dg) elementwise(og, i, {da[i], gt[i], up[i]}, [&] { return oracle_scalar::d_gate_at(da[i], gt[i], up[i]); });
-            if (du) elementwise(ou, i, {da[i], gt[i]}, [&] { return oracle_scalar::d_up_of(a, gv); });
-          }
+          for (int64_t i = g * Is; i < (g + 1) * Is; ++i) gate_up_grads(og, ou, dg, du, da, gt, up, i);
         });
       }
       // dx_shared = shared_d_gate · W_sg + shared_d_up · W_su (fp32, one chain over 2Is).

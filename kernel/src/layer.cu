@@ -355,7 +355,8 @@ void LayerCore::check_errors(cudaStream_t stream) {
     << " s waiting for flag '" << flag_name(e.flag) << "'";
   if (e.index >= 0) s << " [index " << e.index << "]";
   s << " to reach " << e.expected << "; it saw " << e.observed
-    << ". A peer rank stopped signalling (crashed, hung, or never launched).";
+    << ". A peer rank stopped signalling (crashed, hung, or never launched): look for its own error first; "
+       "under a profiler or sanitizer, which slow the kernel, raise KernelOptions::wait_timeout_s.";
   throw Error(s.str(), ErrorKind::kInternal);
 }
 

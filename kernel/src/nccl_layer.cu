@@ -372,7 +372,8 @@ NcclTimes empty_times(const spec::LayerConfig& cfg, bool backward, int warmup, i
 }
 
 // Runs fn(comm, r) on the first R GPUs of this process, one thread per GPU, with one
-// communicator (ncclCommInitAll); rethrows the first rank's error.
+// communicator (ncclCommInitAll); rethrows the first error caught (in time, not by rank), after
+// printing each at once.
 template <class Fn>
 void on_every_gpu(const spec::LayerConfig& cfg, Fn&& fn) {
   const int R = static_cast<int>(cfg.num_ranks);
@@ -442,6 +443,9 @@ struct LaunchComm {
 // All-gathers `bytes` bytes (a multiple of world) in place: every process holds slice `rank`
 // (bytes / world at offset rank * bytes / world) and ends with every slice.
 void allgather_host(void* data, size_t bytes, ncclComm_t comm, int rank, int world) {
+  if (bytes % static_cast<size_t>(world) != 0)
+    throw Error("allgather_host: " + std::to_string(bytes) + " bytes do not split into " + std::to_string(world) +
+                " equal slices", ErrorKind::kInternal);
   const size_t slice = bytes / world;
   void* d = nullptr;
   MOK_CUDA(cudaMalloc(&d, bytes));

@@ -55,7 +55,8 @@ struct KernelOptions {
 };
 
 // The most routed rows any rank receives under this routing (topk_experts [G, K] on the host):
-// the smallest KernelOptions::row_capacity that runs it.
+// the smallest KernelOptions::row_capacity that runs it, except that it is 0 for a routing of
+// empty slots only, where 0 would ask for the worst case: pass max(1, rows_per_rank(...)).
 int64_t rows_per_rank(const spec::LayerConfig& cfg, const int32_t* topk_experts);
 
 // Global arrays on the device, in global token order (rank r's tokens are rows r*T .. r*T+T-1,
@@ -92,7 +93,11 @@ struct DeviceOutputs {
 // must follow forward() of the same inputs on the same workspace (it reuses the routing plan
 // and the forward intermediates). Every output bit is a function of the global inputs alone:
 // not of R, the block counts, or timing. Errors (bad config, timeout of a wait, bad routing
-// found by the kernel) throw mok::Error; device-side errors surface at check_errors().
+// found by the kernel) throw mok::Error; device-side errors surface at check_errors(), which
+// reports the first since the last check_errors() (a failed forward is not lost to the backward
+// launched after it, and that backward does not run on the plan it left). The passes of one layer
+// share its counters, error record and tensor maps: launch them on one stream, or on streams the
+// caller orders one after another.
 class Layer {
  public:
   Layer(const spec::LayerConfig& cfg, const KernelOptions& options = {});

@@ -86,9 +86,10 @@ struct NcclTimes {
   int forward_comm_blocks_per_rank = 0;
   bool uses_tma = false;
   ref::Tensor output;  // outputs/output [G, H] of the last forward pass, global token order
-  // With KernelOptions::trace: each rank's per-block profile (NcclLayer::trace) of one more
-  // forward (and backward) pass after the timed ones, run by a second layer built with the trace
-  // on, so the timed passes carry no trace stores; trace_forward[r] is rank r's. Empty otherwise.
+  // With KernelOptions::trace: each rank's per-block profile (NcclLayer::trace) of passes run
+  // after the timed ones by a second layer built with the trace on (a warm forward, then the
+  // profiled forward and, with the backward, the profiled backward), so the timed passes carry no
+  // trace stores; trace_forward[r] is rank r's. Empty otherwise.
   std::vector<std::vector<uint64_t>> trace_forward, trace_backward;
 };
 

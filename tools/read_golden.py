@@ -63,8 +63,11 @@ def main(argv):
             if k not in ("H", "I", "Is", "E", "K", "R", "T"):
                 continue
             try:
-                cfg[k] = int(v)
-            except (TypeError, ValueError):
+                as_float = float(v)
+                if not as_float.is_integer():
+                    raise ValueError(v)
+                cfg[k] = int(as_float)
+            except (TypeError, ValueError, OverflowError):
                 return fail(f"{a.file}: /config attribute {k} is {v!r}, not an integer; regenerate the file with "
                             f"mok-golden")
         missing = [k for k in ("H", "I", "Is", "E", "K", "R", "T") if k not in cfg]

@@ -44,6 +44,7 @@ with tempfile.TemporaryDirectory() as tmp:
         failures += 1
     cases = {
         "config_H_text": (lambda f: f["config"].attrs.__setitem__("H", np.bytes_(b"sixty-four")), "attribute H"),
+        "config_H_fraction": (lambda f: f["config"].attrs.__setitem__("H", np.float64(64.7)), "attribute H"),
         "y_shape": (lambda f: replace(f, "intermediates/y", np.zeros((2, 1, 3), np.uint16)), "/intermediates/y"),
         "output_1d": (lambda f: replace(f, "outputs/output", np.zeros((7,), np.uint16)), "/outputs/output"),
     }

@@ -1546,9 +1546,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   const int64_t H = c.hidden;
   trace_mark(P, kTrStart);
   // The routing plan and the forward intermediates (gate, up, act, gathered x, shared
-  // gate/up/act) stay in the workspace from the forward pass of the same inputs. A forward that
-  // overflowed its workspace (its error reported or not yet) leaves offsets past row_capacity:
+  // gate/up/act) stay in the workspace from the forward pass of the same inputs. An error not
+  // yet reported (a failed forward before this backward) stops the pass at once; and a forward
+  // that overflowed its workspace (its error reported or not) leaves offsets past row_capacity:
   // then nothing of the plan is used, so nothing is read or written past the workspace.
+  if (load_volatile(&P.error->code) != 0u) return;
   const int64_t planned_rows = S.expert_offsets[c.experts_per_rank()];
   if (planned_rows > P.row_capacity) {
     if (threadIdx.x == 0)

@@ -224,6 +224,9 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     s.dx_shared = device_alloc<float>(owned_, T * H);
   }
   (void)K;
+  // The cudaMemset calls above run on the legacy default stream: done before a pass is launched
+  // on any stream (a non-blocking one included).
+  MOK_CUDA(cudaDeviceSynchronize());
 }
 
 LayerCore::~LayerCore() {
@@ -255,13 +258,6 @@ void LayerCore::set_tensors(int r, const DeviceInputs& in, const DeviceOutputs& 
 }
 
 void LayerCore::launch(const void* kernel, cudaStream_t stream) {
-  // The backward reuses the forward's routing plan and intermediates in the workspace.
-  if (kernel == forward_kernel())
-    forward_launched_ = true;
-  else if (!forward_launched_)
-    throw Error("kernel: backward before any forward on this layer: the backward reuses the forward's routing plan "
-                "and intermediates (the same inputs); run forward() first",
-                ErrorKind::kBadInput);
   const spec::LayerConfig& c = host_.cfg;
   const int64_t T = c.tokens_per_rank, H = c.hidden, I = c.intermediate, Is = c.shared_intermediate,
                 El = c.experts_per_rank();
@@ -316,6 +312,16 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   void* args[] = {&host_};
   MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(local_ranks_ * blocks_per_rank_), dim3(device::kThreads), args,
                                        smem_bytes_, stream));
+  if (kernel == forward_kernel()) forward_launched_ = true;  // launched (whether it succeeds, check_errors says)
+}
+
+void LayerCore::require_forward() const {
+  // The backward reuses the forward's routing plan and intermediates in the workspace; checked
+  // before a transport does anything for the pass (memsets, barriers, window copies).
+  if (!forward_launched_)
+    throw Error("kernel: backward before any forward on this layer: the backward reuses the forward's routing plan "
+                "and intermediates (the same inputs); run forward() first",
+                ErrorKind::kBadInput);
 }
 
 std::vector<uint64_t> LayerCore::read_trace(cudaStream_t stream) const {
@@ -331,7 +337,8 @@ void LayerCore::check_errors(cudaStream_t stream) {
   ErrorRecord e{};
   MOK_CUDA(cudaMemcpy(&e, error_, sizeof e, cudaMemcpyDeviceToHost));
   if (e.code == 0) return;
-  MOK_CUDA(cudaMemset(error_, 0, sizeof(ErrorRecord)));  // reported once; the next pass starts clean
+  // Reported once; the next pass starts clean (ordered on the caller's stream, before its next launch).
+  MOK_CUDA(cudaMemsetAsync(error_, 0, sizeof(ErrorRecord), stream));
   std::ostringstream s;
   if (e.code == 3)
     throw Error("kernel: rank " + std::to_string(e.rank) + "'s backward found the routing plan of " +
@@ -472,6 +479,7 @@ void Layer::forward(const DeviceInputs& in, const DeviceOutputs& out, void* stre
 }
 
 void Layer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
+  impl_->core.require_forward();
   detail::check_pass_pointers(impl_->core.cfg(), in, out, true, "kernel");
   impl_->launch(reinterpret_cast<const void*>(device::moe_backward_kernel), in, out, static_cast<cudaStream_t>(stream));
 }

@@ -68,6 +68,8 @@ class LayerCore {
   // Encodes and copies the tensor maps, resets counters and the error record, and
   // launches `kernel` for the local ranks on `stream`.
   void launch(const void* kernel, cudaStream_t stream);
+  // Throws mok::Error (bad input) unless a forward was launched on this layer before.
+  void require_forward() const;
   // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
   void check_errors(cudaStream_t stream);
   // The last pass's per-block profile (KernelOptions::trace), empty when off; synchronises.

@@ -158,6 +158,7 @@ void NcclLayer::forward(const DeviceInputs& in, const DeviceOutputs& out, void* 
 }
 
 void NcclLayer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* stream) {
+  impl_->core.require_forward();
   detail::check_pass_pointers(impl_->core.cfg(), in, out, true, "NcclLayer");
   impl_->pass(detail::backward_kernel(), in, out, true,
               static_cast<cudaStream_t>(stream));

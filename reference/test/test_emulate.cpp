@@ -459,10 +459,11 @@ void set_bits(Tensor& t, int64_t i, uint64_t bits) {
   }
 }
 
-// One intermediate element moved 1 to 4 ULP beyond its radius (above or below) lies outside the
-// bound computed from the moved reference, as mok-verify's oracle backend computes it; the element's
-// own bound does not depend on it.
-RC_GTEST_PROP(OracleIntermediates, AnElementBeyondItsRadiusIsOutside, ()) {
+// An intermediate element's own bound does not depend on its value: moved 1 to 4 ULP beyond its
+// radius (above or below), the bound computed from the moved reference, as mok-verify's oracle
+// backend computes it, is the same exact value and radius, so the moved element lies outside it.
+// (That the check then flags it is verify's test_cli: a moved d_up element fails at its element.)
+RC_GTEST_PROP(OracleIntermediates, MovingAnElementLeavesItsOwnBoundUnchanged, ()) {
   const Case c = gen_case();
   TensorMap emu = ref::emulate(c.cfg, c.inputs);
   std::vector<std::string> paths;
@@ -495,7 +496,6 @@ RC_GTEST_PROP(OracleIntermediates, AnElementBeyondItsRadiusIsOutside, ()) {
   const double ex1 = b1.at(ref::bound_exact_path(path)).value_at(i), r1 = b1.at(ref::bound_radius_path(path)).value_at(i);
   RC_ASSERT(ex1 == ex);
   RC_ASSERT(r1 == r);
-  RC_ASSERT(std::fabs(moved - ex1) > r1);
 }
 
 // bounds/<name>_rounded of a dot product is its exact value correctly rounded to the dtype: no

@@ -134,7 +134,8 @@ void flush_stdout(const std::string& what) {
   const bool flushed = std::fflush(stdout) == 0;
   if (!std::cout || !flushed || std::ferror(stdout))
     throw Error("cannot write " + what + " to standard output (" + (errno != 0 ? std::strerror(errno) : "write failed") +
-                "); check where standard output goes (free space, a closed pipe) or give --out DIR");
+                "); check where standard output goes (free space, a closed pipe)" +
+                (what.rfind("the summary line", 0) == 0 ? std::string() : std::string(" or give --out DIR")));
 }
 
 // A stream or device (mok::ref::is_stream_or_device: a pipe, /dev/stdout, ...) is written to
@@ -154,8 +155,12 @@ struct PendingFiles {
   };
   std::vector<Item> items;
   std::optional<std::string> stdout_text;  // the result printed to standard output, if any
+  std::string stdout_what = "the result";  // what it is, for messages
   void add(fs::path p, std::string text, std::string flag) { items.push_back({std::move(p), std::move(text), std::move(flag)}); }
-  void add_stdout(std::string text) { stdout_text = std::move(text); }
+  void add_stdout(std::string text, std::string what = "the result") {
+    stdout_text = std::move(text);
+    stdout_what = std::move(what);
+  }
 
   // The file a rename would replace: `p` with its symbolic links followed.
   static fs::path resolved(const fs::path& p, const std::string& flag) {
@@ -248,7 +253,7 @@ struct PendingFiles {
       if (stdout_text) {
         errno = 0;
         std::cout << *stdout_text;
-        flush_stdout("the result");
+        flush_stdout(stdout_what);
       }
     } catch (...) {
       undo();
@@ -455,11 +460,12 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   if (!out_dir.empty()) {
     files.add(fs::path(out_dir) / "runs.csv", csv, "--out");
     files.add(fs::path(out_dir) / "summary.csv", summary, "--out");
+    // The summary line goes out with the files (before their renames), so a standard output that
+    // cannot take it leaves no file behind either.
+    files.add_stdout("wrote " + std::to_string(rows.size()) + " runs of " + std::to_string(points.size()) +
+                     " points to " + out_dir + " (runs.csv, summary.csv" + (plots.empty() ? "" : ", plots") + ")\n",
+                     "the summary line (so no file was written to " + out_dir + ")");
     files.commit();
-    errno = 0;
-    std::cout << "wrote " << rows.size() << " runs of " << points.size() << " points to " << out_dir
-              << " (runs.csv, summary.csv" << (plots.empty() ? "" : ", plots") << ")\n";
-    flush_stdout("the summary line (the files in " + out_dir + " were written)");
   } else {
     files.add_stdout(first.trials > 1 ? summary : csv);
     files.commit();

@@ -302,8 +302,12 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
   auto worker = [&] {
     WorkloadBuffers buffers;  // reused by this thread's trials
     for (;;) {
+      // Checked before a job is taken, so a job once taken always runs: every job below a
+      // failed one (taken earlier, fetch_add being monotonic) runs to its end, and the error
+      // reported is the lowest-index one, as on one thread.
+      if (failed.load()) return;
       const size_t j = next.fetch_add(1);
-      if (j >= jobs.size() || failed.load()) return;
+      if (j >= jobs.size()) return;
       const auto [pi, trial] = jobs[j];
       try {
         RoutingSpec routing = scenarios[pi].routing;

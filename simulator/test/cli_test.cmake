@@ -193,6 +193,12 @@ if(EXISTS /dev/full)
   expect_stdout_full(stdout_trace "cannot write --trace '/dev/stdout' to standard output"
                      run ${tiny} --format json --trace /dev/stdout)
   expect_stdout_full(stdout_example "cannot write the example scenario to standard output" example)
+  # A sweep with --out prints a summary line: when it cannot, the files are not left either.
+  expect_stdout_full(stdout_sweep_out "cannot write the summary line"
+                     run ${SRC}/scenarios/smoke_sweep.json --threads 1 --out ${WORK}/sweep_full_out)
+  if(EXISTS ${WORK}/sweep_full_out)
+    message(FATAL_ERROR "a sweep whose summary line could not be printed left ${WORK}/sweep_full_out behind")
+  endif()
   # The trace file is not left behind when the result cannot be printed.
   expect_stdout_full(stdout_with_trace "cannot write the result" run ${tiny} --trace ${WORK}/stdout_full_trace.json)
   if(EXISTS ${WORK}/stdout_full_trace.json)

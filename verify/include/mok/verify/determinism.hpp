@@ -34,7 +34,7 @@ struct DeterminismResult {
 // weight gradients across configurations with the whole batch; shared-expert weight gradients
 // (per rank by contract) across configurations with the same R and minibatch.
 // Every rank count must divide E and every minibatch (the whole batch G by default), and every
-// minibatch G: otherwise mok::Error of kind kBadInput naming the value (a usage error, checked
+// minibatch must divide G: otherwise mok::Error of kind kBadInput naming the value (a usage error, checked
 // before whether this machine can run the matrix). Configurations with more NCCL ranks than GPUs
 // are skipped with a progress line; when that leaves none, kUnsupported.
 void check_determinism_options(const spec::LayerConfig& cfg, const DeterminismOptions& options);

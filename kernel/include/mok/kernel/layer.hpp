@@ -95,7 +95,8 @@ struct DeviceOutputs {
 // not of R, the block counts, or timing. Errors (bad config, timeout of a wait, bad routing
 // found by the kernel) throw mok::Error; device-side errors surface at check_errors(), which
 // reports the first since the last check_errors() (a failed forward is not lost to the backward
-// launched after it, and that backward does not run on the plan it left). The passes of one layer
+// launched after it, and that backward stops at entry); after a failed forward was reported, run
+// a forward that succeeds before the next backward. The passes of one layer
 // share its counters, error record and tensor maps: launch them on one stream, or on streams the
 // caller orders one after another.
 class Layer {

@@ -717,11 +717,12 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
       if (members.empty()) continue;
       const int sm = static_cast<int>(c % S_);
       const int32_t first = static_cast<int32_t>(transfers_.size());
-      int64_t chunk_bytes = 0;
+      int64_t chunk_bytes = 0;  // the bytes the SM itself moves (NVLink and local members): its window's
       for (const auto& [peer, piece] : members) {
         make_transfer(sm, peer, piece, 1, 1);
         programs[sm].pop_back();  // the group op below starts them
-        chunk_bytes += transfers_.back().bytes;
+        const Transfer& t = transfers_.back();
+        if (!(t.src != t.dst && topo_.domain_of(t.src) != topo_.domain_of(t.dst))) chunk_bytes += t.bytes;
       }
       const double B = static_cast<double>(std::max<int64_t>(chunk_bytes, 1));
       // The chunk's fence waits for the acks of the SM's own remote stores, the NVLink members'

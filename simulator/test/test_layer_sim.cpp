@@ -324,6 +324,33 @@ TEST(LayerSim, RejectsMoreRanksThanGpusAndTooManyCommSms) {
   EXPECT_THROW(simulate_layer(simple_topology(8), w, p), Error);
 }
 
+// Row order across domains: a chunk's NIC member is moved by the NIC's DMA engines, so it takes
+// no share of the SM's window: the NVLink member into the same domain lands as fast as without
+// it (found by a model audit, 2026-12-05: it ran at half the rate when the NIC member counted).
+TEST(LayerSim, RowOrderNicMembersTakeNoShareOfTheSmWindow) {
+  Topology t = simple_topology(4);
+  t.num_domains = 2;  // GPUs 0-3 and 4-7
+  t.sm_store_inflight_bytes = 65536;  // the window binds (32 GB/s at a 2 us round trip)
+  const int n = 8;
+  const int64_t T = 64;
+  const auto cfg = layer(n, T, 1, 2);
+  auto run = [&](bool with_nic) {
+    std::vector<int32_t> topk(cfg.num_slots(), -1);
+    for (int64_t tok = 0; tok < T; ++tok) {  // rank 0's tokens: expert 1 (NVLink), expert 5 (NIC)
+      topk[tok * 2] = 1;
+      if (with_nic) topk[tok * 2 + 1] = 5;
+    }
+    const Workload w = Workload::from_topk(cfg, topk, with_nic ? "nvlink and nic" : "nvlink only");
+    ProtocolConfig p = push_dispatch(Signaling::kFlagInData, 1);
+    p.chunk_tokens = 16;
+    p.push_row_order = true;
+    return simulate_layer(t, w, p);
+  };
+  const LayerResult alone = run(false), both = run(true);
+  EXPECT_GT(both.dispatch.scaleout_bytes, 0);
+  EXPECT_EQ(both.gpus[1].dispatch_known_ns, alone.gpus[1].dispatch_known_ns);
+}
+
 TEST(LayerSim, MultiRackTrafficCrossesTheNics) {
   Topology t = simple_topology(4);
   t.num_domains = 2;
@@ -388,15 +415,15 @@ TEST(LayerSim, SignalQueueingChargesNoQueueToFlagsRaisedAsTheQueueDrains) {
 
 // A row-order chunk that writes to a GPU of its own domain and to one across the NIC (review,
 // 2026-12-05): hgx-h200 cut into 2 domains of 2 GPUs; rank 0's 512 tokens go to GPU 1 (NVLink)
-// and GPU 2 (NIC), 4 chunks on 4 SMs. A chunk's NVLink member (1,835,008 B) gets half of the
-// SM's window cap (23.406 GB/s x 0.5), and its fence waits for the acks of the SM's NVLink
-// stores only (the NIC's DMA engines move the rest): 2L + f = 1,700 ns folded in, so the flow
-// ends at 156,800 + 1,700 = 158,500 ns. Its last byte left at 156,800 and lands at 157,500; the
-// fence ends at 158,500, the flag lands at 159,200 and the receiver's 300 ns poll sees it at
-// 159,600. Counter: 4 atomics land at 157,500 + 1,700 = 159,200, served 20 ns apart (159,280),
-// seen at 159,600. Before, the fence was folded with the NIC member's latency (6,300 ns) but
-// timed with the NVLink one's, so GPU 1 "knew" its data at 159,600, 3.5 us before its flows
-// ended (163,100): an event in the past.
+// and GPU 2 (NIC), 4 chunks on 4 SMs. A chunk's NVLink member (1,835,008 B) gets all of the
+// SM's window cap (23.406 GB/s: the NIC member is the NIC's, so it takes no share of the window,
+// since a model audit of 2026-12-05; before, it took half and the flow ended at 158,500), and its
+// fence waits for the acks of the SM's NVLink stores only: 2L + f = 1,700 ns folded in, so the
+// flow ends at 78,400 + 1,700 = 80,100 ns. Its last byte left at 78,400 and lands at 79,100; the
+// fence ends at 80,100, the flag lands at 80,800 and the receiver's 300 ns poll sees it at
+// 81,300 (counter: the atomics land and are served before that poll too). Before the first
+// fix, the fence was folded with the NIC member's latency (6,300 ns) but timed with the NVLink
+// one's, so GPU 1 "knew" its data before its flows ended: an event in the past.
 TEST(LayerSim, RowOrderChunkFencesOnItsNvlinkStoresOnly) {
   Topology topo = resolve_topology("hgx-h200");
   topo.num_domains = 2;
@@ -421,10 +448,10 @@ TEST(LayerSim, RowOrderChunkFencesOnItsNvlinkStoresOnly) {
     for (const auto& span : r.trace)
       if (span.gpu == 0 && span.name == "dispatch push 0->1") {
         ++nvlink_flows;
-        EXPECT_EQ(span.end_ns, 158500);
+        EXPECT_EQ(span.end_ns, 80100);
       }
     EXPECT_EQ(nvlink_flows, 4);
-    EXPECT_EQ(r.gpus[1].dispatch_known_ns, 159600);
+    EXPECT_EQ(r.gpus[1].dispatch_known_ns, 81300);
   }
 }
 

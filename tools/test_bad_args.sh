@@ -76,6 +76,17 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "not in range" --case dsv3 --R 0 --show-config
   expect_exit "$MOK_BENCH" 2 "excludes" --file fixtures/tiny-uniform.h5 --H 256 --show-config
   expect_exit "$MOK_BENCH" 2 "hot experts but the layer has 64" --routing hot:100 --show-config
+  # A golden of another numerics profile is "not supported here" (3), as in mok-verify and mok-sim.
+  src_h5=$(dirname "${BASH_SOURCE[0]}")/../fixtures/tiny-uniform.h5
+  if python3 -c 'import h5py' 2> /dev/null; then
+    other_h5=$(mktemp -u "${TMPDIR:-/tmp}/mok-bad-args-XXXXXX.h5")
+    cp "$src_h5" "$other_h5"
+    python3 -c 'import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    f.attrs["profile"] = np.bytes_(b"bf16-v9"); f["config"].attrs["profile"] = np.bytes_(b"bf16-v9")' "$other_h5"
+    expect_exit "$MOK_BENCH" 3 "bf16-v9" --file "$other_h5" --show-config
+    rm -f "$other_h5"
+  fi
   if [[ ${MOK_BENCH_NCCL:-OFF} != ON ]]; then
     expect_exit "$MOK_BENCH" 3 "this build has no NCCL" --transport nccl --preset tiny --R 1
   else

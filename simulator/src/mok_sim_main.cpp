@@ -129,13 +129,14 @@ fs::path existing_ancestor(fs::path p) {
 // Standard output is checked like any other output: a failed write (a full disk, a closed
 // pipe) is an error (exit 2), never a silent exit 0.
 // Callers set errno to 0 before they write, so that the message can give the write's reason.
-void flush_stdout(const std::string& what) {
+// `out_helps`: the text is a run's result, which --out DIR would write to files instead.
+void flush_stdout(const std::string& what, bool out_helps = false) {
   std::cout.flush();
   const bool flushed = std::fflush(stdout) == 0;
   if (!std::cout || !flushed || std::ferror(stdout))
     throw Error("cannot write " + what + " to standard output (" + (errno != 0 ? std::strerror(errno) : "write failed") +
                 "); check where standard output goes (free space, a closed pipe)" +
-                (what.rfind("the summary line", 0) == 0 ? std::string() : std::string(" or give --out DIR")));
+                (out_helps ? " or give --out DIR" : ""));
 }
 
 // A stream or device (mok::ref::is_stream_or_device: a pipe, /dev/stdout, ...) is written to
@@ -156,10 +157,12 @@ struct PendingFiles {
   std::vector<Item> items;
   std::optional<std::string> stdout_text;  // the result printed to standard output, if any
   std::string stdout_what = "the result";  // what it is, for messages
+  bool stdout_out_helps = true;             // whether --out DIR could take it instead
   void add(fs::path p, std::string text, std::string flag) { items.push_back({std::move(p), std::move(text), std::move(flag)}); }
-  void add_stdout(std::string text, std::string what = "the result") {
+  void add_stdout(std::string text, std::string what = "the result", bool out_helps = true) {
     stdout_text = std::move(text);
     stdout_what = std::move(what);
+    stdout_out_helps = out_helps;
   }
 
   // The file a rename would replace: `p` with its symbolic links followed.
@@ -253,7 +256,7 @@ struct PendingFiles {
       if (stdout_text) {
         errno = 0;
         std::cout << *stdout_text;
-        flush_stdout(stdout_what);
+        flush_stdout(stdout_what, stdout_out_helps);
       }
     } catch (...) {
       undo();
@@ -464,7 +467,7 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     // cannot take it leaves no file behind either.
     files.add_stdout("wrote " + std::to_string(rows.size()) + " runs of " + std::to_string(points.size()) +
                      " points to " + out_dir + " (runs.csv, summary.csv" + (plots.empty() ? "" : ", plots") + ")\n",
-                     "the summary line (so no file was written to " + out_dir + ")");
+                     "the summary line (so no file was written to " + out_dir + ")", false);
     files.commit();
   } else {
     files.add_stdout(first.trials > 1 ? summary : csv);

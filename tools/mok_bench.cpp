@@ -265,6 +265,13 @@ int main(int argc, char** argv) {
                  "running together share A rows and weight columns in L2 (1..64; the order changes no bit)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  std::string items = "shared";
+  app.add_option("--items", items,
+                 "with several virtual ranks on one GPU: shared (every block works every rank's GEMM items, one rank "
+                 "after another, so L2 holds one rank's operands at a time) or own (each rank's blocks work its items "
+                 "only, as on separate GPUs); the same bits either way")
+      ->check(CLI::IsMember({"shared", "own"}))
+      ->capture_default_str();
   std::string passes = "both";
   app.add_option("--passes", passes,
                  "which passes each repetition times: both (a forward, then a backward of the same inputs, as in "
@@ -430,6 +437,7 @@ int main(int argc, char** argv) {
                                         : mok::kernel::SwigluEpilogue::kAuto;
     ko.forward_comm_blocks_per_rank = fwd_comm;
     ko.group_rows = group_rows;
+    ko.shared_items = items == "shared";
     const int32_t* tk = in.at("inputs/topk_experts").data<int32_t>();
     ko.row_capacity = std::max<int64_t>(1, mok::kernel::rows_per_rank(cfg, tk));  // workspace for this routing
     int64_t rows = 0;

@@ -846,6 +846,51 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
   return true;
 }
 
+// The ranks whose GEMM items this block works, in the order it works them (body(w) runs one rank's
+// items with w.rank = that rank; it returns false when the pass is aborting). Without
+// LaunchParams::shared_items: the block's own rank only. With it (a launch of several ranks on one
+// GPU, the virtual rack): every local rank's, in rank order, so that all the GPU's blocks work one
+// rank's items at a time and share its A rows and weight tiles in L2 as at R = 1, instead of the
+// ranks' block groups each streaming their own through one L2. A block starts on another rank's
+// items once that rank's plan is complete: its rank-barrier generation has reached planned_gen
+// (2 in the forward, after counting and planning; 0 in the backward, whose plan is the forward's).
+// The order is the same on every block, and each rank's items are claimed in item order (ItemClaims),
+// so every wait is for an item claimed earlier: no deadlock, and who computes an item changes no bit.
+template <class Body>
+__device__ inline bool for_item_ranks(const LaunchParams& P, const Role& role, uint32_t planned_gen, Body body) {
+  if (!P.shared_items) return body(role);
+  const int local = static_cast<int>(gridDim.x) / P.blocks_per_rank;
+  for (int k = 0; k < local; ++k) {
+    Role w = role;
+    w.rank = P.first_rank + k;
+    if (w.rank != role.rank) {
+      if (planned_gen > 0 &&
+          !block_wait(P, &P.state[w.rank].counters[1], planned_gen, w.rank, kFlagRankBarrier, -1))
+        return false;
+#if defined(MOK_WGMMA)
+      if (P.fast) {
+        acquire_tensor_maps(&P.maps[w.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+        acquire_tensor_maps(&P.maps[kMaxRanks + w.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
+      }
+#endif
+    }
+    if (!body(w)) return false;
+    __syncthreads();  // the next rank's ItemClaims reuse the block's claim slot
+  }
+  return true;
+}
+
+// Every local rank's blocks have passed their rank barrier of generation gen (with shared_items:
+// so every block has finished every rank's items). Block-wide; false when aborting.
+__device__ inline bool all_ranks_passed(const LaunchParams& P, uint32_t gen) {
+  if (!P.shared_items) return true;
+  const int local = static_cast<int>(gridDim.x) / P.blocks_per_rank;
+  for (int k = 0; k < local; ++k)
+    if (!block_wait(P, &P.state[P.first_rank + k].counters[1], gen, P.first_rank + k, kFlagRankBarrier, -1))
+      return false;
+  return true;
+}
+
 // The rank's per-token reductions over its slots (forward combine, backward d_x): out[t, h] =
 // rn(step(... step(init[t*H + h], w[t, k0], slot k0) ..., w[t, k_last], slot k_last)) over the
 // non-empty slots in increasing k; init (fp32) and w may be null (0 and unused). Every block of the
@@ -1131,10 +1176,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
       gather_rows<false>(P, role, S.xd, S.row_ready, x_of);
   }
   trace_mark(P, kTrGathered);
-  if (!run_phases<TableAt::kStatic>(
-          P, role, smem, c.intermediate, c.shared_intermediate, width_dual(P),
-          [&](const RowTile& t, int64_t n0) { return forward_phase1(P, role, smem, t, n0); },
-          [&](const RowTile& t, int64_t n0) { return forward_phase2(P, role, smem, t, n0); }))
+  if (!for_item_ranks(P, role, 2, [&](const Role& w) {
+        return run_phases<TableAt::kStatic>(
+            P, w, smem, c.intermediate, c.shared_intermediate, width_dual(P),
+            [&](const RowTile& t, int64_t n0) { return forward_phase1(P, w, smem, t, n0); },
+            [&](const RowTile& t, int64_t n0) { return forward_phase2(P, w, smem, t, n0); });
+      }))
     return;
   trace_mark(P, kTrItemsDone);
   // Every block of the rank combines a share of its tokens once every slot has arrived and the
@@ -1562,13 +1609,19 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   trace_mark(P, kTrGathered);
-  if (!run_phases<TableAt::kScratch>(
-          P, role, smem, c.intermediate, c.shared_intermediate, width_single(P),
-          [&](const RowTile& t, int64_t n0) { return backward_phase1(P, role, smem, t, n0); },
-          [&](const RowTile& t, int64_t n0) { return backward_phase2(P, role, smem, t, n0); }))
+  if (!for_item_ranks(P, role, 0, [&](const Role& w) {
+        // Another rank's plan past its workspace: that rank's own blocks report it (above); its
+        // items are not run.
+        if (P.state[w.rank].expert_offsets[c.experts_per_rank()] > P.row_capacity) return false;
+        return run_phases<TableAt::kScratch>(
+            P, w, smem, c.intermediate, c.shared_intermediate, width_single(P),
+            [&](const RowTile& t, int64_t n0) { return backward_phase1(P, w, smem, t, n0); },
+            [&](const RowTile& t, int64_t n0) { return backward_phase2(P, w, smem, t, n0); });
+      }))
     return;
   trace_mark(P, kTrItemsDone);
   if (!rank_barrier(P, role.rank)) return;
+  if (!all_ranks_passed(P, 1)) return;  // shared items: every rank's d_act, dg, du are complete
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then
   // every block produces a share of the weight gradients.
   if (!block_wait(P, &P.peers[role.rank].arrivals[1], S.counters[4], role.rank, kFlagBackwardArrivals, -1)) return;
@@ -1596,7 +1649,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   else
     router_grads<0>(P, role, smem, dout, y, topk, R.d_router_weights);
   trace_mark(P, kTrReduceDone);
-  weight_grad_tiles(P, role, smem);
+  for_item_ranks(P, role, 0, [&](const Role& w) {
+    weight_grad_tiles(P, w, smem);
+    return true;
+  });
   trace_mark(P, kTrEnd);
 }
 

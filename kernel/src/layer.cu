@@ -158,6 +158,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     throw Error("kernel: group_rows must be 1..64 (row tiles per group of GEMM items; 8 is the default), got " +
                 std::to_string(options_.group_rows));
   host_.group_rows = options_.group_rows;
+  host_.shared_items = options_.shared_items && options_.silent_rank < 0 && local_ranks > 1 ? 1 : 0;
   if (options_.forward_comm_blocks_per_rank == 0)
     options_.forward_comm_blocks_per_rank = host_.bulk_gather
                                                 ? std::min(kDefaultBulkGatherBlocks, options_.comm_blocks_per_rank)

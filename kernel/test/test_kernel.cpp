@@ -274,13 +274,15 @@ void check_determinism(const spec::LayerConfig& base) {
                             : kernel::SwigluEpilogue::kFragments;  // shared memory,
         if (run == 0) o.forward_comm_blocks_per_rank = 6 - comm;  // and the forward's own gathering count once
         if (run == 3) o.group_rows = 2 + comm;                     // and other item groups (3, 5, 7)
+        o.shared_items = run != 1;  // and each block on its own rank's GEMM items once
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         // Shared-expert weight gradients are per rank by contract: compare the rest.
         for (const std::string& p : kSharedWeightGrads) got.erase(p);
         const std::string name = "R=" + std::to_string(R) + " comm=" + std::to_string(comm) + " run=" + std::to_string(run) +
                                  (o.disable_tma ? " (no TMA)" : "") + (o.forward_comm_blocks_per_rank ? " (forward comm=" + std::to_string(o.forward_comm_blocks_per_rank) + ")" : "") +
                                  (o.bulk_gather ? "" : " (thread gather)") + (o.swiglu == kernel::SwigluEpilogue::kStaged ? " (staged SwiGLU)" : "") +
-                                 (o.group_rows != 8 ? " (item groups of " + std::to_string(o.group_rows) + ")" : "");
+                                 (o.group_rows != 8 ? " (item groups of " + std::to_string(o.group_rows) + ")" : "") +
+                                 (o.shared_items ? "" : " (own rank's items)");
         if (first.empty()) {
           first = got;
           first_name = name;

@@ -50,6 +50,10 @@ struct KernelOptions {
                                  // rows_per_rank() gives the exact need of a routing
   int group_rows = 8;            // GEMM items go in groups of this many row tiles, column-major inside a group
                                  // (grouped_tile; 1..64): blocks running together share A and weight tiles in L2
+  bool shared_items = true;      // a launch of several ranks (the virtual rack): every block works every rank's
+                                 // GEMM items, one rank after another, instead of its own rank's only, so the
+                                 // GPU's L2 holds one rank's operands at a time (the same bits; kernel/README.md,
+                                 // "How a pass runs"). Off with silent_rank. No effect with one rank per launch.
   bool trace = false;            // profile every pass per block (Layer::trace(); TraceSlot in params.hpp);
                                  // Layer::trace and NcclLayer::trace read it
 };

@@ -190,6 +190,8 @@ struct LaunchParams {
   int32_t bulk_gather;            // 1: the forward gathers x rows by TMA bulk copies (fast engine only; same bytes)
   int32_t staged_swiglu;          // 1: the forward's gate/up epilogue goes through shared memory by rows (fast engine; same bits)
   int32_t group_rows;             // row tiles per item group (grouped_tile; KernelOptions::group_rows)
+  int32_t shared_items;           // 1: every block works every local rank's GEMM items, rank by rank
+                                  // (for_item_ranks in moe.cuh; KernelOptions::shared_items)
   ErrorRecord* error;
   uint32_t* abort;
   uint64_t* trace;                // kTraceSlots words per block, or nullptr (no profile)

@@ -252,6 +252,12 @@ class LayerSim {
   void mark_known(int phase, int64_t piece, int src, int dst, int64_t data_ns, int64_t known_ns);
   void on_counter_complete(int phase, int dst);
   void on_all_known(int phase, int gpu, int64_t now);
+  // Schedules the GPU's completion of the phase once every piece into it is known and, under
+  // barrier signaling, the barrier has released it.
+  void complete_if_released(int phase, int gpu);
+  bool barrier_push(int phase) const {
+    return direction(phase) == Direction::kPush && proto_.signaling == Signaling::kBarrier;
+  }
   void on_dst_complete(int phase, int gpu, int64_t now);
   void run_compute_queue(int gpu, int64_t now);
   void check_tiles(int gpu);
@@ -358,6 +364,7 @@ class LayerSim {
   std::vector<int64_t> wait_start_ns_;
   std::vector<int32_t> barrier_arrivals_[2];
   std::vector<int64_t> barrier_gpu_ns_[2];
+  std::vector<int64_t> barrier_done_ns_[2];  // per GPU: when the barrier released it, -1 before
   int32_t barrier_gpus_[2] = {0, 0};
 
   // Per flow: its current constant-rate segment (start, bytes delivered then, rate). Chunk
@@ -1191,7 +1198,20 @@ void LayerSim::mark_known(int ph, int64_t piece, int src, int dst, int64_t data_
     combine_last_source_[dst] = src;
   }
   max_known_ns_[ph][dst] = std::max(max_known_ns_[ph][dst], known_ns);
-  if (++known_count_[ph][dst] == traffic_.recv_pieces[ph][dst]) schedule(max_known_ns_[ph][dst], kDstComplete, ph, dst);
+  if (++known_count_[ph][dst] == traffic_.recv_pieces[ph][dst]) complete_if_released(ph, dst);
+}
+
+// A barrier is collective: every GPU leaves it only when every GPU has arrived, so under barrier
+// signaling a GPU completes the phase at the barrier's release or later, whatever it receives:
+// remote chunks, only its own (locally signaled) chunks, or nothing.
+void LayerSim::complete_if_released(int ph, int gpu) {
+  if (known_count_[ph][gpu] != traffic_.recv_pieces[ph][gpu]) return;
+  int64_t t = max_known_ns_[ph][gpu];
+  if (barrier_push(ph)) {
+    if (barrier_done_ns_[ph][gpu] < 0) return;  // on_all_known calls again
+    t = std::max(t, barrier_done_ns_[ph][gpu]);
+  }
+  schedule(t, kDstComplete, ph, gpu);
 }
 
 // Counter: one atomic per remote chunk, served one at a time in arrival order (a FIFO server
@@ -1214,10 +1234,12 @@ void LayerSim::on_counter_complete(int ph, int dst) {
 
 void LayerSim::on_all_known(int ph, int gpu, int64_t now) {
   // Barrier: every remote piece into `gpu` becomes known at once; chunks a GPU copies to itself
-  // were signaled locally as they landed.
+  // were signaled locally as they landed (they release their GEMM tiles then), but the GPU
+  // completes the phase only now (complete_if_released), as one that receives nothing does.
+  barrier_done_ns_[ph][gpu] = now;
   for_each_piece_into(ph, gpu, true,
                       [&](int64_t piece, int s) { mark_known(ph, piece, s, gpu, piece_data_ns_[ph][piece], now); });
-  if (traffic_.recv_pieces[ph][gpu] == 0) on_dst_complete(ph, gpu, now);
+  if (traffic_.recv_remote_pieces[ph][gpu] == 0) complete_if_released(ph, gpu);
 }
 
 void LayerSim::on_dst_complete(int ph, int gpu, int64_t now) {
@@ -1584,6 +1606,7 @@ LayerResult LayerSim::run() {
     counter_arrivals_[ph].assign(R_, 0);
     barrier_arrivals_[ph].assign(R_, 0);
     barrier_gpu_ns_[ph].assign(R_, 0);
+    barrier_done_ns_[ph].assign(R_, -1);
     const bool per_piece = phase_on(ph) && direction(ph) == Direction::kPush &&
                            (proto_.signaling == Signaling::kCounter || proto_.signaling == Signaling::kBarrier ||
                             proto_.signaling == Signaling::kPeerFenceFlag);
@@ -1614,7 +1637,7 @@ LayerResult LayerSim::run() {
     if (!phase_on(ph)) continue;
     for (int g = 0; g < R_; ++g)
       if (traffic_.recv_pieces[ph][g] == 0 &&
-          !(direction(ph) == Direction::kPush && proto_.signaling == Signaling::kBarrier))
+          !barrier_push(ph))
         on_dst_complete(ph, g, 0);
   }
   if (proto_.phases == Phases::kCombine)

@@ -162,6 +162,45 @@ TEST(LayerSim, BarrierAndCounterDelayKnowledgeToTheEnd) {
   EXPECT_GT(counter.dispatch.chunk_signal.p50_ns, flags.dispatch.chunk_signal.p50_ns);
 }
 
+// Barrier signaling is collective (model audit, 2026-12-05): every GPU executes the barrier and
+// leaves it only when every GPU has arrived, whatever it receives. Two GPUs of simple_topology
+// (L = 1,000 ns, f = 100, 100 ns polls), one SM each: rank 0's 16 tokens go to its own expert (a
+// local copy), rank 1's slots are empty. Rank 0's SM ends its copy at 33 ns and arrives at
+// 33 + 2L + f = 2,133; rank 1's, with nothing to write, at 2L + f = 2,100. One round: rank 0 sees
+// rank 1's flag at 3,100, polled at 3,200; rank 1 sees rank 0's at 3,133, polled at 3,300. Before
+// the fix rank 0, which receives only its own chunk, knew it at 200 ns without waiting (rank 1,
+// which receives nothing, waited); its chunk is still known early for its GEMM tiles.
+TEST(LayerSim, BarrierSignalingHoldsEveryGpuWhateverItReceives) {
+  const auto cfg = layer(2, 16, 1, 1);
+  std::vector<int32_t> own(cfg.num_slots(), -1), empty(cfg.num_slots(), -1);
+  for (int t = 0; t < 16; ++t) own[t] = 0;
+  const Topology topo = simple_topology(2);
+  ProtocolConfig p = push_dispatch(Signaling::kBarrier, 1);
+  const LayerResult r = simulate_layer(topo, Workload::from_topk(cfg, own, "rank 0 to itself"), p);
+  EXPECT_EQ(r.gpus[0].dispatch_known_ns, 3200);
+  EXPECT_EQ(r.gpus[1].dispatch_known_ns, 3300);
+  EXPECT_EQ(r.dispatch.chunk_signal.count, 1);
+  EXPECT_LT(r.dispatch.chunk_signal.max_ns, 1000);  // the local chunk: a local flag, as before
+  EXPECT_EQ(r.dispatch.completion_signal.count, 1);  // only rank 0 receives
+  EXPECT_EQ(r.dispatch.completion_signal.max_ns, 3200 - r.dispatch.data_end_ns);
+  // Every slot empty: the barrier still runs on every GPU (both arrive at 2,100 and leave at
+  // 3,200), in a whole layer for both phases; the other schemes know at once.
+  const Workload none = Workload::from_topk(cfg, empty, "all slots empty");
+  const LayerResult e = simulate_layer(topo, none, p);
+  for (const GpuTimeline& g : e.gpus) EXPECT_EQ(g.dispatch_known_ns, 3200);
+  ProtocolConfig whole;
+  whole.signaling = Signaling::kBarrier;
+  whole.dispatch = whole.combine = Direction::kPush;
+  whole.comm_sms = 1;
+  const LayerResult layer_e = simulate_layer(topo, none, whole);
+  for (const GpuTimeline& g : layer_e.gpus) {
+    EXPECT_GE(g.dispatch_known_ns, 3200);
+    EXPECT_GE(g.combine_known_ns, g.dispatch_known_ns + 3200);
+  }
+  whole.signaling = Signaling::kFlagInData;
+  for (const GpuTimeline& g : simulate_layer(topo, none, whole).gpus) EXPECT_EQ(g.dispatch_known_ns, 0);
+}
+
 TEST(LayerSim, SameInputsGiveTheSameBytes) {
   const Workload w1 = random_workload(8, 21);
   const Workload w2 = random_workload(8, 21);

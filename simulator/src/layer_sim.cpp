@@ -210,6 +210,12 @@ class LayerSim {
   void build_resources();
   void build_traffic();
   void build_compute_model();
+  // The final weighted sum on a token owner (ns, unrounded): it reads K slot rows and writes one
+  // output row per token. Whole layers and combine-only runs charge it alike.
+  double weighted_sum_ns() const {
+    return static_cast<double>(cfg_.tokens_per_rank) * static_cast<double>(cfg_.top_k + 1) *
+           static_cast<double>(cfg_.hidden) * 2.0 / topo_.hbm_gbps;
+  }
   void build_programs();
   void choose_hbm_paths();
   void add_transfers(int phase, int initiator, Direction dir, std::vector<std::vector<Op>>& programs);
@@ -630,8 +636,7 @@ void LayerSim::build_compute_model() {
   const double T = static_cast<double>(cfg_.tokens_per_rank);
   const double tile = 2.0 * 3.0 * H * I * static_cast<double>(proto_.gemm_tile_rows) / flops_per_ns;
   const double shared = cfg_.has_shared() ? 2.0 * 3.0 * H * static_cast<double>(cfg_.shared_intermediate) * T / flops_per_ns : 0.0;
-  // Final combine sum on the token owner: read K slot rows and write one output row per token.
-  const double reduce = T * static_cast<double>(cfg_.top_k + 1) * H * 2.0 / topo_.hbm_gbps;
+  const double reduce = weighted_sum_ns();
   // Times are int64 nanoseconds. A GPU runs at most all R*T*K slots' tiles (plus a partial one
   // per expert); a layer whose compute could take longer than 1e17 ns (~3 years) is refused
   // rather than left to overflow.
@@ -1597,6 +1602,15 @@ LayerResult LayerSim::run() {
   build_resources();
   build_traffic();
   if (proto_.phases == Phases::kLayer) build_compute_model();
+  if (proto_.phases == Phases::kCombine) {
+    // No GEMMs, but the combine's data still ends in the owner's weighted sum (as in a layer).
+    const double reduce = weighted_sum_ns();
+    if (!(reduce < 1e17))
+      throw Error("layer: the final weighted sum could take over 1e17 ns (about 3 years) on one GPU (H=" +
+                  std::to_string(cfg_.hidden) + ", T=" + std::to_string(cfg_.tokens_per_rank) +
+                  "), past what int64 nanoseconds hold; check the layer sizes and the topology's hbm_gbps");
+    reduce_ns_ = ceil_ns(reduce);
+  }
   build_programs();
   choose_hbm_paths();
   for (int ph = 0; ph < 2; ++ph) {

@@ -566,6 +566,40 @@ TEST(LayerSim, FinalWeightedSumWaitsForTheGpusOwnSharedExpert) {
   }
 }
 
+// Combine-only runs charge the final weighted sum as whole layers do (model audit, 2026-12-05:
+// it took 0 ns there): on each token owner, a read of K slot rows and a write of one output row
+// per token, (K + 1) x T x H x 2 bytes at the HBM rate, after its combine data is known. On
+// hgx-h200 (4,800 GB/s), T = 512, K = 2, H = 7,168: 22,020,096 B, 4,588 ns. The combine's own
+// figures (end, received GB/s) are the transfer's, as before: the sum is not part of the phase.
+TEST(LayerSim, CombineOnlyRunsChargeTheFinalWeightedSum) {
+  const spec::LayerConfig cfg{7168, 2048, 0, 4, 2, 4, 512};
+  RoutingSpec s;
+  s.seed = 7;
+  const Workload w = generate_workload(cfg, s);
+  const Topology topo = resolve_topology("hgx-h200");
+  const int64_t sum_ns = ceil_div(int64_t{512} * 3 * 7168 * 2 * 1000, static_cast<int64_t>(topo.hbm_gbps * 1000));
+  ASSERT_EQ(sum_ns, 4588);
+  for (Direction combine : {Direction::kPush, Direction::kPull}) {
+    ProtocolConfig p;
+    p.phases = Phases::kCombine;
+    p.combine = combine;
+    const LayerResult r = simulate_layer(topo, w, p);
+    int64_t last = 0;
+    for (const GpuTimeline& g : r.gpus) {
+      EXPECT_EQ(g.done_ns, g.combine_known_ns + sum_ns) << to_string(combine);
+      last = std::max(last, g.done_ns);
+    }
+    EXPECT_EQ(r.layer_ns, last);
+    EXPECT_EQ(r.layer_ns, r.combine.end_ns + sum_ns);
+    ASSERT_FALSE(r.critical_path.empty());
+    EXPECT_EQ(r.critical_path.back().what.rfind("final weighted sum", 0), 0u) << r.critical_path.back().what;
+    EXPECT_EQ(r.critical_path.back().end_ns - r.critical_path.back().start_ns, sum_ns);
+    double recv = 0;
+    for (const GpuTimeline& g : r.gpus) recv += static_cast<double>(g.recv_payload_bytes_combine);
+    EXPECT_DOUBLE_EQ(r.combine.recv_gbps_per_gpu, recv / 4 / static_cast<double>(r.combine.end_ns));
+  }
+}
+
 TEST(LayerSim, PeerFenceFlagSerialisesOneRoundTripPerPeerPerSignalThread) {
   // All-to-all, one SM per peer: every flow ends at the same t. Each SM fences (+2L + f), the
   // GPU's signal thread sees that through a local flag (rounded to the 100 ns poll, + 100 ns),

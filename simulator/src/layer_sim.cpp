@@ -21,6 +21,7 @@
 #include "mok/sim/error.hpp"
 #include "mok/sim/flow_network.hpp"
 #include "checkpoint_heap.hpp"
+#include "result_checks.hpp"
 #include "tile_ready.hpp"
 
 namespace mok::sim {
@@ -67,52 +68,6 @@ int64_t delivery_ns(double need_bytes, double rate_gbps) {
   if (!(dt < 1e17)) return kNeverNs;
   return std::max<int64_t>(1, detail::ceil_below_1e17(dt));
 }
-
-// Exact distribution of non-negative integer nanoseconds with bounded memory.
-class NsHistogram {
- public:
-  void add(int64_t v) {
-    if (v < 0) v = 0;
-    ++count_;
-    sum_ += static_cast<double>(v);
-    if (v < kDense) {
-      if (dense_.empty()) dense_.assign(kDense, 0);
-      ++dense_[v];
-    } else {
-      overflow_.push_back(v);
-    }
-  }
-  Quantiles summary() {
-    Quantiles q;
-    q.count = count_;
-    if (count_ == 0) return q;
-    q.mean_ns = sum_ / static_cast<double>(count_);
-    std::sort(overflow_.begin(), overflow_.end());
-    auto nth = [&](double p) {
-      int64_t rank = static_cast<int64_t>(std::ceil(p * static_cast<double>(count_)));
-      rank = std::max<int64_t>(rank, 1);
-      int64_t seen = 0;
-      if (!dense_.empty())
-        for (int64_t v = 0; v < kDense; ++v) {
-          seen += dense_[v];
-          if (seen >= rank) return v;
-        }
-      return overflow_[rank - seen - 1];
-    };
-    q.p50_ns = nth(0.5);
-    q.p90_ns = nth(0.9);
-    q.p99_ns = nth(0.99);
-    q.max_ns = nth(1.0);
-    return q;
-  }
-
- private:
-  static constexpr int64_t kDense = int64_t{1} << 18;
-  int64_t count_ = 0;
-  double sum_ = 0;
-  std::vector<uint32_t> dense_;
-  std::vector<int64_t> overflow_;
-};
 
 // One chunk of one (token owner o, peer p) pair: the rows of owner o's chunk `chunk_idx` whose
 // experts live on p. Dispatch moves it o -> p, combine p -> o, so both phases share one table,
@@ -338,7 +293,7 @@ class LayerSim {
   // the data lands (its port waits; a row-order chunk's fence on its farthest member's acks).
   std::vector<int64_t> counter_wait_ns_[2];
   std::vector<int64_t> counter_arrivals_[2];
-  NsHistogram chunk_signal_[2];
+  detail::NsHistogram chunk_signal_[2];
   std::vector<int64_t> completion_signal_[2];
   int64_t signal_writes_[2] = {0, 0};
 
@@ -1186,6 +1141,10 @@ void LayerSim::signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_i
 // into a GPU is always the final milestone of some flow, marked at its completion time, so the
 // completion event is never in the past.
 void LayerSim::mark_known(int ph, int64_t piece, int src, int dst, int64_t data_ns, int64_t known_ns) {
+  if (known_ns < data_ns)
+    internal_error(std::string("negative signal latency: a ") + kPhaseName[ph] + " chunk gpu" + std::to_string(src) +
+                   " -> gpu" + std::to_string(dst) + " (piece " + std::to_string(piece) + ") known at " +
+                   std::to_string(known_ns) + " ns, before its data landed at " + std::to_string(data_ns) + " ns");
   chunk_signal_[ph].add(known_ns - data_ns);
   last_data_ns_[ph][dst] = std::max(last_data_ns_[ph][dst], data_ns);
   if (ph == kDispatch && proto_.phases == Phases::kLayer) {
@@ -1558,8 +1517,8 @@ void LayerSim::finish(LayerResult& res) {
   int last = 0;
   for (int g = 0; g < R_; ++g)
     if (gpu_[g].done_ns > gpu_[last].done_ns) last = g;
-  auto seg = [&](const std::string& what, int64_t a, int64_t b) {
-    if (b >= a) res.critical_path.push_back(PathSegment{what, a, b});
+  auto seg = [&](std::string what, int64_t a, int64_t b) {
+    detail::append_path_segment(res.critical_path, std::move(what), a, b);
   };
   const std::string L = "gpu" + std::to_string(last);
   if (proto_.phases == Phases::kDispatch) {

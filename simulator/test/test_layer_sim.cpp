@@ -3,6 +3,7 @@
 
 #include "mok/sim/error.hpp"
 #include "mok/sim/report.hpp"
+#include "result_checks.hpp"
 #include "sim_test_util.hpp"
 
 namespace mok::sim {
@@ -686,6 +687,45 @@ TEST(LayerSim, FencedPushChunkArrivesBeforeItsFenceAndIsKnownAfterTheFlag) {
   const LayerResult r = simulate_layer(topo, w, p);
   EXPECT_EQ(r.dispatch.data_end_ns, 79100);
   EXPECT_EQ(r.dispatch.end_ns, 81300);
+}
+
+}  // namespace
+}  // namespace mok::sim
+
+namespace mok::sim {
+namespace {
+
+// Two diagnostics that clamped report instead (model audit, 2026-12-05): a chunk known before its
+// data landed (a negative signal latency, recorded as 0 before) and a critical-path segment that
+// ends before it starts (dropped before) are internal errors, exit code 1, naming the quantity.
+TEST(LayerSim, NegativeSignalLatencyAndBackwardPathSegmentAreInternalErrors) {
+  detail::NsHistogram h;
+  h.add(0);
+  h.add(1500);
+  try {
+    h.add(-3);
+    ADD_FAILURE() << "a negative signal latency was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+    EXPECT_NE(std::string(e.what()).find("signal latency"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("-3"), std::string::npos) << e.what();
+  }
+  const Quantiles q = h.summary();
+  EXPECT_EQ(q.count, 2);
+  EXPECT_EQ(q.max_ns, 1500);
+
+  std::vector<PathSegment> path;
+  detail::append_path_segment(path, "dispatch signal at gpu1", 100, 100);  // zero length: kept
+  detail::append_path_segment(path, "expert GEMMs on gpu1", 100, 250);
+  ASSERT_EQ(path.size(), 2u);
+  try {
+    detail::append_path_segment(path, "combine completion signal at gpu3", 900, 850);
+    ADD_FAILURE() << "a backward critical-path segment was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+    EXPECT_NE(std::string(e.what()).find("combine completion signal at gpu3"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(path.size(), 2u);
 }
 
 }  // namespace

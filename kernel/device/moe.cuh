@@ -497,9 +497,9 @@ __device__ inline void push_to_owner(const LaunchParams& P, const RankState& S, 
   slot_row(P, S, slots, p)[col] = spec::bf16_from_f32_rne(v);
 }
 
-// Rows per owner rank of a tile's pushes, tallied in shared memory (publish_rows). Thread r
-// zeroes and later reads entry r, so one tile's tally cannot overwrite the previous tile's before
-// its counts are made.
+// Rows per owner rank of a tile's pushes (publish_rows), or of all of a block's tiles of a rank
+// (publish_tallied_rows), tallied in shared memory. Thread r zeroes and later reads entry r, so
+// a new tally cannot overwrite the previous one before its counts are made.
 __device__ __forceinline__ uint32_t* owner_tally() {
   __shared__ uint32_t per_owner[kMaxRanks];
   return per_owner;
@@ -512,8 +512,8 @@ __device__ __forceinline__ void zero_owner_tally(const LaunchParams& P) {
 // routed row goes to its slot row at the token's owner (the row's key is that address), staged
 // already rounded to bf16 (MixedRows: half the shared-memory bytes, one 16-byte store per lane),
 // a shared-expert row to this rank's fp32 `shared` rows (staged in fp32). Looking up a routed
-// row's key also counts the row in owner_tally() (zeroed by the caller before the GEMM), so that
-// publish_rows need not read the tile's rows again. That relies on gemm_fast calling key(i)
+// row's key also counts the row in owner_tally() (zeroed before the block's first item, published
+// after its last: publish_tallied_rows), so that nothing reads the tile's rows again. That relies on gemm_fast calling key(i)
 // exactly once per row, after its first block barrier (mma_tile.cuh, RowEpilogue): an engine
 // that skipped or repeated it would miscount the rows and the owner's combine would wait for
 // good.
@@ -584,17 +584,8 @@ __device__ inline void finish_from_acc(const LaunchParams& P, const Role& role, 
 // Rows are tallied per owner in shared memory first: one global atomic per owner and tile, not
 // one per row (a single owner's counter would otherwise take every row of the pass).
 // tallied: slot_row_epilogue's keys have tallied the rows already.
-__device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which,
-                                    bool tallied) {
-  uint32_t* per_owner = owner_tally();
-  publish_fence(P);  // the pushes may have gone to other GPUs
-  if (!tallied) {
-    zero_owner_tally(P);
-    __syncthreads();
-    for (int64_t m = threadIdx.x; m < n; m += kThreads)
-      atomicAdd(&per_owner[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank], 1u);
-  }
-  __syncthreads();
+__device__ inline void count_at_owners(const LaunchParams& P, int which) {
+  const uint32_t* per_owner = owner_tally();
   for (int r = threadIdx.x; r < P.num_ranks; r += kThreads)
     if (per_owner[r]) {
       if (P.system_scope)
@@ -602,6 +593,28 @@ __device__ inline void publish_rows(const LaunchParams& P, const RankState& S, i
       else
         atomicAdd(&P.peers[r].arrivals[which], per_owner[r]);
     }
+}
+__device__ inline void publish_rows(const LaunchParams& P, const RankState& S, int64_t p0, int64_t n, int which) {
+  uint32_t* per_owner = owner_tally();
+  publish_fence(P);  // the pushes may have gone to other GPUs
+  zero_owner_tally(P);
+  __syncthreads();
+  for (int64_t m = threadIdx.x; m < n; m += kThreads)
+    atomicAdd(&per_owner[S.rows[p0 + m].token_idx / P.cfg.tokens_per_rank], 1u);
+  __syncthreads();
+  count_at_owners(P, which);
+}
+
+// The fast engine's deterministic build counts a block's pushed rows once, after its last item of
+// a rank (tallied_rows): slot_row_epilogue's keys add every tile's rows to owner_tally(), zeroed
+// before the block's first item, and nothing but the owners' reductions, which run after every
+// item of the pass, waits for the arrivals. One fence then covers every push of the block, instead
+// of a fence (a wait for the tile's stores to land) and two barriers after every phase-2 tile.
+__device__ __forceinline__ bool tallied_rows(const LaunchParams& P) { return P.fast && !kAtomics; }
+__device__ inline void publish_tallied_rows(const LaunchParams& P, int which) {
+  publish_fence(P);  // every thread's pushes, to this GPU or others
+  __syncthreads();
+  count_at_owners(P, which);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1120,7 +1133,6 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
                              },
                              trace_words(P, kTrLaps2));
     else {
-      zero_owner_tally(P);  // slot_row_epilogue's keys count the rows (gemm_fast's first barrier orders this)
       gemm_fast<0, 0, false, kTileNWide>(smem, Kd, n, cols, A, B, B,
                              slot_row_epilogue(P, S, &PeerBuffers::y_slots, routed, p0, n0, S.shared_out),
                              trace_words(P, kTrLaps2));
@@ -1132,7 +1144,7 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   trace_add(P, kTrPhase2, t0_start);
   const uint64_t t0 = trace_now(P);
   if (routed)
-    publish_rows(P, S, p0, n, 0, P.fast && !kAtomics);
+    if (!tallied_rows(P)) publish_rows(P, S, p0, n, 0);
   else
     publish(&S.counters[2], 1);
   trace_add(P, kTrPublish, t0);
@@ -1177,10 +1189,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
   }
   trace_mark(P, kTrGathered);
   if (!for_item_ranks(P, role, 2, [&](const Role& w) {
-        return run_phases<TableAt::kStatic>(
-            P, w, smem, c.intermediate, c.shared_intermediate, width_dual(P),
-            [&](const RowTile& t, int64_t n0) { return forward_phase1(P, w, smem, t, n0); },
-            [&](const RowTile& t, int64_t n0) { return forward_phase2(P, w, smem, t, n0); });
+        zero_owner_tally(P);  // run_phases' first barrier orders this before the tiles' tallies
+        if (!run_phases<TableAt::kStatic>(
+                P, w, smem, c.intermediate, c.shared_intermediate, width_dual(P),
+                [&](const RowTile& t, int64_t n0) { return forward_phase1(P, w, smem, t, n0); },
+                [&](const RowTile& t, int64_t n0) { return forward_phase2(P, w, smem, t, n0); }))
+          return false;
+        if (tallied_rows(P)) publish_tallied_rows(P, 0);
+        return true;
       }))
     return;
   trace_mark(P, kTrItemsDone);
@@ -1328,7 +1344,6 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
                              },
                              trace_words(P, kTrLaps2));
     else {
-      zero_owner_tally(P);  // slot_row_epilogue's keys count the rows (gemm_fast's first barrier orders this)
       gemm_fast<0, 1, false, kTileNWide>(smem, 2 * N1, n, cols, A, B, B,
                              slot_row_epilogue(P, S, &PeerBuffers::dx_slots, routed, p0, n0, S.dx_shared),
                              trace_words(P, kTrLaps2));
@@ -1342,7 +1357,7 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   trace_add(P, kTrPhase2, t0_start);
   const uint64_t t0 = trace_now(P);
   if (routed)
-    publish_rows(P, S, p0, n, 1, P.fast && !kAtomics);
+    if (!tallied_rows(P)) publish_rows(P, S, p0, n, 1);
   else
     publish(&S.counters[3], 1);
   trace_add(P, kTrPublish, t0);
@@ -1613,10 +1628,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
         // Another rank's plan past its workspace: that rank's own blocks report it (above); its
         // items are not run.
         if (P.state[w.rank].expert_offsets[c.experts_per_rank()] > P.row_capacity) return false;
-        return run_phases<TableAt::kScratch>(
-            P, w, smem, c.intermediate, c.shared_intermediate, width_single(P),
-            [&](const RowTile& t, int64_t n0) { return backward_phase1(P, w, smem, t, n0); },
-            [&](const RowTile& t, int64_t n0) { return backward_phase2(P, w, smem, t, n0); });
+        zero_owner_tally(P);  // as in the forward
+        if (!run_phases<TableAt::kScratch>(
+                P, w, smem, c.intermediate, c.shared_intermediate, width_single(P),
+                [&](const RowTile& t, int64_t n0) { return backward_phase1(P, w, smem, t, n0); },
+                [&](const RowTile& t, int64_t n0) { return backward_phase2(P, w, smem, t, n0); }))
+          return false;
+        if (tallied_rows(P)) publish_tallied_rows(P, 1);
+        return true;
       }))
     return;
   trace_mark(P, kTrItemsDone);

@@ -208,7 +208,9 @@ class LayerSim {
   void stop_helper();
   void on_flow_complete(int flow, int64_t now);
   void on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid);
-  void signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_issue);
+  // t_fence: the last store the fence waits for was issued then (t_issue, or for a row-order
+  // chunk's NVLink member the last such store of the whole chunk).
+  void signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_issue, int64_t t_fence);
   void resolve_pending_signals();
   void mark_known(int phase, int64_t piece, int src, int dst, int64_t data_ns, int64_t known_ns);
   void on_counter_complete(int phase, int dst);
@@ -290,7 +292,8 @@ class LayerSim {
   std::vector<int64_t> last_data_ns_[2];
   std::vector<int64_t> piece_data_ns_[2];  // only for counter and barrier signaling
   // Counter with signal queueing or row order: what the atomic waits beyond its own 2L + f after
-  // the data lands (its port waits; a row-order chunk's fence on its farthest member's acks).
+  // the data lands (its port waits; a row-order chunk's fence on its farthest member's acks and
+  // on its slowest member's last store).
   std::vector<int64_t> counter_wait_ns_[2];
   std::vector<int64_t> counter_arrivals_[2];
   detail::NsHistogram chunk_signal_[2];
@@ -318,6 +321,7 @@ class LayerSim {
   std::vector<Transfer> transfers_;
   std::vector<std::pair<int32_t, int32_t>> groups_;  // row-order chunk: (first transfer, count)
   std::vector<int32_t> group_pending_;               // per agent: its group's unfinished transfers
+  std::vector<int32_t> group_fenced_;                // per group: its fenced NVLink members
   std::vector<std::vector<Op>> programs_;  // agent = gpu * S + sm
   std::vector<int32_t> pc_;
   std::vector<int64_t> ready_visible_ns_;  // per GPU, -1 until expert outputs are ready
@@ -381,8 +385,17 @@ class LayerSim {
     int32_t transfer;
     int64_t piece;
     int64_t t_issue;
+    int64_t t_fence;  // see signal_after_fence
   };
   std::vector<PendingSignal> pending_signals_;
+  // A fenced row-order chunk: one fence after all of its NVLink stores, so each member's signal
+  // waits for the chunk's last store. Per agent (an SM runs one chunk at a time): its NVLink
+  // members whose data has not ended, the latest last-store issue among those that have, and
+  // their signals, raised when the last one ends.
+  std::vector<int32_t> group_fence_pending_;
+  std::vector<int64_t> group_fence_issue_;
+  std::vector<std::vector<PendingSignal>> group_signals_;
+  void raise_signal(const PendingSignal& s);
   std::vector<std::array<int64_t, 3>> pending_peer_flags_;  // (phase, gpu, time)
   void update_port_queues(int64_t now);
   int64_t port_delay(int resource, int64_t t) const {
@@ -720,6 +733,9 @@ void LayerSim::add_transfers(int phase, int initiator, Direction dir, std::vecto
         t.window_bytes *= share;
       }
       groups_.emplace_back(first, static_cast<int32_t>(transfers_.size()) - first);
+      int32_t fenced_members = 0;
+      for (size_t m = first; m < transfers_.size(); ++m) fenced_members += transfers_[m].fence_stall_ns > 0;
+      group_fenced_.push_back(fenced_members);
       programs[sm].push_back(Op{OpKind::kTransferGroup, static_cast<int32_t>(groups_.size() - 1)});
     }
     return;
@@ -803,6 +819,11 @@ void LayerSim::build_programs() {
   }
   pc_.assign(programs_.size(), 0);
   group_pending_.assign(programs_.size(), 0);
+  if (!groups_.empty()) {
+    group_fence_pending_.assign(programs_.size(), 0);
+    group_fence_issue_.assign(programs_.size(), INT64_MIN);
+    group_signals_.assign(programs_.size(), {});
+  }
   wait_start_ns_.assign(programs_.size(), 0);
   std::vector<double> demands;
   demands.reserve(transfers_.size());
@@ -1084,25 +1105,51 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
                observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
     return;
   }
-  if (fenced_signaling() && opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst)) {
-    // The flag's wait depends on the port queues, and this instant's completions change them:
-    // it is looked up after the instant's rates and queues are settled.
-    pending_signals_.push_back(PendingSignal{static_cast<int32_t>(&tr - transfers_.data()), piece, t_issue});
+  const PendingSignal sig{static_cast<int32_t>(&tr - transfers_.data()), piece, t_issue, t_issue};
+  if (tr.in_group && tr.fence_stall_ns > 0) {
+    // A fenced row-order chunk's NVLink member: the SM fences once, after the last of the
+    // chunk's NVLink stores (whichever destination it went to), so no member's signal goes out
+    // before that fence. The signals wait for the last member's data; the fence is timed from
+    // the latest last-store issue (every member has the same start and stall, so the last to
+    // end). ORDER: raised in the order the members' data ended.
+    const int agent = tr.initiator * S_ + tr.sm;
+    group_fence_issue_[agent] = std::max(group_fence_issue_[agent], t_issue);
+    auto& held = group_signals_[agent];
+    held.push_back(sig);
+    if (--group_fence_pending_[agent] > 0) return;
+    for (PendingSignal& h : held) {
+      h.t_fence = group_fence_issue_[agent];
+      raise_signal(h);
+    }
+    held.clear();
     return;
   }
-  signal_after_fence(tr, piece, t_issue);
+  raise_signal(sig);
 }
 
-// A remote pushed chunk whose last byte was issued at t_issue: the signaling scheme's write.
-void LayerSim::signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_issue) {
+void LayerSim::raise_signal(const PendingSignal& s) {
+  const Transfer& tr = transfers_[s.transfer];
+  if (fenced_signaling() && opt_.signal_queueing && topo_.domain_of(tr.src) == topo_.domain_of(tr.dst)) {
+    // The flag's wait depends on the port queues, and this instant's completions change them:
+    // it is looked up after the instant's rates and queues are settled.
+    pending_signals_.push_back(s);
+    return;
+  }
+  signal_after_fence(tr, s.piece, s.t_issue, s.t_fence);
+}
+
+// A remote pushed chunk whose last byte was issued at t_issue: the signaling scheme's write,
+// after a fence that follows the store issued at t_fence (>= t_issue).
+void LayerSim::signal_after_fence(const Transfer& tr, int64_t piece, int64_t t_issue, int64_t t_fence) {
   const int ph = tr.phase;
   const int64_t L = tr.latency_ns;
   const int src = tr.src, dst = tr.dst;
   const int64_t arrive = t_issue + L;
   // The fence waits for the acks of all the SM's stores since the last one: 2L + f for a
-  // transfer of its own, the group's largest 2L + f for a row-order chunk (fence_stall_ns).
+  // transfer of its own; for a row-order chunk, the group's largest 2L + f (fence_stall_ns)
+  // after the chunk's last NVLink store (t_fence).
   const int64_t fence_done =
-      t_issue + (tr.fence_stall_ns > 0 ? tr.fence_stall_ns : 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns));
+      t_fence + (tr.fence_stall_ns > 0 ? tr.fence_stall_ns : 2 * L + static_cast<int64_t>(topo_.fence_overhead_ns));
   // With signal queueing, the flag or atomic waits behind the bytes queued at both ports, as the
   // queues stand at the latest instant simulated (the queue at fence_done is not known yet).
   const bool queued = opt_.signal_queueing && topo_.domain_of(src) == topo_.domain_of(dst);
@@ -1354,7 +1401,8 @@ void LayerSim::run_peer_flags(int ph, int gpu, int64_t now) {
 // recompute.
 void LayerSim::resolve_pending_signals() {
   // ORDER: raise order, so counters and the sweep's ties see the same sequence on every run.
-  for (const PendingSignal& p : pending_signals_) signal_after_fence(transfers_[p.transfer], p.piece, p.t_issue);
+  for (const PendingSignal& p : pending_signals_)
+    signal_after_fence(transfers_[p.transfer], p.piece, p.t_issue, p.t_fence);
   pending_signals_.clear();
   for (const auto& [ph, gpu, t] : pending_peer_flags_) run_peer_flags(static_cast<int>(ph), static_cast<int>(gpu), t);
   pending_peer_flags_.clear();
@@ -1394,6 +1442,8 @@ void LayerSim::step_agent(int agent, int64_t now) {
       case OpKind::kTransferGroup: {
         const auto [first, count] = groups_[op.arg];
         group_pending_[agent] = count;
+        group_fence_pending_[agent] = group_fenced_[op.arg];
+        group_fence_issue_[agent] = INT64_MIN;
         for (int32_t m = 0; m < count; ++m) start_transfer(agent, first + m, now);
         return;  // resumes in on_flow_complete when the last of them completes
       }

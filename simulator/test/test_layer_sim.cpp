@@ -391,6 +391,64 @@ TEST(LayerSim, RowOrderNicMembersTakeNoShareOfTheSmWindow) {
   EXPECT_EQ(both.gpus[1].dispatch_known_ns, alone.gpus[1].dispatch_known_ns);
 }
 
+// A row-order chunk's one fence covers all of its NVLink stores (model audit, 2026-12-05): 8 GPUs
+// of hgx-h200, rank 0's 128 tokens to experts 2 and 1, every other rank's to expert 2 only, so
+// GPU 2's in-port is congested and GPU 1's is not. 16-token chunks on 8 SMs: each of rank 0's
+// chunks writes rows to GPU 1 (fast) and GPU 2 (slow) under one window and one fence, which
+// ends when the chunk's stores into GPU 2 have drained (their flow's end, the stall folded in:
+// the last at 35,681 ns); no flag to GPU 1 can land before that plus L (36,381), and the
+// receiver's 300 ns sweep sees it at 36,900, with GPU 2 (counter: GPU 1's atomics are served at
+// once; GPU 2's 64 wait behind each other, 38,100 as before). Before the fix each member's fence
+// was timed from its own end: GPU 1 knew its data at 22,500 ns (its own stores ended at 21,301).
+TEST(LayerSim, RowOrderFenceWaitsForTheChunksSlowestDestination) {
+  const Topology topo = resolve_topology("hgx-h200");
+  const int n = 8;
+  const spec::LayerConfig cfg{7168, 2048, 0, n, 2, n, 128};
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int r = 0; r < n; ++r)
+    for (int64_t t = 0; t < 128; ++t) {
+      topk[(r * 128 + t) * 2] = 2;
+      if (r == 0) topk[(r * 128 + t) * 2 + 1] = 1;
+    }
+  const Workload w = Workload::from_topk(cfg, topk, "one fast and one congested destination");
+  const int64_t L = static_cast<int64_t>(topo.nvlink_latency_ns);
+  for (Signaling sig : {Signaling::kFenceFlag, Signaling::kCounter})
+    for (bool queueing : {false, true}) {
+      ProtocolConfig p = push_dispatch(sig, 8);
+      p.chunk_tokens = 16;
+      p.push_row_order = true;
+      SimOptions o;
+      o.record_trace = true;
+      o.signal_queueing = queueing;
+      const LayerResult r = simulate_layer(topo, w, p, o);
+      SCOPED_TRACE(std::string(sig == Signaling::kCounter ? "counter" : "fence_flag") +
+                   (queueing ? ", signal queueing" : ""));
+      int64_t slow_end = 0, fast_end = 0;
+      int slow_flows = 0, fast_flows = 0;
+      for (const auto& span : r.trace) {
+        if (span.gpu != 0) continue;
+        if (span.name == "dispatch push 0->2") {
+          ++slow_flows;
+          slow_end = std::max(slow_end, span.end_ns);
+        }
+        if (span.name == "dispatch push 0->1") {
+          ++fast_flows;
+          fast_end = std::max(fast_end, span.end_ns);
+        }
+      }
+      EXPECT_EQ(slow_flows, 8);
+      EXPECT_EQ(fast_flows, 8);
+      EXPECT_EQ(slow_end, 35681);
+      EXPECT_EQ(fast_end, 21301);  // GPU 1's own stores end long before
+      EXPECT_GE(r.gpus[1].dispatch_known_ns, slow_end + L);
+      EXPECT_GE(r.gpus[2].dispatch_known_ns, slow_end + L);
+      if (!queueing) {
+        EXPECT_EQ(r.gpus[1].dispatch_known_ns, 36900);
+        EXPECT_EQ(r.gpus[2].dispatch_known_ns, sig == Signaling::kCounter ? 38100 : 36900);
+      }
+    }
+}
+
 TEST(LayerSim, MultiRackTrafficCrossesTheNics) {
   Topology t = simple_topology(4);
   t.num_domains = 2;

@@ -107,6 +107,7 @@ void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per
   row("sum: wait for phase-1 tiles", false, kTrWaitTile, false);
   row("sum: phase-2 GEMMs + epilogue", false, kTrPhase2, false);
   row("sum: publish (fences, counters)", false, kTrPublish, false);
+  row("sum: between items (claims, mapping)", false, kTrBetween, false);
   row("count: GEMM items", false, kTrItems, false, 1.0);
   row("count: phase-2 items", false, kTrItems2, false, 1.0);
   // Inside the fast engine's calls (GemmLaps: builds configured with -DMOK_GEMM_LAPS=ON; all

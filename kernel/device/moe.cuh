@@ -825,6 +825,7 @@ template <TableAt kAt, class Phase1, class Phase2>
 __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* smem, int64_t n1_routed,
                            int64_t n1_shared, int64_t NT1, Phase1 phase1, Phase2 phase2) {
   const RankState& S = P.state[role.rank];
+  uint64_t since = trace_now(P);  // the end of the previous item (kTrBetween)
   const auto table = load_row_tile_map<kAt>(P, S, smem);
   const int64_t NT2 = width_single(P);
   const int64_t c1r = ceil_div(n1_routed, NT1), c1s = ceil_div(n1_shared, NT1), c2 = ceil_div(P.cfg.hidden, NT2);
@@ -842,7 +843,9 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
         grouped_tile(item - p1_routed, rs, c1s, P.group_rows, rt, col);
         rt += rr;
       }
-      if (!phase1(row_tile_at(P, S, table, rt), col * NT1)) return false;
+      const RowTile t = row_tile_at(P, S, table, rt);
+      trace_add(P, kTrBetween, since);
+      if (!phase1(t, col * NT1)) return false;
     } else {
       int64_t rt, col;
       grouped_tile(item - p1, rr + rs, c2, P.group_rows, rt, col);
@@ -850,11 +853,13 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
       trace_count(P, kTrItems2);
       const RowTile t = row_tile_at(P, S, table, rt);
       const uint32_t need = static_cast<uint32_t>(t.e >= 0 ? c1r : c1s);
+      trace_add(P, kTrBetween, since);
       const uint64_t t0 = trace_now(P);
       if (!wait_tile(P, role, &S.tiles_done[t.index], need, t.index)) return false;
       trace_add(P, kTrWaitTile, t0);
       if (!phase2(t, n0)) return false;
     }
+    since = trace_now(P);
   }
   return true;
 }

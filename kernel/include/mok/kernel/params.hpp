@@ -161,10 +161,12 @@ enum TraceSlot : int {
   kTrLaps1,
   kTrLaps2 = kTrLaps1 + 5,
   kTrLapsW = kTrLaps2 + 5,
+  kTrBetween = kTrLapsW + 5,  // sum: between GEMM items (claims, mapping an item to its tile, the row-tile
+                              // table's load), from run_phases' entry or an item's end to the next item's wait
   kTraceSlots = 32
 };
 inline constexpr int kLapWords = 5;
-static_assert(kTrLaps2 - kTrLaps1 == kLapWords && kTrLapsW + kLapWords <= kTraceSlots,
+static_assert(kTrLaps2 - kTrLaps1 == kLapWords && kTrBetween == kTrLapsW + kLapWords && kTrBetween < kTraceSlots,
               "the trace slots fit in a block's words");
 
 struct LaunchParams {

@@ -492,7 +492,11 @@ struct NoKey {
 // store16(i, key, j, v, valid) with v = the eight bf16 values c[i][j .. j+7] (element q in bits
 // 16 (q % 2) of word q / 2), valid = how many of them are inside the tile (1 .. 8): a warp's
 // store covers a whole 512-byte row. Otherwise it behaves as a RowEpilogue with `store`.
-template <class Key, class Store16, class Store>
+// With an Early functor (mixed_rows_early): thread i < rows calls early(i) before the main loop,
+// so that a key's global load (the layer's slot rows: the row's RowRef) is in flight behind the
+// MMAs, and the epilogue calls key(i, value) with what early(i) returned instead of key(i).
+struct NoEarly {};
+template <class Key, class Store16, class Store, class Early = NoEarly>
 struct MixedRows {
   static constexpr bool kRows = true;
   static constexpr bool kMixedRows = true;
@@ -500,11 +504,22 @@ struct MixedRows {
   Key key;
   Store16 store16;
   Store store;
+  Early early;
 };
 template <class Key, class Store16, class Store>
 __device__ __forceinline__ MixedRows<Key, Store16, Store> mixed_rows(bool bf16, Key key, Store16 store16, Store store) {
-  return MixedRows<Key, Store16, Store>{bf16, key, store16, store};
+  return MixedRows<Key, Store16, Store>{bf16, key, store16, store, NoEarly{}};
 }
+template <class Early, class Key, class Store16, class Store>
+__device__ __forceinline__ MixedRows<Key, Store16, Store, Early> mixed_rows_early(bool bf16, Early early, Key key,
+                                                                                   Store16 store16, Store store) {
+  return MixedRows<Key, Store16, Store, Early>{bf16, key, store16, store, early};
+}
+template <class E>
+inline constexpr bool kHasEarlyKeys = requires(E e) {
+  E::kMixedRows;
+  requires !std::is_same_v<decltype(e.early), NoEarly>;
+};
 template <class E>
 inline constexpr bool kIsMixedRows = requires { E::kMixedRows; };
 
@@ -766,6 +781,18 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   };
   if (threadIdx.x == 0)
     for (int64_t chunk = 0; chunk < kStages - 1 && chunk < chunks; ++chunk) load_chunk(chunk);
+  [[maybe_unused]] uint64_t early_key = 0;  // kHasEarlyKeys: this thread's row's early(i)
+  if constexpr (kHasEarlyKeys<Epilogue>)
+    if (threadIdx.x < rows) early_key = epilogue.early(threadIdx.x);
+  // The key of row threadIdx.x (only that row: early_key is this thread's).
+  [[maybe_unused]] auto my_key = [&]() -> int64_t {
+    if constexpr (kHasEarlyKeys<Epilogue>)
+      return epilogue.key(threadIdx.x, early_key);
+    else if constexpr (kIsRowEpilogue<Epilogue>)
+      return epilogue.key(threadIdx.x);
+    else
+      return 0;
+  };
   timer.lap(1);
   // ORDER: dot-chain: chunks in increasing k, and inside a chunk one wgmma per 16 K-elements in
   // increasing k on the same accumulators (wgmma executes a warpgroup's steps in issue order).
@@ -818,7 +845,7 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
         int64_t* keys16 = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset16);
         // The keys first (their area does not overlap the staged rows): a key's global load then
         // has the staging stores to hide behind.
-        if (threadIdx.x < rows) keys16[threadIdx.x] = epilogue.key(threadIdx.x);
+        if (threadIdx.x < rows) keys16[threadIdx.x] = my_key();
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
 #pragma unroll
@@ -898,7 +925,7 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
       return;
     }
     if constexpr (kIsRowEpilogue<Epilogue>) {
-      if (threadIdx.x < rows) keys[threadIdx.x] = epilogue.key(threadIdx.x);
+      if (threadIdx.x < rows) keys[threadIdx.x] = my_key();
       constexpr int kCols = kDual ? 128 : kBN;  // columns of c per row: 128 per pass of a warp
       auto row_stores = [&](auto&& store, int64_t i) {
         const int64_t key = keys[i];

@@ -511,21 +511,27 @@ __device__ __forceinline__ void zero_owner_tally(const LaunchParams& P) {
 // The fast engine's phase-2 epilogue (forward down, backward d_x), through shared memory: a
 // routed row goes to its slot row at the token's owner (the row's key is that address), staged
 // already rounded to bf16 (MixedRows: half the shared-memory bytes, one 16-byte store per lane),
-// a shared-expert row to this rank's fp32 `shared` rows (staged in fp32). Looking up a routed
-// row's key also counts the row in owner_tally() (zeroed before the block's first item, published
-// after its last: publish_tallied_rows), so that nothing reads the tile's rows again. That relies on gemm_fast calling key(i)
-// exactly once per row, after its first block barrier (mma_tile.cuh, RowEpilogue): an engine
-// that skipped or repeated it would miscount the rows and the owner's combine would wait for
-// good.
+// a shared-expert row to this rank's fp32 `shared` rows (staged in fp32). A routed row's RowRef
+// is loaded before the main loop (mixed_rows_early), and its key, the slot address, made from it in
+// the epilogue, which also counts the row in owner_tally() (zeroed before the block's first item,
+// published after its last: publish_tallied_rows), so that nothing reads the tile's rows again.
+// That relies on gemm_fast calling key(i, ...) exactly once per row: an engine that skipped or
+// repeated it would miscount the rows and the owner's combine would wait for good.
 __device__ __forceinline__ auto slot_row_epilogue(const LaunchParams& P, const RankState& S,
                                                   uint16_t* PeerBuffers::*slots, bool routed, int64_t p0, int64_t n0,
                                                   float* shared) {
   const int64_t H = P.cfg.hidden;
-  return mixed_rows(
+  return mixed_rows_early(
       routed,
-      [&P, &S, slots, routed, p0](int64_t i) {
+      // the row's RowRef, loaded before the main loop (its 8 bytes as one word)
+      [&S, routed, p0](int64_t i) -> uint64_t {
+        return routed ? *reinterpret_cast<const uint64_t*>(S.rows + p0 + i) : 0;
+      },
+      [&P, slots, routed](int64_t, uint64_t early) {
         if (!routed) return int64_t{0};
-        const RowRef row = S.rows[p0 + i];
+        RowRef row;
+        static_assert(sizeof(RowRef) == sizeof(uint64_t), "a RowRef is one 8-byte word");
+        memcpy(&row, &early, sizeof row);
         atomicAdd(&owner_tally()[row.token_idx / P.cfg.tokens_per_rank], 1u);
         return reinterpret_cast<int64_t>(slot_row_of(P, slots, row));
       },

@@ -1154,10 +1154,10 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   }
   trace_add(P, kTrPhase2, t0_start);
   const uint64_t t0 = trace_now(P);
-  if (routed)
-    if (!tallied_rows(P)) publish_rows(P, S, p0, n, 0);
-  else
+  if (!routed)
     publish(&S.counters[2], 1);
+  else if (!tallied_rows(P))
+    publish_rows(P, S, p0, n, 0);
   trace_add(P, kTrPublish, t0);
   return true;
 }
@@ -1367,10 +1367,10 @@ __device__ inline bool backward_phase2(const LaunchParams& P, const Role& role, 
   }
   trace_add(P, kTrPhase2, t0_start);
   const uint64_t t0 = trace_now(P);
-  if (routed)
-    if (!tallied_rows(P)) publish_rows(P, S, p0, n, 1);
-  else
+  if (!routed)
     publish(&S.counters[3], 1);
+  else if (!tallied_rows(P))
+    publish_rows(P, S, p0, n, 1);
   trace_add(P, kTrPublish, t0);
   return true;
 }

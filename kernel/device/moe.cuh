@@ -881,7 +881,7 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
 // The order is the same on every block, and each rank's items are claimed in item order (ItemClaims),
 // so every wait is for an item claimed earlier: no deadlock, and who computes an item changes no bit.
 template <class Body>
-__device__ inline bool for_item_ranks(const LaunchParams& P, const Role& role, uint32_t planned_gen, Body body) {
+__device__ __forceinline__ bool for_item_ranks(const LaunchParams& P, const Role& role, uint32_t planned_gen, Body body) {
   if (!P.shared_items) return body(role);
   const int local = static_cast<int>(gridDim.x) / P.blocks_per_rank;
   for (int k = 0; k < local; ++k) {

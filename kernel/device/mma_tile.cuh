@@ -843,8 +843,8 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
       if (epilogue.bf16) {
         uint16_t* staged16 = reinterpret_cast<uint16_t*>(smem.ring);
         int64_t* keys16 = reinterpret_cast<int64_t*>(smem.ring + kStageKeysOffset16);
-        // The keys first (their area does not overlap the staged rows): a key's global load then
-        // has the staging stores to hide behind.
+        // The keys first (their area does not overlap the staged rows): a key that still needs a
+        // global load (no early(i)) then has the staging stores to hide behind.
         if (threadIdx.x < rows) keys16[threadIdx.x] = my_key();
 #pragma unroll
         for (int j = 0; j < NJ; ++j)

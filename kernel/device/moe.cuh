@@ -585,11 +585,12 @@ __device__ inline void finish_from_acc(const LaunchParams& P, const Role& role, 
   }
 }
 
-// After a tile's pushes: every thread fences its stores, then each row is counted at its owner
-// (arrivals[which]: 0 forward, 1 backward; once per column tile).
-// Rows are tallied per owner in shared memory first: one global atomic per owner and tile, not
-// one per row (a single owner's counter would otherwise take every row of the pass).
-// tallied: slot_row_epilogue's keys have tallied the rows already.
+// Counting pushed rows at their owners (arrivals[which]: 0 forward, 1 backward). Rows are tallied
+// per owner in shared memory first, so an owner's counter takes one global atomic per block and
+// tally, not one per row (a single owner's counter would otherwise take every row of the pass).
+// count_at_owners adds the tally (after the caller's fence and barrier); publish_rows, after one
+// tile's pushes, fences, tallies the tile's rows and adds them (the slow engine and the atomics
+// build); publish_tallied_rows (below) does the fast deterministic build's once per rank.
 __device__ inline void count_at_owners(const LaunchParams& P, int which) {
   const uint32_t* per_owner = owner_tally();
   for (int r = threadIdx.x; r < P.num_ranks; r += kThreads)
@@ -637,7 +638,8 @@ struct RowTile {
   int64_t index;  // counter index in tiles_done
 };
 
-// Every block of the rank computes work items, claimed one at a time from a per-rank counter
+// Every block of the rank (with LaunchParams::shared_items every block of the launch, rank after
+// rank: for_item_ranks) computes work items, claimed one at a time from a per-rank counter
 // (an integer atomic, zeroed before every pass): the compute blocks start at once, the
 // communication blocks once their gather is done (they never wait before that). Claims go out in
 // increasing item order, and a block works its claims in order, so the smallest unfinished

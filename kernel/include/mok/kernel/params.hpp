@@ -83,7 +83,8 @@ struct RankTensorMaps {
   TensorMapBytes w_shared_down;  // [H, Is]
 };
 
-// One rank's private state (workspace), written only by that rank's blocks.
+// One rank's private state (workspace), written only by blocks of the launch that holds the rank
+// (its own blocks, and with shared_items the other local ranks' blocks working its GEMM items).
 struct RankState {
   int64_t* expert_offsets;    // [E_local + 1]
   spec::RowRef* rows;         // [capacity]: canonical rows of the local experts, concatenated

@@ -704,9 +704,12 @@ int main(int argc, char** argv) {
                 : passes == "forward" ? "forwards only (--passes forward)"
                                       : "forwards only (the golden file has no inputs/d_output)");
     if (!nccl)
-      std::printf("# transport virtual: the %lld ranks share one GPU in one launch per pass; fused times are the median "
-                  "over reps of each pass\n",
-                  (long long)Rn);
+      std::printf("# transport virtual: the %lld ranks share one GPU in one launch per pass%s; fused times are the "
+                  "median over reps of each pass\n",
+                  (long long)Rn,
+                  Rn < 2            ? ""
+                  : ko.shared_items ? ", every block working every rank's GEMM items in rank order (--items shared)"
+                                    : ", each rank's blocks working its own GEMM items (--items own)");
     else
       std::printf("# transport nccl: R=%lld, one rank per GPU (%s), NCCL symmetric memory; fused times are the median "
                   "over reps of the SLOWEST RANK's pass, each rank timed with CUDA events from a common start (an "

@@ -33,8 +33,10 @@ struct Config {
   int ranks;
   int comm;
   int64_t minibatch;  // tokens per pass
+  bool own_items;     // KernelOptions::shared_items off (several virtual ranks only)
   std::string name() const {
-    return "R=" + std::to_string(ranks) + " comm=" + std::to_string(comm) + " minibatch=" + std::to_string(minibatch);
+    return "R=" + std::to_string(ranks) + " comm=" + std::to_string(comm) + " minibatch=" + std::to_string(minibatch) +
+           (own_items ? " items=own" : "");
   }
 };
 
@@ -73,6 +75,7 @@ ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, 
     }
     kernel::KernelOptions o;
     o.comm_blocks_per_rank = c.comm;
+    o.shared_items = !c.own_items;
     ref::TensorMap part = nccl ? kernel::run_layer_nccl(cfg, in, backward, o) : kernel::run_layer(cfg, in, backward, o);
     for (auto& [p, t] : part) {
       if (!per_token(p)) {
@@ -97,8 +100,11 @@ ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, 
 void check_determinism_options(const spec::LayerConfig& cfg, const DeterminismOptions& options) {
   const int64_t G = cfg.num_tokens();
   const std::string E = std::to_string(cfg.num_experts);
-  if (options.ranks.empty() || options.comm_blocks.empty())
-    throw Error("determinism: --ranks and --comm-sms each need at least one value");
+  if (options.ranks.empty() || options.comm_blocks.empty() || options.items.empty())
+    throw Error("determinism: --ranks, --comm-sms and --items each need at least one value");
+  for (const std::string& it : options.items)
+    if (it != "shared" && it != "own")
+      throw Error("determinism: --items takes shared and/or own (comma-separated), got '" + it + "'");
   for (int64_t mb : options.minibatches)
     if (mb < 1 || G % mb)
       throw Error("determinism: --minibatch " + std::to_string(mb) + " does not divide the batch (G = R*T = " +
@@ -143,7 +149,14 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
                              std::to_string(devices) + " here)");
           continue;
         }
-        configs.push_back({R, comm, mb});
+        // Own items differ from shared ones only where one launch holds several ranks.
+        bool shared_done = false;
+        for (const std::string& it : options.items) {
+          const bool own = it == "own" && R > 1 && !nccl;
+          if (!own && shared_done) continue;
+          shared_done = shared_done || !own;
+          configs.push_back({R, comm, mb, own});
+        }
       }
   if (configs.empty())
     throw Error("determinism: every configuration needs more GPUs than the " + std::to_string(devices) +

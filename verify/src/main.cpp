@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
       "      recomputes exact values and error radii and checks the file's tensors lie within.\n"
       "  mok-verify compare GOLDEN CANDIDATE\n"
       "      compares a candidate file (same schema; e.g. written by another backend) with a golden.\n"
-      "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--minibatch M,...] [--transport nccl]\n"
+      "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--items shared,own] [--minibatch M,...] [--transport nccl]\n"
       "      runs the CUDA kernel on the file's inputs under every configuration, prints one hash per\n"
       "      tensor per configuration, and fails on any difference (the CI gate for GPU nodes).\n\n"
       "Exit codes: 0 passed, 1 a check failed, 2 bad input or usage, or the report could not be written\n"
@@ -144,6 +144,14 @@ int main(int argc, char** argv) {
   det->add_option("--minibatch", minibatch,
                   "tokens per pass (default: the whole batch); per-token results must not change")
       ->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  std::vector<std::string> items{"shared", "own"};
+  det->add_option("--items", items,
+                  "who works the GEMM items of several virtual ranks on one GPU: shared (every block, rank after rank; "
+                  "the kernel's default) and/or own (each rank's blocks); R = 1 and --transport nccl have one rank a "
+                  "launch and run once")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shared", "own"}));
   det->add_option("--seed", det_seed, "shuffles the order in which configurations run (0 to 2^64 - 1)")
       ->capture_default_str()
       ->check(mok::cli::seed());
@@ -175,6 +183,7 @@ int main(int argc, char** argv) {
       o.runs = runs;
       o.ranks = ranks;
       o.comm_blocks = comm;
+      o.items = items;
       o.minibatches = minibatch;
       o.seed = det_seed;
       o.transport = transport;

@@ -480,6 +480,11 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
   EXPECT_EQ(run_cli("run " + good_ + " -j -1").code, 2);
   EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --transport nccl").code, 2);
   EXPECT_EQ(run_cli("determinism " + good_ + " --ranks 0").code, 2);  // usage before support
+  for (const char* items : {"--items bad", "--items shared,x", "--items ''"}) {
+    const CliRun r = run_cli("determinism " + good_ + " " + items);
+    EXPECT_EQ(r.code, 2) << items << ": " << r.err;
+    EXPECT_NE(r.err.find("--items"), std::string::npos) << items << ": " << r.err;
+  }
   // Usage and file errors come before "not supported here" (found by audit, 2026-12: a missing
   // file under --backend cuda exited 3).
   for (const std::string& args :

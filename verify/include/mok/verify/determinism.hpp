@@ -18,12 +18,15 @@ struct DeterminismOptions {
   std::vector<int64_t> minibatches;      // tokens per pass; empty = the whole batch only
   uint64_t seed = 1;                     // shuffles the order in which configurations run
   std::string transport = "virtual";     // "virtual" or "nccl" (R GPUs for R ranks)
+  std::vector<std::string> items{"shared", "own"};  // GEMM items of several virtual ranks: worked by every
+                                                   // block ("shared") or by each rank's own ("own"); R = 1
+                                                   // and the nccl transport run one launch a rank: "shared" only
   std::function<void(const std::string&)> progress;
 };
 
 struct DeterminismResult {
   bool passed = true;
-  int64_t configurations = 0;  // distinct (R, comm, minibatch), each run `runs` times
+  int64_t configurations = 0;  // distinct (R, comm, minibatch, items), each run `runs` times
   int64_t executions = 0;
   std::string table;           // one line per configuration and tensor: its 64-bit hash
   std::string first_difference;

@@ -391,10 +391,16 @@ class LayerSim {
   // A fenced row-order chunk: one fence after all of its NVLink stores, so each member's signal
   // waits for the chunk's last store. Per agent (an SM runs one chunk at a time): its NVLink
   // members whose data has not ended, the latest last-store issue among those that have, and
-  // their signals, raised when the last one ends.
+  // their signals, raised when the last one ends. The chunk's local member writes its local
+  // flag after the same fence: the group's NVLink member count, the fence's end once known, and
+  // the local pieces (transfer, piece, arrival) that wait for it.
   std::vector<int32_t> group_fence_pending_;
   std::vector<int64_t> group_fence_issue_;
   std::vector<std::vector<PendingSignal>> group_signals_;
+  std::vector<int32_t> group_fenced_count_;
+  std::vector<int64_t> group_fence_done_;
+  std::vector<std::vector<std::array<int64_t, 3>>> group_local_signals_;
+  void mark_local_known(const Transfer& tr, int64_t piece, int64_t arrive, int64_t fence_done);
   void raise_signal(const PendingSignal& s);
   std::vector<std::array<int64_t, 3>> pending_peer_flags_;  // (phase, gpu, time)
   void update_port_queues(int64_t now);
@@ -823,6 +829,9 @@ void LayerSim::build_programs() {
     group_fence_pending_.assign(programs_.size(), 0);
     group_fence_issue_.assign(programs_.size(), INT64_MIN);
     group_signals_.assign(programs_.size(), {});
+    group_fenced_count_.assign(programs_.size(), 0);
+    group_fence_done_.assign(programs_.size(), INT64_MIN);
+    group_local_signals_.assign(programs_.size(), {});
   }
   wait_start_ns_.assign(programs_.size(), 0);
   std::vector<double> demands;
@@ -1101,8 +1110,20 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
   const int64_t t_issue = tr.fence_stall_ns > 0 ? std::max(tr.start_ns, t_fluid - tr.fence_stall_ns) : t_fluid;
   const int64_t arrive = t_issue + L;
   if (src == dst) {  // local copy: the same SM's own stores, then a local flag
-    mark_known(ph, piece, src, dst, arrive,
-               observe_local(arrive + static_cast<int64_t>(topo_.local_fence_ns), local_poll_period()));
+    if (tr.in_group) {
+      // A fenced row-order chunk with NVLink members: the SM writes the local flag after the
+      // chunk's one fence (which follows its last NVLink store), as it does the others.
+      const int agent = tr.initiator * S_ + tr.sm;
+      if (group_fenced_count_.empty() || group_fenced_count_[agent] == 0) {
+        mark_local_known(tr, piece, arrive, INT64_MIN);
+      } else if (group_fence_pending_[agent] > 0) {
+        group_local_signals_[agent].push_back({static_cast<int64_t>(&tr - transfers_.data()), piece, arrive});
+      } else {
+        mark_local_known(tr, piece, arrive, group_fence_done_[agent]);
+      }
+      return;
+    }
+    mark_local_known(tr, piece, arrive, INT64_MIN);
     return;
   }
   const PendingSignal sig{static_cast<int32_t>(&tr - transfers_.data()), piece, t_issue, t_issue};
@@ -1122,9 +1143,22 @@ void LayerSim::on_piece_data(const Transfer& tr, int64_t piece, int64_t t_fluid)
       raise_signal(h);
     }
     held.clear();
+    // Every member has the same stall (the chunk's 2L + f), so the fence ends here for all.
+    group_fence_done_[agent] = group_fence_issue_[agent] + tr.fence_stall_ns;
+    for (const auto& [t, p, a] : group_local_signals_[agent])
+      mark_local_known(transfers_[t], p, a, group_fence_done_[agent]);
+    group_local_signals_[agent].clear();
     return;
   }
   raise_signal(sig);
+}
+
+// A local copy's piece that arrived at `arrive`: a local release fence, then a local flag; in a
+// fenced row-order chunk with NVLink members the flag is written after the chunk's fence, which
+// ends at fence_done (INT64_MIN: no such fence).
+void LayerSim::mark_local_known(const Transfer& tr, int64_t piece, int64_t arrive, int64_t fence_done) {
+  const int64_t visible = std::max(arrive + static_cast<int64_t>(topo_.local_fence_ns), fence_done);
+  mark_known(tr.phase, piece, tr.src, tr.dst, arrive, observe_local(visible, local_poll_period()));
 }
 
 void LayerSim::raise_signal(const PendingSignal& s) {
@@ -1444,6 +1478,8 @@ void LayerSim::step_agent(int agent, int64_t now) {
         group_pending_[agent] = count;
         group_fence_pending_[agent] = group_fenced_[op.arg];
         group_fence_issue_[agent] = INT64_MIN;
+        group_fenced_count_[agent] = group_fenced_[op.arg];
+        group_fence_done_[agent] = INT64_MIN;
         for (int32_t m = 0; m < count; ++m) start_transfer(agent, first + m, now);
         return;  // resumes in on_flow_complete when the last of them completes
       }

@@ -449,6 +449,59 @@ TEST(LayerSim, RowOrderFenceWaitsForTheChunksSlowestDestination) {
     }
 }
 
+TEST(LayerSim, RowOrderLocalFlagWaitsForTheChunksFence) {
+  // Rank 0's tokens go to its own expert 0 and to the congested expert 2 (every rank's tokens go
+  // there), so each of rank 0's row-order chunks holds local rows and rows for GPU 2. The SM
+  // writes both, fences once after its last NVLink store, then writes the flags: the local flag
+  // too follows the fence, which ends 2L + f after the last store into GPU 2 (at the flow's end,
+  // the fluid milestone holding the stall), and is then seen by a local poll.
+  const Topology topo = resolve_topology("hgx-h200");
+  const int n = 8;
+  const spec::LayerConfig cfg{7168, 2048, 0, n, 2, n, 128};
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int r = 0; r < n; ++r)
+    for (int64_t t = 0; t < 128; ++t) {
+      topk[(r * 128 + t) * 2] = 2;
+      if (r == 0) topk[(r * 128 + t) * 2 + 1] = 0;
+    }
+  const Workload w = Workload::from_topk(cfg, topk, "own rows in chunks with a congested destination");
+  const int64_t poll = static_cast<int64_t>(topo.local_poll_ns);
+  for (Signaling sig : {Signaling::kFenceFlag, Signaling::kCounter})
+    for (bool queueing : {false, true}) {
+      ProtocolConfig p = push_dispatch(sig, 8);
+      p.chunk_tokens = 16;
+      p.push_row_order = true;
+      SimOptions o;
+      o.record_trace = true;
+      o.signal_queueing = queueing;
+      const LayerResult r = simulate_layer(topo, w, p, o);
+      SCOPED_TRACE(std::string(sig == Signaling::kCounter ? "counter" : "fence_flag") +
+                   (queueing ? ", signal queueing" : ""));
+      int64_t slow_end = 0, local_end = 0;
+      int slow_flows = 0, local_flows = 0;
+      for (const auto& span : r.trace) {
+        if (span.gpu != 0) continue;
+        if (span.name == "dispatch push 0->2") {
+          ++slow_flows;
+          slow_end = std::max(slow_end, span.end_ns);
+        }
+        if (span.name == "dispatch push 0->0") {
+          ++local_flows;
+          local_end = std::max(local_end, span.end_ns);
+        }
+      }
+      EXPECT_EQ(slow_flows, 8);
+      EXPECT_EQ(local_flows, 8);
+      EXPECT_LT(local_end + 10000, slow_end);  // the local stores end long before
+      // The fence ends at slow_end (= last store issue + 2L + f); the local flag is seen at the
+      // next local poll after it.
+      const int64_t fence_end = slow_end;
+      EXPECT_GE(r.gpus[0].dispatch_known_ns, fence_end);
+      const int64_t period = std::max(p.poll_interval_ns, poll);
+      EXPECT_EQ(r.gpus[0].dispatch_known_ns, (fence_end + period - 1) / period * period + poll);
+    }
+}
+
 TEST(LayerSim, MultiRackTrafficCrossesTheNics) {
   Topology t = simple_topology(4);
   t.num_domains = 2;

@@ -391,16 +391,13 @@ TEST(LayerSim, RowOrderNicMembersTakeNoShareOfTheSmWindow) {
   EXPECT_EQ(both.gpus[1].dispatch_known_ns, alone.gpus[1].dispatch_known_ns);
 }
 
-// A row-order chunk's one fence covers all of its NVLink stores (model audit, 2026-12-05): 8 GPUs
-// of hgx-h200, rank 0's 128 tokens to experts 2 and 1, every other rank's to expert 2 only, so
-// GPU 2's in-port is congested and GPU 1's is not. 16-token chunks on 8 SMs: each of rank 0's
-// chunks writes rows to GPU 1 (fast) and GPU 2 (slow) under one window and one fence, which
-// ends when the chunk's stores into GPU 2 have drained (their flow's end, the stall folded in:
-// the last at 35,681 ns); no flag to GPU 1 can land before that plus L (36,381), and the
-// receiver's 300 ns sweep sees it at 36,900, with GPU 2 (counter: GPU 1's atomics are served at
-// once; GPU 2's 64 wait behind each other, 38,100 as before). Before the fix each member's fence
-// was timed from its own end: GPU 1 knew its data at 22,500 ns (its own stores ended at 21,301).
-TEST(LayerSim, RowOrderFenceWaitsForTheChunksSlowestDestination) {
+// The two row-order tests' case: 8 GPUs of hgx-h200, every rank's 128 tokens to expert 2 (GPU 2's
+// in-port is congested) and rank 0's also to expert `other`, 16-token row-order chunks on 8 SMs,
+// with fence_flag and counter, each with and without signal queueing. check(r, sig, queueing,
+// slow_end, other_end, p) runs for each, with the ends of rank 0's stores into GPU 2 and into GPU
+// `other` (8 flows each, asserted here).
+template <class Check>
+void row_order_with_a_congested_destination(int other, const char* what, Check check) {
   const Topology topo = resolve_topology("hgx-h200");
   const int n = 8;
   const spec::LayerConfig cfg{7168, 2048, 0, n, 2, n, 128};
@@ -408,10 +405,10 @@ TEST(LayerSim, RowOrderFenceWaitsForTheChunksSlowestDestination) {
   for (int r = 0; r < n; ++r)
     for (int64_t t = 0; t < 128; ++t) {
       topk[(r * 128 + t) * 2] = 2;
-      if (r == 0) topk[(r * 128 + t) * 2 + 1] = 1;
+      if (r == 0) topk[(r * 128 + t) * 2 + 1] = other;
     }
-  const Workload w = Workload::from_topk(cfg, topk, "one fast and one congested destination");
-  const int64_t L = static_cast<int64_t>(topo.nvlink_latency_ns);
+  const Workload w = Workload::from_topk(cfg, topk, what);
+  const std::string other_name = "dispatch push 0->" + std::to_string(other);
   for (Signaling sig : {Signaling::kFenceFlag, Signaling::kCounter})
     for (bool queueing : {false, true}) {
       ProtocolConfig p = push_dispatch(sig, 8);
@@ -423,83 +420,67 @@ TEST(LayerSim, RowOrderFenceWaitsForTheChunksSlowestDestination) {
       const LayerResult r = simulate_layer(topo, w, p, o);
       SCOPED_TRACE(std::string(sig == Signaling::kCounter ? "counter" : "fence_flag") +
                    (queueing ? ", signal queueing" : ""));
-      int64_t slow_end = 0, fast_end = 0;
-      int slow_flows = 0, fast_flows = 0;
+      int64_t slow_end = 0, other_end = 0;
+      int slow_flows = 0, other_flows = 0;
       for (const auto& span : r.trace) {
         if (span.gpu != 0) continue;
         if (span.name == "dispatch push 0->2") {
           ++slow_flows;
           slow_end = std::max(slow_end, span.end_ns);
         }
-        if (span.name == "dispatch push 0->1") {
-          ++fast_flows;
-          fast_end = std::max(fast_end, span.end_ns);
+        if (span.name == other_name) {
+          ++other_flows;
+          other_end = std::max(other_end, span.end_ns);
         }
       }
       EXPECT_EQ(slow_flows, 8);
-      EXPECT_EQ(fast_flows, 8);
-      EXPECT_EQ(slow_end, 35681);
-      EXPECT_EQ(fast_end, 21301);  // GPU 1's own stores end long before
-      EXPECT_GE(r.gpus[1].dispatch_known_ns, slow_end + L);
-      EXPECT_GE(r.gpus[2].dispatch_known_ns, slow_end + L);
-      if (!queueing) {
-        EXPECT_EQ(r.gpus[1].dispatch_known_ns, 36900);
-        EXPECT_EQ(r.gpus[2].dispatch_known_ns, sig == Signaling::kCounter ? 38100 : 36900);
-      }
+      EXPECT_EQ(other_flows, 8);
+      check(r, sig, queueing, slow_end, other_end, p);
     }
 }
 
+// Row-order fenced push, a fast destination behind a slow one: each of rank 0's chunks writes rows
+// to GPU 1 (fast) and GPU 2 (slow) under one window and one fence, which ends when the chunk's
+// stores into GPU 2 have drained (their flow's end, the stall folded in: the last at 35,681 ns);
+// no flag to GPU 1 can land before that plus L (36,381), and the receiver's 300 ns sweep sees it
+// at 36,900, with GPU 2 (counter: GPU 1's atomics are served at once; GPU 2's 64 wait behind each
+// other, 38,100 as before). Before the fix each member's fence was timed from its own end: GPU 1
+// knew its data at 22,500 ns (its own stores ended at 21,301).
+TEST(LayerSim, RowOrderFenceWaitsForTheChunksSlowestDestination) {
+  const int64_t L = static_cast<int64_t>(resolve_topology("hgx-h200").nvlink_latency_ns);
+  row_order_with_a_congested_destination(
+      1, "one fast and one congested destination",
+      [&](const LayerResult& r, Signaling sig, bool queueing, int64_t slow_end, int64_t fast_end,
+          const ProtocolConfig&) {
+        EXPECT_EQ(slow_end, 35681);
+        EXPECT_EQ(fast_end, 21301);  // GPU 1's own stores end long before
+        EXPECT_GE(r.gpus[1].dispatch_known_ns, slow_end + L);
+        EXPECT_GE(r.gpus[2].dispatch_known_ns, slow_end + L);
+        if (!queueing) {
+          EXPECT_EQ(r.gpus[1].dispatch_known_ns, 36900);
+          EXPECT_EQ(r.gpus[2].dispatch_known_ns, sig == Signaling::kCounter ? 38100 : 36900);
+        }
+      });
+}
+
+// Rank 0's tokens go to its own expert 0 and to the congested expert 2, so each of rank 0's
+// row-order chunks holds local rows and rows for GPU 2. The SM writes both, fences once after its
+// last NVLink store, then writes the flags: the local flag too follows the fence, which ends 2L + f
+// after the last store into GPU 2 (at the flow's end, the fluid milestone holding the stall), and
+// is then seen by a local poll (GPU 0 knew its rows at 12,300 ns before the fix).
 TEST(LayerSim, RowOrderLocalFlagWaitsForTheChunksFence) {
-  // Rank 0's tokens go to its own expert 0 and to the congested expert 2 (every rank's tokens go
-  // there), so each of rank 0's row-order chunks holds local rows and rows for GPU 2. The SM
-  // writes both, fences once after its last NVLink store, then writes the flags: the local flag
-  // too follows the fence, which ends 2L + f after the last store into GPU 2 (at the flow's end,
-  // the fluid milestone holding the stall), and is then seen by a local poll.
-  const Topology topo = resolve_topology("hgx-h200");
-  const int n = 8;
-  const spec::LayerConfig cfg{7168, 2048, 0, n, 2, n, 128};
-  std::vector<int32_t> topk(cfg.num_slots(), -1);
-  for (int r = 0; r < n; ++r)
-    for (int64_t t = 0; t < 128; ++t) {
-      topk[(r * 128 + t) * 2] = 2;
-      if (r == 0) topk[(r * 128 + t) * 2 + 1] = 0;
-    }
-  const Workload w = Workload::from_topk(cfg, topk, "own rows in chunks with a congested destination");
-  const int64_t poll = static_cast<int64_t>(topo.local_poll_ns);
-  for (Signaling sig : {Signaling::kFenceFlag, Signaling::kCounter})
-    for (bool queueing : {false, true}) {
-      ProtocolConfig p = push_dispatch(sig, 8);
-      p.chunk_tokens = 16;
-      p.push_row_order = true;
-      SimOptions o;
-      o.record_trace = true;
-      o.signal_queueing = queueing;
-      const LayerResult r = simulate_layer(topo, w, p, o);
-      SCOPED_TRACE(std::string(sig == Signaling::kCounter ? "counter" : "fence_flag") +
-                   (queueing ? ", signal queueing" : ""));
-      int64_t slow_end = 0, local_end = 0;
-      int slow_flows = 0, local_flows = 0;
-      for (const auto& span : r.trace) {
-        if (span.gpu != 0) continue;
-        if (span.name == "dispatch push 0->2") {
-          ++slow_flows;
-          slow_end = std::max(slow_end, span.end_ns);
-        }
-        if (span.name == "dispatch push 0->0") {
-          ++local_flows;
-          local_end = std::max(local_end, span.end_ns);
-        }
-      }
-      EXPECT_EQ(slow_flows, 8);
-      EXPECT_EQ(local_flows, 8);
-      EXPECT_LT(local_end + 10000, slow_end);  // the local stores end long before
-      // The fence ends at slow_end (= last store issue + 2L + f); the local flag is seen at the
-      // next local poll after it.
-      const int64_t fence_end = slow_end;
-      EXPECT_GE(r.gpus[0].dispatch_known_ns, fence_end);
-      const int64_t period = std::max(p.poll_interval_ns, poll);
-      EXPECT_EQ(r.gpus[0].dispatch_known_ns, (fence_end + period - 1) / period * period + poll);
-    }
+  const int64_t poll = static_cast<int64_t>(resolve_topology("hgx-h200").local_poll_ns);
+  row_order_with_a_congested_destination(
+      0, "own rows in chunks with a congested destination",
+      [&](const LayerResult& r, Signaling, bool, int64_t slow_end, int64_t local_end, const ProtocolConfig& p) {
+        EXPECT_LT(local_end + 10000, slow_end);  // the local stores end long before
+        // The fence ends at slow_end (= last store issue + 2L + f); the local flag is seen at the
+        // next local poll after it.
+        const int64_t fence_end = slow_end;
+        EXPECT_GE(r.gpus[0].dispatch_known_ns, fence_end);
+        const int64_t period = std::max(p.poll_interval_ns, poll);
+        EXPECT_EQ(r.gpus[0].dispatch_known_ns, (fence_end + period - 1) / period * period + poll);
+      });
 }
 
 TEST(LayerSim, MultiRackTrafficCrossesTheNics) {

@@ -138,6 +138,10 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
   if (nccl && !kernel::nccl_available(&why)) throw Error("transport nccl: " + why, ErrorKind::kUnsupported);
   int devices = 0;
   cudaGetDeviceCount(&devices);
+  const auto wants = [&](const char* v) {
+    return std::find(options.items.begin(), options.items.end(), v) != options.items.end();
+  };
+  const bool want_shared = wants("shared"), want_own = wants("own");
   for (int R : options.ranks)
     for (int comm : options.comm_blocks)
       for (int64_t mb : mbs) {
@@ -149,14 +153,11 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
                              std::to_string(devices) + " here)");
           continue;
         }
-        // Own items differ from shared ones only where one launch holds several ranks.
-        bool shared_done = false;
-        for (const std::string& it : options.items) {
-          const bool own = it == "own" && R > 1 && !nccl;
-          if (!own && shared_done) continue;
-          shared_done = shared_done || !own;
-          configs.push_back({R, comm, mb, own});
-        }
+        // Own items differ from shared ones only where one launch holds several ranks; elsewhere
+        // either request runs the one configuration.
+        const bool can_own = R > 1 && !nccl;
+        if (want_shared || !can_own) configs.push_back({R, comm, mb, false});
+        if (want_own && can_own) configs.push_back({R, comm, mb, true});
       }
   if (configs.empty())
     throw Error("determinism: every configuration needs more GPUs than the " + std::to_string(devices) +

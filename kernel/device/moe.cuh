@@ -50,15 +50,28 @@ __device__ inline Role my_role(const LaunchParams& P, bool forward) {
 
 __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Rows per local expert: every block of the rank counts a slice of the G x K routing entries in
-// shared memory and adds its counts to expert_counts (integer sums: the same whatever the slices).
-// Before the plan is filled (a rank barrier follows).
+// The tokens whose routing rows block `block` of a rank reads while counting and planning: a
+// contiguous slice of the G tokens of every rank, the same slice in both steps (the plan's row
+// positions start from the counts of the slices before it).
+struct TokenSlice {
+  int64_t lo, hi;
+};
+__device__ __forceinline__ TokenSlice token_slice(const LaunchParams& P, int block) {
+  const int64_t G = P.cfg.num_tokens(), per = ceil_div(G, P.blocks_per_rank);
+  const int64_t lo = min(G, block * per);
+  return TokenSlice{lo, min(G, lo + per)};
+}
+
+// Rows per local expert: every block of the rank counts the routing entries of its token slice in
+// shared memory, writes its counts to block_counts[e][block] and adds them to expert_counts
+// (integer sums: the same whatever the slices). Before the plan is filled (a rank barrier follows).
 __device__ inline void count_rows(const LaunchParams& P, const Role& role) {
   const spec::LayerConfig& c = P.cfg;
-  const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_local = c.experts_per_rank();
+  const int64_t K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
   const RankState& S = P.state[role.rank];
   __shared__ unsigned int counts[256];
-  const int64_t n = G * K, per = ceil_div(n, P.blocks_per_rank), lo = min(n, role.block * per), hi = min(n, lo + per);
+  const TokenSlice ts = token_slice(P, role.block);
+  const int64_t lo = ts.lo * K, hi = ts.hi * K;
   for (int64_t e0 = 0; e0 < E_local; e0 += 256) {
     for (int i = threadIdx.x; i < 256; i += kThreads) counts[i] = 0;
     __syncthreads();
@@ -68,29 +81,12 @@ __device__ inline void count_rows(const LaunchParams& P, const Role& role) {
       if (id >= first && id < last) atomicAdd(&counts[id - first], 1u);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 256 && e0 + i < E_local; i += kThreads)
+    for (int i = threadIdx.x; i < 256 && e0 + i < E_local; i += kThreads) {
+      S.block_counts[(e0 + i) * block_counts_stride(P.blocks_per_rank) + role.block] = counts[i];
       if (counts[i]) atomicAdd(&S.expert_counts[e0 + i], counts[i]);
+    }
     __syncthreads();
   }
-}
-
-// After count_rows and a rank barrier: rows of local experts 0 .. e_local - 1 (the first canonical
-// row of e_local), summed through shared memory 256 counts at a time.
-__device__ inline int64_t rows_before(const RankState& S, int64_t e_local) {
-  __shared__ uint32_t chunk[256];
-  __shared__ int64_t run;
-  if (threadIdx.x == 0) run = 0;
-  for (int64_t e0 = 0; e0 < e_local; e0 += 256) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < 256; i += kThreads) chunk[i] = e0 + i < e_local ? __ldcg(&S.expert_counts[e0 + i]) : 0u;
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (int i = 0; i < 256; ++i) run += chunk[i];
-  }
-  __syncthreads();
-  const int64_t out = run;
-  __syncthreads();
-  return out;
 }
 
 // Block 0 of the rank, after count_rows and a rank barrier: expert_offsets from the counts (read
@@ -166,122 +162,128 @@ __device__ __forceinline__ RowCheck check_row(const int32_t* row, int64_t K, int
   return r;
 }
 
-// Where expert e sits in a token's row (the last slot holding it, as check_row reports; -1:
-// nowhere), without the checks: the plan's second pass, over rows its first pass checked.
-template <int kRegK>
-__device__ __forceinline__ int find_slot(const int32_t* row, int64_t K, int64_t e) {
-  int slot = -1;
-  if constexpr (kRegK > 0) {
-    int32_t ids[kRegK];
-    load_ids(row, K, ids);
-#pragma unroll
-    for (int k = 0; k < kRegK; ++k)
-      if (k < K && ids[k] == e) slot = k;
-  } else {
-    for (int64_t k = 0; k < K; ++k)
-      if (row[k] == e) slot = static_cast<int>(k);
-  }
-  return slot;
-}
-
-// ORDER: canonical rows of expert e: ascending global token id, then slot (spec routing plan).
-// Warp w of the block owns the tokens [w * per, (w + 1) * per) (per: a multiple of 32) and writes
-// their rows in token order after the rows of warps 0 .. w - 1: a first pass counts each warp's
-// matches (and checks the rows), one block-wide exclusive scan of the eight counts places each
-// warp's run, and a second pass writes it, 32 consecutive tokens per step (lane l the l-th; a
-// ballot places the matches). Two block barriers per expert, not three per 256 tokens; no call
-// stores to global memory inside a pass's token loop, so a lane's row loads for kBatch steps
-// stay in flight together; a lane's (rank, token) advances by additions. Measured on the H200
-// (twentieth session, `mok-bench --trace`, "plan built"): qwen3 0.104 ms against 0.124 for the
-// token-at-a-time block scan before, dsv3 0.063 against 0.072. The barriers were a small part
-// (this form with a 64-bit division per token: 0.118 ms), and runs owned by threads (64 tokens
-// each, 32 rows 2 KiB apart per load instruction) were slower (0.17 ms).
+// ORDER: canonical rows of expert e: ascending global token id, then slot (spec routing plan; a
+// valid row names e at most once, so token order is the whole order). Block b of the rank places
+// the rows of its token slice (token_slice, the slice count_rows counted): expert e's first row of
+// the slice is the rows of local experts before e plus e's rows in the slices of blocks 0 .. b - 1
+// (block_counts, summed with 16-byte loads). The slice is read 256 tokens a round, a thread a
+// token; each warp marks its lanes' experts in one bit mask per (warp, expert) in shared memory,
+// and a lane's row for e goes after e's rows from earlier rounds, earlier warps (their masks'
+// popcounts) and lower lanes of its warp. Every routing row is checked once per rank, by the
+// block whose slice holds it (ids in [-1, E), distinct in a row), and the first invalid entry the
+// block sees is raised. Experts are placed kPlanExperts at a time in the idle ring (5 KiB), so
+// any E_local fits the slow engine's buffers too. Before: a block per expert scanned all G rows
+// twice (qwen3's "plan built" at 0.096 ms, H100, thirty-third session).
+inline constexpr int kPlanExperts = 128;
 inline constexpr int kRowCheckRegs = 16;
-template <int kRegK, int kBatch>
-__device__ inline void plan_expert(const LaunchParams& P, const Role& role, const RankState& S, int64_t e,
-                                   int64_t first_row) {
+template <int kRegK>
+__device__ inline void plan_slice(const LaunchParams& P, const Role& role, uint8_t* smem) {
   const spec::LayerConfig& c = P.cfg;
-  const int64_t K = c.top_k, T = c.tokens_per_rank, G = c.num_tokens(), E_all = c.num_experts;
-  __shared__ int64_t warp_sums[kWarps];
+  const int64_t K = c.top_k, T = c.tokens_per_rank, E_all = c.num_experts, E_local = c.experts_per_rank();
+  const RankState& S = P.state[role.rank];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t per = ceil_div(G, kWarps * 32) * 32;
-  const int64_t w_lo = min(G, warp * per), w_hi = min(G, w_lo + per);
-  // A lane's tokens advance by 32 a step: its (rank, token) pair follows by additions (the GPU
-  // has no 64-bit divide instruction; g / T and g % T per token were a software division each).
-  struct Cursor {
-    int64_t rank, t;
-  };
-  auto cursor_at = [&](int64_t g) { return Cursor{g / T, g % T}; };
-  auto advance = [&](Cursor& cur, int64_t n) {
-    cur.t += n;
-    while (cur.t >= T) {
-      cur.t -= T;
-      ++cur.rank;
-    }
-  };
-  auto row_at = [&](const Cursor& cur) { return P.peers[cur.rank].topk + cur.t * K; };
-  // Pass 1: this lane's matches, and its first invalid entry (validation: every rank checks
-  // every token it reads; ids in [-1, E), distinct in a row), raised after the loop.
-  int64_t mine = 0, bad_index = -1;
+  const unsigned below = (1u << lane) - 1u;
+  uint32_t* masks = reinterpret_cast<uint32_t*>(smem);                      // [kWarps][kPlanExperts]
+  int64_t* base = reinterpret_cast<int64_t*>(masks + kWarps * kPlanExperts);  // [kPlanExperts]
+  __shared__ int64_t scan[kWarps];
+  const TokenSlice ts = token_slice(P, role.block);
+  const int64_t stride = block_counts_stride(P.blocks_per_rank);
+  int64_t before = 0;  // rows of the local experts before this group (every thread's copy)
+  int64_t bad_index = -1;
   int32_t bad_id = 0;
-  Cursor cur = cursor_at(w_lo + lane);
-  for (int64_t g0 = w_lo; g0 < w_hi; g0 += 32 * kBatch) {
-    RowCheck r[kBatch];
-#pragma unroll
-    for (int q = 0; q < kBatch; ++q) {
-      if (g0 + 32 * q + lane < w_hi) r[q] = check_row<kRegK>(row_at(cur), K, E_all, e);
-      advance(cur, 32);
-    }
-#pragma unroll
-    for (int q = 0; q < kBatch; ++q) {
-      mine += r[q].slot >= 0;
-      if (bad_index < 0 && r[q].bad >= 0) {
-        bad_index = (g0 + 32 * q + lane) * K + r[q].bad;
-        bad_id = r[q].bad_id;
+  for (int64_t e0 = 0; e0 < E_local; e0 += kPlanExperts) {
+    const int n_e = static_cast<int>(min(static_cast<int64_t>(kPlanExperts), E_local - e0));
+    // base[i]: the first row of expert e0 + i in this slice.
+    const int i = threadIdx.x;
+    int64_t total = 0, earlier = 0;
+    if (i < n_e) {
+      total = __ldcg(&S.expert_counts[e0 + i]);
+      const uint32_t* row = S.block_counts + (e0 + i) * stride;
+      uint32_t sum = 0;
+      for (int q = 0; q < role.block; q += 4) {
+        const uint4 v = __ldcg(reinterpret_cast<const uint4*>(row + q));
+        sum += v.x + (q + 1 < role.block ? v.y : 0u) + (q + 2 < role.block ? v.z : 0u) +
+               (q + 3 < role.block ? v.w : 0u);
       }
+      earlier = sum;
+    }
+    for (int w = 0; w < kWarps; ++w) masks[w * kPlanExperts + i % kPlanExperts] = 0u;  // kThreads >= kPlanExperts
+    // An exclusive scan of the group's totals: within the warp by shuffles, then over warps.
+    int64_t incl = total;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    if (lane == 31) scan[warp] = incl;
+    __syncthreads();
+    int64_t offset = before;
+    for (int w = 0; w < warp; ++w) offset += scan[w];
+    if (i < n_e) base[i] = offset + incl - total + earlier;
+    for (int w = 0; w < kWarps; ++w) before += scan[w];
+    __syncthreads();
+    const int64_t first = role.rank * E_local + e0;
+    for (int64_t t0 = ts.lo; t0 < ts.hi; t0 += kThreads) {
+      const int64_t g = t0 + threadIdx.x;
+      const bool mine = g < ts.hi;
+      const int32_t* row = mine ? P.peers[g / T].topk + (g % T) * K : nullptr;
+      int32_t ids[kRegK > 0 ? kRegK : 1];
+      if constexpr (kRegK > 0) {
+        if (mine) load_ids(row, K, ids);
+      }
+      auto id_at = [&](int64_t k) -> int32_t {
+        if constexpr (kRegK > 0) return ids[k];
+        else return row[k];
+      };
+      if (mine && e0 == 0 && bad_index < 0) {  // the checks, on the first group's pass only
+        const RowCheck r = check_row<kRegK>(row, K, E_all, -1);
+        if (r.bad >= 0) {
+          bad_index = g * K + r.bad;
+          bad_id = r.bad_id;
+        }
+      }
+      auto each_local = [&](auto body) {
+        if (!mine) return;
+        if constexpr (kRegK > 0) {
+#pragma unroll
+          for (int k = 0; k < kRegK; ++k)
+            if (k < K && id_at(k) >= first && id_at(k) < first + n_e) body(k, static_cast<int>(id_at(k) - first));
+        } else {
+          for (int64_t k = 0; k < K; ++k)
+            if (id_at(k) >= first && id_at(k) < first + n_e) body(k, static_cast<int>(id_at(k) - first));
+        }
+      };
+      each_local([&](int64_t, int e) { atomicOr(&masks[warp * kPlanExperts + e], 1u << lane); });
+      __syncthreads();
+      each_local([&](int64_t k, int e) {
+        int64_t pos = base[e] + __popc(masks[warp * kPlanExperts + e] & below);
+        for (int w = 0; w < warp; ++w) pos += __popc(masks[w * kPlanExperts + e]);
+        if (pos < P.row_capacity)  // bad routing can overflow
+          S.rows[pos] = RowRef{static_cast<int32_t>(g), static_cast<int32_t>(k)};
+      });
+      __syncthreads();
+      if (i < n_e) {
+        int64_t n = 0;
+        for (int w = 0; w < kWarps; ++w) {
+          n += __popc(masks[w * kPlanExperts + i]);
+          masks[w * kPlanExperts + i] = 0u;
+        }
+        base[i] += n;
+      }
+      __syncthreads();
     }
   }
   if (bad_index >= 0) raise_error(P, 2, role.rank, kFlagBadRouting, E_all, bad_id, bad_index);
-  // The warp's count, then an exclusive scan over the warps in order.
-#pragma unroll
-  for (int d = 16; d >= 1; d /= 2) mine += __shfl_xor_sync(0xffffffffu, mine, d);
-  if (lane == 0) warp_sums[warp] = mine;
-  __syncthreads();
-  int64_t base = first_row;
-  for (int w = 0; w < warp; ++w) base += warp_sums[w];
-  __syncthreads();  // warp_sums is read before the next expert's scan writes it
-  // Pass 2: the rows, in token order (a token's slot: where e sits in its row, as pass 1 found).
-  const unsigned below = (1u << lane) - 1u;
-  cur = cursor_at(w_lo + lane);
-  for (int64_t g0 = w_lo; g0 < w_hi; g0 += 32 * kBatch) {
-    int slot[kBatch];
-#pragma unroll
-    for (int q = 0; q < kBatch; ++q) {
-      slot[q] = g0 + 32 * q + lane < w_hi ? find_slot<kRegK>(row_at(cur), K, e) : -1;
-      advance(cur, 32);
-    }
-#pragma unroll
-    for (int q = 0; q < kBatch; ++q) {
-      const unsigned hits = __ballot_sync(0xffffffffu, slot[q] >= 0);
-      if (slot[q] >= 0) {
-        const int64_t pos = base + __popc(hits & below);
-        if (pos < P.row_capacity) S.rows[pos] = RowRef{static_cast<int32_t>(g0 + 32 * q + lane), slot[q]};  // bad routing can overflow
-      }
-      base += __popc(hits);
-    }
-  }
 }
+static_assert(kThreads >= kPlanExperts && kPlanExperts % 32 == 0, "a thread per expert of a plan group");
+static_assert(kWarps * kPlanExperts * 4 + kPlanExperts * 8 <= smem_bytes_for(0, false) - 1024,
+              "the plan's masks and bases fit in the dynamic shared memory of a slow launch");
 
-__device__ inline bool build_plan(const LaunchParams& P, const Role& role) {
-  const int64_t K = P.cfg.top_k, E_local = P.cfg.experts_per_rank();
-  const RankState& S = P.state[role.rank];  // read-only: its pointers' targets are what plan_expert writes
-  for (int64_t e_local = role.block; e_local < E_local; e_local += P.blocks_per_rank) {
-    const int64_t e = role.rank * E_local + e_local;
-    const int64_t first_row = rows_before(S, e_local);
-    if (K <= 8) plan_expert<8, 4>(P, role, S, e, first_row);
-    else if (K <= kRowCheckRegs) plan_expert<kRowCheckRegs, 1>(P, role, S, e, first_row);
-    else plan_expert<0, 1>(P, role, S, e, first_row);
-  }
+__device__ inline bool build_plan(const LaunchParams& P, const Role& role, uint8_t* smem) {
+  const int64_t K = P.cfg.top_k;
+  if (K <= 8) plan_slice<8>(P, role, smem);
+  else if (K <= kRowCheckRegs) plan_slice<kRowCheckRegs>(P, role, smem);
+  else plan_slice<0>(P, role, smem);
   // One decision for the whole block: a block whose threads read the flag at different moments
   // would split, and a part without thread 0 would wait forever on its TMA barriers.
   return __syncthreads_or(load_volatile(P.abort) != 0 ? 1 : 0) == 0;
@@ -890,9 +892,11 @@ __device__ __forceinline__ bool for_item_ranks(const LaunchParams& P, const Role
     Role w = role;
     w.rank = P.first_rank + k;
     if (w.rank != role.rank) {
+      const uint64_t t0 = trace_now(P);
       if (planned_gen > 0 &&
           !block_wait(P, &P.state[w.rank].counters[1], planned_gen, w.rank, kFlagRankBarrier, -1))
         return false;
+      trace_add(P, kTrBetween, t0);  // the wait for that rank's plan
 #if defined(MOK_WGMMA)
       if (P.fast) {
         acquire_tensor_maps(&P.maps[w.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));
@@ -1185,7 +1189,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
   count_expected_arrivals(P, role);
   if (!rank_barrier(P, role.rank)) return;
   if (role.block == 0) write_offsets(P, role);
-  if (!build_plan(P, role)) return;
+  if (!build_plan(P, role, smem)) return;
   if (!rank_barrier(P, role.rank)) return;
   trace_mark(P, kTrPlanned);
 
@@ -1208,7 +1212,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
                 [&](const RowTile& t, int64_t n0) { return forward_phase1(P, w, smem, t, n0); },
                 [&](const RowTile& t, int64_t n0) { return forward_phase2(P, w, smem, t, n0); }))
           return false;
-        if (tallied_rows(P)) publish_tallied_rows(P, 0);
+        if (tallied_rows(P)) {
+          const uint64_t t0 = trace_now(P);
+          publish_tallied_rows(P, 0);
+          trace_add(P, kTrPublish, t0);
+        }
         return true;
       }))
     return;
@@ -1647,7 +1655,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
                 [&](const RowTile& t, int64_t n0) { return backward_phase1(P, w, smem, t, n0); },
                 [&](const RowTile& t, int64_t n0) { return backward_phase2(P, w, smem, t, n0); }))
           return false;
-        if (tallied_rows(P)) publish_tallied_rows(P, 1);
+        if (tallied_rows(P)) {
+          const uint64_t t0 = trace_now(P);
+          publish_tallied_rows(P, 1);
+          trace_add(P, kTrPublish, t0);
+        }
         return true;
       }))
     return;

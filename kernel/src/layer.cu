@@ -201,6 +201,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     RankState& s = P.state[r];
     s.expert_offsets = device_alloc<int64_t>(owned_, El + 1);
     MOK_CUDA(cudaMemset(s.expert_offsets, 0, (El + 1) * sizeof(int64_t)));  // an empty plan until a forward
+    s.block_counts = device_alloc<uint32_t>(owned_, El * block_counts_stride(blocks_per_rank_));
     s.rows = device_alloc<spec::RowRef>(owned_, cap);
     s.row_ready = device_alloc<uint32_t>(owned_, cap);
     s.row_ready_bwd = device_alloc<uint32_t>(owned_, cap);

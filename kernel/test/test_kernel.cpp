@@ -107,11 +107,12 @@ TEST(Kernel, EveryFixtureBitExactWithTheEmulator) {
     for (const char* p : {"intermediates/gate", "intermediates/up", "intermediates/act", "intermediates/y",
                           "intermediates/dy", "intermediates/d_gate", "intermediates/d_up", "intermediates/dx_slot"})
       EXPECT_TRUE(got.count(p)) << f << ": run_layer returned no " << p;
-    if (g.cfg.has_shared())
+    if (g.cfg.has_shared()) {
       for (const char* p : {"intermediates/shared_gate", "intermediates/shared_up", "intermediates/shared_act",
                             "intermediates/shared_out", "intermediates/shared_d_gate", "intermediates/shared_d_up",
                             "intermediates/dx_shared"})
         EXPECT_TRUE(got.count(p)) << f << ": run_layer returned no " << p;
+    }
     expect_bitwise(want, got, g.cfg, f);
   }
 }
@@ -153,6 +154,40 @@ TEST(Kernel, FastEngineBitExactWithTheEmulator) {
 TEST(Kernel, FastEngineRowTileTablesAndWalksAgree) {
   REQUIRE_GPU();
   check_fast_engine(spec::LayerConfig{128, 128, 64, 520, 10, 1, 512}, {1, 2, 4});
+}
+
+// The routing plan (moe.cuh, plan_slice): each block places the rows of its token slice, 256
+// tokens a round, the local experts 128 at a time, after the rows that the slices of the blocks
+// before it counted. Two blocks a rank give slices of several rounds, the last one partial; 160
+// and 300 local experts give several expert groups, the last one partial; top-6, 12 and 20 take
+// the three row readers (8 and 16 ids in registers, and any K id by id); at R = 2 each rank plans
+// its experts from both ranks' tokens. Zipf routing with empty slots. A misplaced row changes the
+// bits, so everything must equal the emulator.
+TEST(Kernel, PlanSlicesOfSeveralRoundsAndExpertGroups) {
+  REQUIRE_GPU();
+  for (const spec::LayerConfig& base : {spec::LayerConfig{64, 32, 32, 160, 6, 1, 1100}, spec::LayerConfig{64, 32, 0, 300, 12, 1, 600},
+                                        spec::LayerConfig{64, 32, 32, 40, 20, 1, 700}}) {
+    ref::RoutingSpec rs = ref::parse_routing("zipf:1.2");
+    rs.empty_prob = 0.05;
+    const ref::TensorMap in = ref::generate_inputs(base, rs, 777);
+    ref::TensorMap want = ref::emulate(base, in);
+    for (auto& [p, t] : in) want[p] = t;
+    for (int R : {1, 2})
+      for (int blocks : {2, 5}) {
+        spec::LayerConfig cfg = base;
+        cfg.num_ranks = R;
+        cfg.tokens_per_rank = base.num_tokens() / R;
+        kernel::KernelOptions o;
+        o.blocks_per_rank = blocks;
+        ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
+        if (R > 1)
+          for (const std::string& p : kSharedWeightGrads) got.erase(p);
+        expect_bitwise(want, got, cfg,
+                       "plan: E=" + std::to_string(base.num_experts) + " K=" + std::to_string(base.top_k) +
+                           " R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks),
+                       R > 1 ? kSharedWeightGrads : std::vector<std::string>{});
+      }
+  }
 }
 
 void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ranks) {

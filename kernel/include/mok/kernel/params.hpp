@@ -83,6 +83,9 @@ struct RankTensorMaps {
   TensorMapBytes w_shared_down;  // [H, Is]
 };
 
+// Row length of RankState::block_counts: the rank's blocks rounded up to whole 16-byte vectors.
+constexpr int64_t block_counts_stride(int64_t blocks_per_rank) { return (blocks_per_rank + 3) / 4 * 4; }
+
 // One rank's private state (workspace), written only by blocks of the launch that holds the rank
 // (its own blocks, and with shared_items the other local ranks' blocks working its GEMM items).
 struct RankState {
@@ -94,6 +97,8 @@ struct RankState {
                               // GEMM items claimed, weight-gradient items claimed
   uint32_t* expert_counts;    // [E_local]: routed rows per local expert, counted by every block of the rank
                               // (zeroed before every pass; expert_offsets follow from them)
+  uint32_t* block_counts;     // [E_local, block_counts_stride(blocks_per_rank)]: the same counts per block of the
+                              // rank, each over its token slice (written whole by every forward's count)
   uint32_t* tiles_done;       // [row tiles + shared tiles]: column tiles of a row tile's first GEMM finished
                               // (zeroed before every pass; the second GEMM of the row tile waits on it)
   uint16_t* xd;               // [capacity, H] gathered x rows
@@ -150,7 +155,7 @@ enum TraceSlot : int {
   kTrPhase1,          // sum: phase-1 GEMMs with their epilogues
   kTrWaitTile,        // sum: waiting for a row tile's phase-1 items before a phase-2 item
   kTrPhase2,          // sum: phase-2 GEMMs with their epilogues (the pushes to owners)
-  kTrPublish,         // sum: publishing tiles and rows (fences, counters)
+  kTrPublish,         // sum: publishing tiles and rows (fences, counters; the once-per-rank row counts)
   kTrItems,           // count: GEMM items (phases 1 and 2)
   kTrWgradItems,      // count: weight-gradient tiles
   kTrDxDone,          // mark (backward only): the block's share of d_x is done; router grads follow
@@ -163,7 +168,8 @@ enum TraceSlot : int {
   kTrLaps2 = kTrLaps1 + 5,
   kTrLapsW = kTrLaps2 + 5,
   kTrBetween = kTrLapsW + 5,  // sum: between GEMM items (claims, mapping an item to its tile, the row-tile
-                              // table's load), from run_phases' entry or an item's end to the next item's wait
+                              // table's load), from run_phases' entry or an item's end to the next item's wait;
+                              // with shared items also the wait for another rank's plan (for_item_ranks)
   kTraceSlots = 32
 };
 inline constexpr int kLapWords = 5;

@@ -207,7 +207,8 @@ __device__ inline void plan_slice(const LaunchParams& P, const Role& role, uint8
       }
       earlier = sum;
     }
-    for (int w = 0; w < kWarps; ++w) masks[w * kPlanExperts + i % kPlanExperts] = 0u;  // kThreads >= kPlanExperts
+    if (i < kPlanExperts)
+      for (int w = 0; w < kWarps; ++w) masks[w * kPlanExperts + i] = 0u;
     // An exclusive scan of the group's totals: within the warp by shuffles, then over warps.
     int64_t incl = total;
 #pragma unroll
@@ -223,10 +224,14 @@ __device__ inline void plan_slice(const LaunchParams& P, const Role& role, uint8
     for (int w = 0; w < kWarps; ++w) before += scan[w];
     __syncthreads();
     const int64_t first = role.rank * E_local + e0;
+    // This thread's token g = t0 + threadIdx.x as (rank, token), advanced by additions (the GPU
+    // has no 64-bit divide instruction).
+    int64_t g_rank = (ts.lo + threadIdx.x) / T, g_t = (ts.lo + threadIdx.x) % T;
     for (int64_t t0 = ts.lo; t0 < ts.hi; t0 += kThreads) {
       const int64_t g = t0 + threadIdx.x;
       const bool mine = g < ts.hi;
-      const int32_t* row = mine ? P.peers[g / T].topk + (g % T) * K : nullptr;
+      const int32_t* row = mine ? P.peers[g_rank].topk + g_t * K : nullptr;
+      for (g_t += kThreads; g_t >= T && g_rank < P.num_ranks; g_t -= T) ++g_rank;
       int32_t ids[kRegK > 0 ? kRegK : 1];
       if constexpr (kRegK > 0) {
         if (mine) load_ids(row, K, ids);
@@ -274,6 +279,11 @@ __device__ inline void plan_slice(const LaunchParams& P, const Role& role, uint8
     }
   }
   if (bad_index >= 0) raise_error(P, 2, role.rank, kFlagBadRouting, E_all, bad_id, bad_index);
+#if defined(MOK_WGMMA)
+  // The ring's bytes are next written by TMA and bulk copies (the async proxy): order this
+  // plan's generic-proxy accesses before them (build_plan's barrier follows).
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
 static_assert(kThreads >= kPlanExperts && kPlanExperts % 32 == 0, "a thread per expert of a plan group");
 static_assert(kWarps * kPlanExperts * 4 + kPlanExperts * 8 <= smem_bytes_for(0, false) - 1024,

@@ -202,6 +202,9 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     s.expert_offsets = device_alloc<int64_t>(owned_, El + 1);
     MOK_CUDA(cudaMemset(s.expert_offsets, 0, (El + 1) * sizeof(int64_t)));  // an empty plan until a forward
     s.block_counts = device_alloc<uint32_t>(owned_, El * block_counts_stride(blocks_per_rank_));
+    // Rows are written whole by every forward's count; the padding past blocks_per_rank, which the
+    // plan's 16-byte loads read and ignore, is zeroed once so that no read is of uninitialised memory.
+    MOK_CUDA(cudaMemset(s.block_counts, 0, El * block_counts_stride(blocks_per_rank_) * sizeof(uint32_t)));
     s.rows = device_alloc<spec::RowRef>(owned_, cap);
     s.row_ready = device_alloc<uint32_t>(owned_, cap);
     s.row_ready_bwd = device_alloc<uint32_t>(owned_, cap);

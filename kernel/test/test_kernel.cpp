@@ -158,22 +158,24 @@ TEST(Kernel, FastEngineRowTileTablesAndWalksAgree) {
 
 // The routing plan (moe.cuh, plan_slice): each block places the rows of its token slice, 256
 // tokens a round, the local experts 128 at a time, after the rows that the slices of the blocks
-// before it counted. Two blocks a rank give slices of several rounds, the last one partial; 160
-// and 300 local experts give several expert groups, the last one partial; top-6, 12 and 20 take
-// the three row readers (8 and 16 ids in registers, and any K id by id); at R = 2 each rank plans
-// its experts from both ranks' tokens. Zipf routing with empty slots. A misplaced row changes the
-// bits, so everything must equal the emulator.
+// before it counted (block_counts, read four blocks at a time). Two blocks a rank give slices of
+// two or three rounds, the last one partial; 160 and 300 experts give several expert groups, the
+// last one partial (at R = 2 too for 300); top-6, 12 and 20 take the three row readers (8 and 16
+// ids in registers, and any K id by id); nine blocks read block_counts past its first four
+// entries and, with 6 tokens, leave slices empty; at R = 2 each rank plans its experts from both
+// ranks' tokens, and nine blocks' slices cross from one rank's tokens to the next. Zipf routing
+// with empty slots. A misplaced row changes the bits, so everything must equal the emulator.
 TEST(Kernel, PlanSlicesOfSeveralRoundsAndExpertGroups) {
   REQUIRE_GPU();
   for (const spec::LayerConfig& base : {spec::LayerConfig{64, 32, 32, 160, 6, 1, 1100}, spec::LayerConfig{64, 32, 0, 300, 12, 1, 600},
-                                        spec::LayerConfig{64, 32, 32, 40, 20, 1, 700}}) {
+                                        spec::LayerConfig{64, 32, 32, 300, 20, 1, 700}, spec::LayerConfig{64, 32, 32, 16, 4, 1, 6}}) {
     ref::RoutingSpec rs = ref::parse_routing("zipf:1.2");
     rs.empty_prob = 0.05;
     const ref::TensorMap in = ref::generate_inputs(base, rs, 777);
     ref::TensorMap want = ref::emulate(base, in);
     for (auto& [p, t] : in) want[p] = t;
     for (int R : {1, 2})
-      for (int blocks : {2, 5}) {
+      for (int blocks : {2, 9}) {
         spec::LayerConfig cfg = base;
         cfg.num_ranks = R;
         cfg.tokens_per_rank = base.num_tokens() / R;
@@ -263,9 +265,9 @@ void expect_device_rejects(const spec::LayerConfig& cfg, int64_t token, int64_t 
   for (void* p : owned) cudaFree(p);
 }
 
-// The plan's check of each routing row: rows of up to 8 ids are checked in registers four
-// tokens at a time, up to 16 one token at a time, longer ones id by id (moe.cuh, plan_expert and
-// check_row); each must catch a repeated id and one out of range.
+// The plan's check of each routing row, once per rank by the block whose token slice holds it:
+// rows of up to 8 or 16 ids are checked in registers, longer ones id by id (moe.cuh, plan_slice
+// and check_row); each must catch a repeated id and one out of range.
 TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
   REQUIRE_GPU();
   const spec::LayerConfig k2{64, 32, 32, 8, 2, 2, 8}, k12{64, 32, 32, 16, 12, 2, 8}, k20{64, 32, 32, 32, 20, 2, 8};
@@ -279,7 +281,8 @@ TEST(Kernel, DeviceSideRoutingValidationStopsThePass) {
   expect_device_rejects(k2, 3, 1, dup2, "token 3 slot 1 (expert id " + std::to_string(dup2) + ",");
   expect_device_rejects(k2, 3, 1, 8, "token 3 slot 1 (expert id 8, E=8)");
   expect_device_rejects(k2, 5, 0, -2, "token 5 slot 0 (expert id -2, E=8)");
-  // 400 tokens: a warp owns 64, so token 300 is lane 12 of its warp's second step (q = 1).
+  // 400 tokens: token 300 lies in a later block's slice than the first (with a whole GPU's blocks
+  // a rank, three or four tokens a slice), so a block other than block 0 must report it.
   const spec::LayerConfig k2_long{64, 32, 32, 8, 2, 2, 200};
   expect_device_rejects(k2_long, 300, 1, 8, "token 300 slot 1 (expert id 8, E=8)");
   expect_device_rejects(k12, 9, 11, dup12, "token 9 slot 11 (expert id " + std::to_string(dup12) + ",");

@@ -902,11 +902,11 @@ __device__ __forceinline__ bool for_item_ranks(const LaunchParams& P, const Role
     Role w = role;
     w.rank = P.first_rank + k;
     if (w.rank != role.rank) {
-      const uint64_t t0 = trace_now(P);
-      if (planned_gen > 0 &&
-          !block_wait(P, &P.state[w.rank].counters[1], planned_gen, w.rank, kFlagRankBarrier, -1))
-        return false;
-      trace_add(P, kTrBetween, t0);  // the wait for that rank's plan
+      if (planned_gen > 0) {
+        const uint64_t t0 = trace_now(P);
+        if (!block_wait(P, &P.state[w.rank].counters[1], planned_gen, w.rank, kFlagRankBarrier, -1)) return false;
+        trace_add(P, kTrBetween, t0);  // the wait for that rank's plan
+      }
 #if defined(MOK_WGMMA)
       if (P.fast) {
         acquire_tensor_maps(&P.maps[w.rank].xd, sizeof(RankTensorMaps) / sizeof(TensorMapBytes));

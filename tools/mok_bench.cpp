@@ -739,20 +739,27 @@ int main(int argc, char** argv) {
     row("unfused backward", base_b, bwd_flops, bwd_bytes);
     row("pytorch forward", torch_f, fwd_flops, fwd_bytes);
     row("pytorch backward", backward && torch_fb > torch_f ? torch_fb - torch_f : 0.0, bwd_flops, bwd_bytes);
+    // A figure of a pass that did not run (--passes forward) is said to be missing, not printed as 0.
+    auto figure = [](bool have, const char* fmt, double v) -> std::string {
+      if (!have) return "not run";
+      char buf[32];
+      std::snprintf(buf, sizeof buf, fmt, v);
+      return buf;
+    };
     if (sustained_tflops > 0)
       std::printf("# sustained: bf16 GEMM %.0f TFLOP/s, median of the last %d of %d back-to-back 8192^3 GEMMs (%.0f ms); "
-                  "the fused passes against it: forward %.1f%%, backward %.1f%% (%% peak above: the burst rate)\n",
+                  "the fused passes against it: forward %s, backward %s (%% peak above: the burst rate)\n",
                   sustained_tflops, sustain_median_of, sustain_count, sustain_total_ms,
-                  f_ms > 0 ? 100.0 * fwd_flops / (f_ms * 1e-3) / 1e12 / (gpus * sustained_tflops) : 0.0,
-                  b_ms > 0 ? 100.0 * bwd_flops / (b_ms * 1e-3) / 1e12 / (gpus * sustained_tflops) : 0.0);
+                  figure(f_ms > 0, "%.1f%%", 100.0 * fwd_flops / (f_ms * 1e-3) / 1e12 / (gpus * sustained_tflops)).c_str(),
+                  figure(b_ms > 0, "%.1f%%", 100.0 * bwd_flops / (b_ms * 1e-3) / 1e12 / (gpus * sustained_tflops)).c_str());
     if (!baseline_note.empty()) std::printf("# %s\n", baseline_note.c_str());
     if (base_f > 0) std::printf("# unfused GEMMs: %s\n", gemm_path.c_str());
-    if (base_f > 0) std::printf("# fused / unfused speed: forward %.2fx, backward %.2fx; outputs agree within 2^-6 relative on %.1f%% of elements\n",
-                                base_f / f_ms, b_ms > 0 ? base_b / b_ms : 0.0, agree);
+    if (base_f > 0) std::printf("# fused / unfused speed: forward %.2fx, backward %s; outputs agree within 2^-6 relative on %.1f%% of elements\n",
+                                base_f / f_ms, figure(b_ms > 0 && base_b > 0, "%.2fx", base_b / b_ms).c_str(), agree);
     if (!torch_note.empty()) std::printf("# %s\n", torch_note.c_str());
     if (torch_f > 0)
-      std::printf("# fused / PyTorch speed: forward %.2fx, forward+backward %.2fx\n", torch_f / f_ms,
-                  backward && torch_fb > 0 && b_ms > 0 ? torch_fb / (f_ms + b_ms) : 0.0);
+      std::printf("# fused / PyTorch speed: forward %.2fx, forward+backward %s\n", torch_f / f_ms,
+                  figure(backward && torch_fb > 0 && b_ms > 0, "%.2fx", torch_fb / (f_ms + b_ms)).c_str());
     return 0;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok-bench: %s\n", e.what());

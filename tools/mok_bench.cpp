@@ -252,6 +252,15 @@ int main(int argc, char** argv) {
                  "fast engine, ranks on one GPU; elsewhere threads run) or threads (loads and stores)")
       ->check(CLI::IsMember({"threads", "bulk"}))
       ->capture_default_str();
+  int gather_stores = 1, gather_batch = 4;
+  app.add_option("--gather-stores", gather_stores,
+                 "bulk gather: stores each gathering warp lets run before reusing the oldest one's slot (the "
+                 "warp's other slots hold loads)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4));
+  app.add_option("--gather-batch", gather_batch, "bulk gather: rows whose ready flags go up after one fence")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   std::string swiglu = "auto";
   app.add_option("--swiglu", swiglu,
                  "the forward's gate/up epilogue: fragments (each thread on its accumulators), staged (the tile "
@@ -433,6 +442,8 @@ int main(int argc, char** argv) {
     ko.blocks_per_rank = blocks;
     ko.disable_tma = no_tma;
     ko.bulk_gather = gather == "bulk";
+    ko.bulk_gather_stores = gather_stores;
+    ko.bulk_gather_batch = gather_batch;
     ko.swiglu = swiglu == "staged"      ? mok::kernel::SwigluEpilogue::kStaged
                 : swiglu == "fragments" ? mok::kernel::SwigluEpilogue::kFragments
                                         : mok::kernel::SwigluEpilogue::kAuto;

@@ -50,6 +50,8 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--swiglu" --swiglu sideways
   expect_exit "$MOK_BENCH" 2 "--fwd-comm-sms" --fwd-comm-sms many
   expect_exit "$MOK_BENCH" 2 "--group-rows" --group-rows 0
+  expect_exit "$MOK_BENCH" 2 "--gather-stores" --gather-stores 5
+  expect_exit "$MOK_BENCH" 2 "--gather-batch" --gather-batch 0
   expect_exit "$MOK_BENCH" 2 "--group-rows" --group-rows 65
   expect_exit "$MOK_BENCH" 2 "--passes" --passes backward
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms -5

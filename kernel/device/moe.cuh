@@ -400,6 +400,15 @@ __device__ inline void bulk_gather_shape(int64_t row_bytes, int& warps, int& slo
   warps = static_cast<int>(total / 2 < kWarps ? total / 2 : kWarps);
   slots = warps > 0 ? static_cast<int>(total / warps < kBulkSlotsPerWarp ? total / warps : kBulkSlotsPerWarp) : 0;
 }
+// Waits until at most n (1..4) of this thread's bulk store groups are still reading shared memory.
+__device__ __forceinline__ void bulk_wait_read(int n) {
+  switch (n) {
+    case 1: asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.bulk.wait_group.read 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.bulk.wait_group.read 3;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.bulk.wait_group.read 4;\n" ::: "memory"); break;
+  }
+}
 template <class Source>
 __device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role, uint8_t* smem, uint16_t* dst,
                                         uint32_t* ready, Source source, int warps, int slots) {
@@ -436,7 +445,12 @@ __device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role,
     // then orders them before its TMA loads). Stores are waited for kLag behind the newest and
     // flags raised kBatch at a time after one fence, so neither the write latency nor the fence
     // is paid per row (a lag of 2 and a fence per row ran at 13 GB/s per SM on qwen3 rows).
-    constexpr int64_t kLag = 8, kBatch = 4;
+    // The pipeline: a slot is loaded, stored from, and loaded again once its store has read it;
+    // `stores` (KernelOptions::bulk_gather_stores) stores may still be reading when the oldest's
+    // slot is reused, so up to slots - stores loads are in flight behind them.
+    constexpr int64_t kLag = 8;
+    const int stores = P.bulk_gather_stores < slots ? P.bulk_gather_stores : slots - 1;
+    const int64_t batch = P.bulk_gather_batch;
     int64_t raised = 0;  // rows [0, raised) of this pipeline have their flags up
     auto raise_to = [&](int64_t end) {
       async_proxy_fence();
@@ -452,10 +466,10 @@ __device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role,
                    "r"(smem_u32(base + q * slot_bytes)), "r"(bytes)
                    : "memory");
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      // Row k - 1's slot takes row k - 1 + slots once its store has read it.
-      asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
-      if (k >= 1 && k - 1 + slots < mine) load(k - 1 + slots);
-      if (k + 1 - kLag >= raised + kBatch) {  // stores of rows up to k - kLag have completed after this wait
+      // Row k - stores's slot takes row k - stores + slots once its store has read it.
+      bulk_wait_read(stores);
+      if (k >= stores && k - stores + slots < mine) load(k - stores + slots);
+      if (k + 1 - kLag >= raised + batch) {  // stores of rows up to k - kLag have completed after this wait
         asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kLag) : "memory");
         raise_to(k + 1 - kLag);
       }

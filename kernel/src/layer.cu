@@ -153,6 +153,14 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   // until it runs on several GPUs.
   host_.fast = fast_ ? 1 : 0;
   host_.bulk_gather = fast_ && options_.bulk_gather && !system_scope ? 1 : 0;
+  if (options_.bulk_gather_stores < 1 || options_.bulk_gather_stores > 4)
+    throw Error("kernel: bulk_gather_stores must be 1..4 (stores in flight per gathering warp), got " +
+                std::to_string(options_.bulk_gather_stores));
+  if (options_.bulk_gather_batch < 1 || options_.bulk_gather_batch > 16)
+    throw Error("kernel: bulk_gather_batch must be 1..16 (rows flagged per fence), got " +
+                std::to_string(options_.bulk_gather_batch));
+  host_.bulk_gather_stores = options_.bulk_gather_stores;
+  host_.bulk_gather_batch = options_.bulk_gather_batch;
   host_.staged_swiglu = fast_ && resolve_swiglu(options_.swiglu, cfg.hidden) == SwigluEpilogue::kStaged ? 1 : 0;
   if (options_.group_rows < 1 || options_.group_rows > 64)
     throw Error("kernel: group_rows must be 1..64 (row tiles per group of GEMM items; 8 is the default), got " +

@@ -211,12 +211,18 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
         o.bulk_gather = bulk;
         o.swiglu = staged ? kernel::SwigluEpilogue::kStaged : kernel::SwigluEpilogue::kFragments;
         o.group_rows = group;
+        if (staged) {  // the bulk gather's other pipeline shapes: more stores in flight, more rows per fence
+          o.bulk_gather_stores = blocks == 0 ? 3 : 2;
+          o.bulk_gather_batch = blocks == 0 ? 16 : 1;
+        }
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         if (R > 1)
           for (const std::string& p : kSharedWeightGrads) got.erase(p);
         expect_bitwise(want, got, cfg,
                        "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks) +
-                           (bulk ? "" : " thread gather") + (staged ? " staged SwiGLU" : "") + " item groups of " +
+                           (bulk ? "" : " thread gather") + (staged ? " staged SwiGLU" : "") +
+                           " gather stores " + std::to_string(o.bulk_gather_stores) + " batch " +
+                           std::to_string(o.bulk_gather_batch) + " item groups of " +
                            std::to_string(group),
                        R > 1 ? kSharedWeightGrads : std::vector<std::string>{});
       }
@@ -562,6 +568,16 @@ TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   o.group_rows = 64;  // the largest allowed
   EXPECT_NO_THROW(kernel::Layer(cfg, o));
   o.group_rows = 8;
+  for (int bad : {0, 5}) {  // the bulk gather's stores in flight, and rows flagged per fence
+    kernel::KernelOptions b = o;
+    b.bulk_gather_stores = bad;
+    EXPECT_THROW(kernel::Layer(cfg, b), Error) << "bulk_gather_stores " << bad;
+  }
+  for (int bad : {0, 17}) {
+    kernel::KernelOptions b = o;
+    b.bulk_gather_batch = bad;
+    EXPECT_THROW(kernel::Layer(cfg, b), Error) << "bulk_gather_batch " << bad;
+  }
   for (double bad : {0.0, -1.0, std::nan(""), 2e6}) {  // every wait is bounded, by a positive bound
     o.wait_timeout_s = bad;
     EXPECT_THROW(kernel::Layer(cfg, o), Error) << "wait_timeout_s " << bad;

@@ -45,6 +45,9 @@ struct KernelOptions {
   bool bulk_gather = true;       // fast engine, virtual rack: the forward's communication blocks move x rows
                                  // with TMA bulk copies through shared memory instead of thread loads and
                                  // stores (the same bytes; kernel/README.md, "How a pass runs")
+  int bulk_gather_stores = 1;    // bulk gather: stores a warp's pipeline leaves reading their slot before it reuses
+                                 // the oldest (1..4; the rest of its slots hold loads)
+  int bulk_gather_batch = 4;     // bulk gather: rows whose ready flags go up after one fence (1..16)
   SwigluEpilogue swiglu = SwigluEpilogue::kAuto;  // fast engine: how the forward's gate/up epilogue runs
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing

@@ -76,9 +76,14 @@ __device__ inline void count_rows(const LaunchParams& P, const Role& role) {
     for (int i = threadIdx.x; i < 256; i += kThreads) counts[i] = 0;
     __syncthreads();
     const int64_t first = role.rank * E_local + e0, last = role.rank * E_local + min(E_local, e0 + 256);
-    for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
-      const int32_t id = P.peers[i / (T * K)].topk[i % (T * K)];
+    // Entry i is entry i % TK of rank i / TK's routing; the pair advances by additions (no
+    // 64-bit division per entry).
+    const int64_t TK = T * K;
+    int64_t i = lo + threadIdx.x, owner = i / TK, at = i % TK;
+    for (; i < hi; i += kThreads) {
+      const int32_t id = P.peers[owner].topk[at];
       if (id >= first && id < last) atomicAdd(&counts[id - first], 1u);
+      for (at += kThreads; at >= TK; at -= TK) ++owner;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < 256 && e0 + i < E_local; i += kThreads) {
@@ -115,12 +120,11 @@ __device__ inline void write_offsets(const LaunchParams& P, const Role& role) {
 // ---------------------------------------------------------------------------------------------
 // Routing plan, built by every rank for its own experts from all ranks' topk_experts.
 
-// One token's routing row, checked: `slot` is where expert e sits in it (-1: nowhere); `bad` the
-// first invalid entry in slot order (-1: none): an id outside [-1, E), or one that repeats an
-// earlier slot's. kRegK > 0 (rows of at most kRegK ids): the row is loaded into registers, every
-// load in flight at once, and checked there. kRegK = 0: any K, one id at a time.
+// One token's routing row, checked: `bad` is the first invalid entry in slot order (-1: none): an
+// id outside [-1, E), or one that repeats an earlier slot's. kRegK > 0 (rows of at most kRegK
+// ids): the ids the caller loaded into registers (load_ids, every load in flight at once) are
+// checked there. kRegK = 0: any K, one id at a time from the row.
 struct RowCheck {
-  int slot = -1;
   int64_t bad = -1;
   int32_t bad_id = 0;
 };
@@ -132,16 +136,14 @@ __device__ __forceinline__ void load_ids(const int32_t* row, int64_t K, int32_t 
 }
 
 template <int kRegK>
-__device__ __forceinline__ RowCheck check_row(const int32_t* row, int64_t K, int64_t E, int64_t e) {
+__device__ __forceinline__ RowCheck check_row(const int32_t* row, const int32_t (&ids)[kRegK > 0 ? kRegK : 1],
+                                              int64_t K, int64_t E) {
   RowCheck r;
   auto visit = [&](int64_t k, int32_t id, auto earlier) {
-    if (r.bad < 0 && (id < -1 || id >= E)) r = RowCheck{r.slot, k, id};
-    if (r.bad < 0 && id >= 0 && earlier(id)) r = RowCheck{r.slot, k, id};
-    if (id == e) r.slot = static_cast<int>(k);
+    if (r.bad < 0 && (id < -1 || id >= E)) r = RowCheck{k, id};
+    if (r.bad < 0 && id >= 0 && earlier(id)) r = RowCheck{k, id};
   };
   if constexpr (kRegK > 0) {
-    int32_t ids[kRegK];
-    load_ids(row, K, ids);
 #pragma unroll
     for (int k = 0; k < kRegK; ++k)
       if (k < K)
@@ -241,7 +243,7 @@ __device__ inline void plan_slice(const LaunchParams& P, const Role& role, uint8
         else return row[k];
       };
       if (mine && e0 == 0 && bad_index < 0) {  // the checks, on the first group's pass only
-        const RowCheck r = check_row<kRegK>(row, K, E_all, -1);
+        const RowCheck r = check_row<kRegK>(row, ids, K, E_all);
         if (r.bad >= 0) {
           bad_index = g * K + r.bad;
           bad_id = r.bad_id;
@@ -645,9 +647,11 @@ __device__ inline void publish_rows(const LaunchParams& P, const RankState& S, i
 // of a fence (a wait for the tile's stores to land) and two barriers after every phase-2 tile.
 __device__ __forceinline__ bool tallied_rows(const LaunchParams& P) { return P.fast && !kAtomics; }
 __device__ inline void publish_tallied_rows(const LaunchParams& P, int which) {
+  const uint64_t t0 = trace_now(P);
   publish_fence(P);  // every thread's pushes, to this GPU or others
   __syncthreads();
   count_at_owners(P, which);
+  trace_add(P, kTrPublish, t0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1236,11 +1240,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
                 [&](const RowTile& t, int64_t n0) { return forward_phase1(P, w, smem, t, n0); },
                 [&](const RowTile& t, int64_t n0) { return forward_phase2(P, w, smem, t, n0); }))
           return false;
-        if (tallied_rows(P)) {
-          const uint64_t t0 = trace_now(P);
-          publish_tallied_rows(P, 0);
-          trace_add(P, kTrPublish, t0);
-        }
+        if (tallied_rows(P)) publish_tallied_rows(P, 0);
         return true;
       }))
     return;
@@ -1679,11 +1679,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
                 [&](const RowTile& t, int64_t n0) { return backward_phase1(P, w, smem, t, n0); },
                 [&](const RowTile& t, int64_t n0) { return backward_phase2(P, w, smem, t, n0); }))
           return false;
-        if (tallied_rows(P)) {
-          const uint64_t t0 = trace_now(P);
-          publish_tallied_rows(P, 1);
-          trace_add(P, kTrPublish, t0);
-        }
+        if (tallied_rows(P)) publish_tallied_rows(P, 1);
         return true;
       }))
     return;

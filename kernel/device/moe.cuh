@@ -62,6 +62,19 @@ __device__ __forceinline__ TokenSlice token_slice(const LaunchParams& P, int blo
   return TokenSlice{lo, min(G, lo + per)};
 }
 
+// Global token g as (owner rank, token at the owner). spec::LayerConfig::validate keeps R * T * K
+// below 2^31, so 32-bit unsigned division serves (a few instructions, against the subroutine call
+// of a 64-bit one).
+struct TokenAt {
+  int rank;
+  int64_t t;
+};
+__device__ __forceinline__ TokenAt token_at(const LaunchParams& P, int32_t g) {
+  const uint32_t T = static_cast<uint32_t>(P.cfg.tokens_per_rank), u = static_cast<uint32_t>(g);
+  const uint32_t r = u / T;
+  return TokenAt{static_cast<int>(r), static_cast<int64_t>(u - r * T)};
+}
+
 // Rows per local expert: every block of the rank counts the routing entries of its token slice in
 // shared memory, writes its counts to block_counts[e][block] and adds them to expert_counts
 // (integer sums: the same whatever the slices). Before the plan is filled (a rank barrier follows).
@@ -341,16 +354,17 @@ __device__ inline void gather_rows(const LaunchParams& P, const Role& role, uint
                                    Source source) {
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, T = c.tokens_per_rank, K = c.top_k;
+  const int64_t H = c.hidden, K = c.top_k;
   const int64_t n_rows = S.expert_offsets[c.experts_per_rank()];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool vec = H % 8 == 0;
   for (int64_t p = role.index * kWarps + warp; p < n_rows; p += role.count * kWarps) {
     const RowRef row = S.rows[p];
-    const PeerBuffers& owner = P.peers[row.token_idx / T];
-    const uint16_t* __restrict__ src = source(owner) + (row.token_idx % T) * H;
+    const TokenAt at = token_at(P, row.token_idx);
+    const PeerBuffers& owner = P.peers[at.rank];
+    const uint16_t* __restrict__ src = source(owner) + at.t * H;
     uint16_t* __restrict__ out = dst + p * H;
-    const float w = kScale ? owner.router_weights[(row.token_idx % T) * K + row.slot_idx] : 0.0f;
+    const float w = kScale ? owner.router_weights[at.t * K + row.slot_idx] : 0.0f;
     auto convert = [&](uint4 v) {
       if constexpr (kScale) {
         uint32_t* u = reinterpret_cast<uint32_t*>(&v);
@@ -416,7 +430,7 @@ __device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role,
                                         uint32_t* ready, Source source, int warps, int slots) {
   const spec::LayerConfig& c = P.cfg;
   const RankState& S = P.state[role.rank];
-  const int64_t H = c.hidden, T = c.tokens_per_rank;
+  const int64_t H = c.hidden;
   const int64_t n_rows = S.expert_offsets[c.experts_per_rank()];
   const uint32_t bytes = static_cast<uint32_t>(H * 2);  // a multiple of 16 (H is a multiple of 64 here)
   const int64_t slot_bytes = (int64_t{bytes} + 127) / 128 * 128;
@@ -433,7 +447,8 @@ __device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role,
     auto load = [&](int64_t k) {
       const int q = static_cast<int>(k % slots);
       const RowRef row = S.rows[row_of(k)];
-      const uint16_t* src = source(P.peers[row.token_idx / T]) + (row.token_idx % T) * H;
+      const TokenAt at = token_at(P, row.token_idx);
+      const uint16_t* src = source(P.peers[at.rank]) + at.t * H;
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&bars[q])), "r"(bytes)
                    : "memory");
       asm volatile(
@@ -840,19 +855,7 @@ __device__ inline RowTile row_tile_at(const LaunchParams& P, const RankState& S,
   return RowTile{-1, rt * kTileM, min(static_cast<int64_t>(kTileM), P.cfg.tokens_per_rank - rt * kTileM), index};
 }
 
-// Item i of a GEMM phase over `rows` row tiles x `cols` column tiles, in groups of `group`
-// (LaunchParams::group_rows, default 8) row tiles, column-major inside a group: blocks that run
-// at the same time share a few A row tiles and a few B (weight) column tiles in L2, instead of
-// one A tile and every column tile of an expert's weights (which, with 16 blocks per rank at
-// R = 8, streamed the weights from DRAM once per row tile). The order changes no bit: every
-// item's result is a function of its tile alone.
-__device__ __forceinline__ void grouped_tile(int64_t i, int64_t rows, int64_t cols, int64_t group, int64_t& rt,
-                                             int64_t& col) {
-  const int64_t g = i / (group * cols), in = i % (group * cols);
-  const int64_t n = min(group, rows - g * group);  // row tiles in this group
-  rt = g * group + in % n;
-  col = in / n;
-}
+// grouped_tile (the order of a phase's items): mok/kernel/row_tiles.hpp.
 
 // Runs this block's phase 1 then phase 2 items. Item numbers: phase 1 is every routed row tile's
 // column tiles (in grouped_tile order), then the shared expert's; phase 2 likewise over H. Blocks

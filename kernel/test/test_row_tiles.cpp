@@ -1,6 +1,8 @@
 // CPU tests of the kernel's row-tile search (mok/kernel/row_tiles.hpp): every routed row tile of
 // random expert row counts, some experts empty, is found in the expert that a walk over the
-// experts in order finds, the way the kernel mapped row tiles before its shared-memory table.
+// experts in order finds, the way the kernel mapped row tiles before its shared-memory table; and
+// the grouped item order (grouped_tile) visits every (row tile, column tile) once, with its 32-bit
+// form giving the 64-bit form's answers.
 #include "mok/kernel/row_tiles.hpp"
 
 #include <gtest/gtest.h>
@@ -12,6 +14,8 @@
 namespace {
 
 using mok::kernel::expert_of_row_tile;
+using mok::kernel::grouped_tile;
+using mok::kernel::grouped_tile_wide;
 using mok::kernel::row_tiles_of;
 
 std::vector<int64_t> first_tiles(const std::vector<int64_t>& rows) {
@@ -61,6 +65,40 @@ RC_GTEST_PROP(RowTiles, SearchFindsTheExpertTheWalkFinds, ()) {
     RC_ASSERT(rows[e] > 0);
     RC_ASSERT(first[e] <= rt && rt < first[e + 1]);
   }
+}
+
+RC_GTEST_PROP(RowTiles, GroupedOrderVisitsEveryTileOnceAndBothFormsAgree, ()) {
+  const auto rows = *rc::gen::inRange<int64_t>(1, 300);
+  const auto cols = *rc::gen::inRange<int64_t>(1, 40);
+  const auto group = *rc::gen::inRange<int64_t>(1, 65);  // KernelOptions::group_rows' range
+  std::vector<int> seen(static_cast<size_t>(rows * cols), 0);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    int64_t rt = -1, col = -1, rt_w = -1, col_w = -1;
+    grouped_tile(i, rows, cols, group, rt, col);
+    grouped_tile_wide(i, rows, cols, group, rt_w, col_w);
+    RC_ASSERT(rt == rt_w);
+    RC_ASSERT(col == col_w);
+    RC_ASSERT(rt >= 0 && rt < rows && col >= 0 && col < cols);
+    RC_ASSERT(rt / group == i / (group * cols));  // groups go in order, each whole before the next
+    ++seen[static_cast<size_t>(rt * cols + col)];
+  }
+  for (int n : seen) RC_ASSERT(n == 1);
+}
+
+TEST(RowTiles, GroupedOrderIsColumnMajorInsideAGroup) {
+  // 5 row tiles in groups of 2 (the last group holds one), 3 column tiles.
+  const int64_t want[][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {1, 2}, {2, 0}, {3, 0}, {2, 1},
+                             {3, 1}, {2, 2}, {3, 2}, {4, 0}, {4, 1}, {4, 2}};
+  for (int64_t i = 0; i < 15; ++i) {
+    int64_t rt = -1, col = -1;
+    grouped_tile(i, 5, 3, 2, rt, col);
+    EXPECT_EQ(rt, want[i][0]) << "item " << i;
+    EXPECT_EQ(col, want[i][1]) << "item " << i;
+  }
+  int64_t rt = -1, col = -1;  // past 2^32: the 64-bit form
+  grouped_tile(int64_t{1} << 33, int64_t{1} << 30, 64, 8, rt, col);
+  EXPECT_EQ(rt, ((int64_t{1} << 33) / (8 * 64)) * 8 + ((int64_t{1} << 33) % (8 * 64)) % 8);
+  EXPECT_EQ(col, ((int64_t{1} << 33) % (8 * 64)) / 8);
 }
 
 }  // namespace

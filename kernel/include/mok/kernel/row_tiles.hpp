@@ -33,4 +33,32 @@ MOK_HD int64_t expert_of_row_tile(const Int* first_tile, int64_t E, int64_t rt) 
   return lo;
 }
 
+// Item i of a GEMM phase over `rows` row tiles x `cols` column tiles, in groups of `group`
+// (LaunchParams::group_rows, default 8) row tiles, column-major inside a group: blocks that run
+// at the same time share a few A row tiles and a few B (weight) column tiles in L2, instead of
+// one A tile and every column tile of an expert's weights (which, with 16 blocks per rank at
+// R = 8, streamed the weights from DRAM once per row tile). The order changes no bit: every
+// item's result is a function of its tile alone. For 0 <= i < rows * cols, every item gets its
+// own (rt, col), rt < rows, col < cols.
+//
+// Item numbers and group sizes fit in 32 bits in any launch that fits in memory, and then the
+// mapping runs on 32-bit unsigned divisions (a few instructions each on the GPU, where a 64-bit
+// division is a subroutine call; measured: kernel/README.md); the 64-bit form serves the rest.
+MOK_HD void grouped_tile_wide(int64_t i, int64_t rows, int64_t cols, int64_t group, int64_t& rt, int64_t& col) {
+  const int64_t per_group = group * cols, g = i / per_group, in = i % per_group;
+  const int64_t n = (group < rows - g * group ? group : rows - g * group);  // row tiles in this group
+  rt = g * group + in % n;
+  col = in / n;
+}
+MOK_HD void grouped_tile(int64_t i, int64_t rows, int64_t cols, int64_t group, int64_t& rt, int64_t& col) {
+  const int64_t per_group = group * cols;
+  if (((i | per_group | rows) >> 32) != 0) return grouped_tile_wide(i, rows, cols, group, rt, col);
+  const uint32_t i32 = static_cast<uint32_t>(i), pg = static_cast<uint32_t>(per_group), gr = static_cast<uint32_t>(group);
+  const uint32_t g = i32 / pg, in = i32 - g * pg, first = g * gr, left = static_cast<uint32_t>(rows) - first;
+  const uint32_t n = gr < left ? gr : left;  // row tiles in this group
+  const uint32_t c = in / n;
+  rt = first + (in - c * n);
+  col = c;
+}
+
 }  // namespace mok::kernel

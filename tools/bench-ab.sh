@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # bench-ab.sh: compare mok-bench runs (two builds, or two flag sets) in one sitting, alternating.
 #
-# Usage: tools/bench-ab.sh [-n ROUNDS] [-o DIR] [-p] LABEL_A 'COMMAND_A' LABEL_B 'COMMAND_B' [LABEL 'COMMAND' ...]
+# Usage: tools/bench-ab.sh [-n ROUNDS] [-o DIR] [-p] [-x] LABEL_A 'COMMAND_A' LABEL_B 'COMMAND_B' [LABEL 'COMMAND' ...]
 #
 # Runs every COMMAND (a mok-bench or mok-bench-atomics command line, quoted as one argument) once
 # per round, in the order given, ROUNDS times (default 3), so that drift over the sitting hits
-# every variant alike. For each run it prints the fused forward and backward times that mok-bench
+# every variant alike. With -x, even rounds run the commands in the reverse order, so that no
+# variant always runs first or always runs right after another (on a power-capped GPU the run
+# before sets the clock a run starts at; the thirty-fourth session's A/B, base always first,
+# could not tell a change's effect from running second). For each run it prints the fused forward and backward times that mok-bench
 # reports (medians over its own --reps) and, where nvidia-smi exists, the mean SM clock, mean
 # board power and peak temperature over the 100 ms samples taken while the GPU was busy (GPU
 # utilisation of at least 50%: the passes, not the process's host set-up); at the end, per
@@ -32,6 +35,7 @@ usage() {  # --help: this file's opening comment, exit 0
 rounds=3
 dir=""
 pairs=0
+cross=0
 while [[ $# -gt 0 && $1 == -* ]]; do
   case $1 in
     -n) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]{0,3}$ && $2 -le 1000 ]] || { echo "bench-ab.sh: -n needs a round count from 1 to 1000" >&2; exit 2; }
@@ -39,6 +43,7 @@ while [[ $# -gt 0 && $1 == -* ]]; do
     -o) [[ $# -ge 2 && -n $2 ]] || { echo "bench-ab.sh: -o needs a directory (not empty)" >&2; exit 2; }
         dir=$2; shift 2 ;;
     -p) pairs=1; shift ;;
+    -x) cross=1; shift ;;
     -h|--help) usage ;;
     *) echo "bench-ab.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -80,9 +85,14 @@ on_signal() {
 }
 trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
-echo "# bench-ab.sh: $rounds rounds of ${labels[*]}; outputs in $dir"
+echo "# bench-ab.sh: $rounds rounds of ${labels[*]}$([[ $cross == 1 ]] && echo ", even rounds in reverse order"); outputs in $dir"
 for ((r = 1; r <= rounds; ++r)); do
-  for i in "${!labels[@]}"; do
+  order=("${!labels[@]}")
+  if [[ $cross == 1 && $((r % 2)) -eq 0 ]]; then
+    order=()
+    for ((k = ${#labels[@]} - 1; k >= 0; --k)); do order+=("$k"); done
+  fi
+  for i in "${order[@]}"; do
     label=${labels[$i]}
     out=$dir/${label}_r$r.txt
     smi_pid=""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_bench_ab.sh BENCH_AB: tools/bench-ab.sh against a stand-in for mok-bench (no GPU needed):
-# alternation, per-round figures, medians over rounds (odd and even counts), candidates against
+# alternation (and -x's reversed even rounds), per-round figures, medians over rounds (odd and even counts), candidates against
 # their bases round by round (two labels, or -p pairs), a failing variant (exit 1, named), bad
 # usage (exit 2, nothing run), and the nvidia-smi columns from busy samples only.
 set -u
@@ -33,6 +33,16 @@ grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 
 order=$(grep '^round' <<< "$out" | awk '{ printf "%s%s ", $2, $3 }')
 [[ $order == "1A 1B 2A 2B 3A 3B 4A 4B " ]] || fail "runs should alternate A, B each round: $order"
 [[ $(ls "$work/o1"/*_r*.txt | wc -l) -eq 8 ]] || fail "one output file per run expected in $work/o1"
+# -x: even rounds in reverse order; each label keeps its own values and the comparison its pairing.
+out=$("$ab" -n 4 -x -o "$work/o8" A "$w/fake $w/xa 5.0,3.0,4.0,9.0 6.5" B "$w/fake $w/xb 1.0,1.0,2.0,2.0 7.25" 2>&1)
+rc=$?
+[[ $rc -eq 0 ]] || fail "-x: exit $rc: $out"
+order=$(grep '^round' <<< "$out" | awk '{ printf "%s%s ", $2, $3 }')
+[[ $order == "1A 1B 2B 2A 3A 3B 4B 4A " ]] || fail "-x should reverse the even rounds: $order"
+grep -q "^A *fwd 4.5 ms  bwd 6.5 ms" <<< "$out" || fail "-x: A's median should still be 4.5: $out"
+grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 4$" <<< "$out" ||
+  fail "-x: B against A, round by round, expected: $out"
+grep -q "even rounds in reverse order" <<< "$out" || fail "-x: the header should say so: $out"
 out=$("$ab" -n 3 -o "$work/o2" A "$w/fake $w/c 3.0,1.0,2.0 1" broken "false" 2>&1)
 rc=$?
 [[ $rc -eq 1 ]] || fail "a failing variant should give exit 1, got $rc: $out"

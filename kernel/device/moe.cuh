@@ -460,8 +460,8 @@ __device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role,
     // A row's flag goes up once its store has completed: its writes are then visible to this
     // thread, and the release makes them visible to whoever acquires the flag (wait_rows, which
     // then orders them before its TMA loads). Stores are waited for kLag behind the newest and
-    // flags raised kBatch at a time after one fence, so neither the write latency nor the fence
-    // is paid per row (a lag of 2 and a fence per row ran at 13 GB/s per SM on qwen3 rows).
+    // flags raised `batch` (KernelOptions::bulk_gather_batch, default 4) at a time after one
+    // fence, so neither the write latency nor the fence is paid per row (a lag of 2 and a fence per row ran at 13 GB/s per SM on qwen3 rows).
     // The pipeline: a slot is loaded, stored from, and loaded again once its store has read it;
     // `stores` (KernelOptions::bulk_gather_stores) stores may still be reading when the oldest's
     // slot is reused, so up to slots - stores loads are in flight behind them.

@@ -43,7 +43,8 @@ MOK_HD int64_t expert_of_row_tile(const Int* first_tile, int64_t E, int64_t rt) 
 //
 // Item numbers and group sizes fit in 32 bits in any launch that fits in memory, and then the
 // mapping runs on 32-bit unsigned divisions (a few instructions each on the GPU, where a 64-bit
-// division is a subroutine call; measured: kernel/README.md); the 64-bit form serves the rest.
+// division is a subroutine call; the thirty-fifth session's two A/B sittings of this change
+// disagreed, so no speed effect is shown: kernel/README.md); the 64-bit form serves the rest.
 MOK_HD void grouped_tile_wide(int64_t i, int64_t rows, int64_t cols, int64_t group, int64_t& rt, int64_t& col) {
   const int64_t per_group = group * cols, g = i / per_group, in = i % per_group;
   const int64_t n = (group < rows - g * group ? group : rows - g * group);  // row tiles in this group

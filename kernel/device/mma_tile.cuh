@@ -541,11 +541,13 @@ __device__ __forceinline__ BulkRowsF32<Dst> bulk_rows_f32(Dst dst) {
 template <class E>
 inline constexpr bool kIsBulkEpilogue = requires { E::kBulk; };
 
-// This thread's bulk copies have read their shared-memory sources / have completed (their writes
-// are visible to this thread). No-ops for a thread with none outstanding.
+// This thread's bulk copies, all but the newest kPending groups of them, have read their
+// shared-memory sources / all of them have completed (their writes are visible to this thread).
+// No-ops for a thread with none outstanding.
+template <int kPending = 0>
 __device__ __forceinline__ void bulk_wait_read() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 __device__ __forceinline__ void bulk_wait_all() {

@@ -62,9 +62,10 @@ __device__ __forceinline__ TokenSlice token_slice(const LaunchParams& P, int blo
   return TokenSlice{lo, min(G, lo + per)};
 }
 
-// Global token g as (owner rank, token at the owner). spec::LayerConfig::validate keeps R * T * K
-// below 2^31, so 32-bit unsigned division serves (a few instructions, against the subroutine call
-// of a 64-bit one).
+// Global token g as (owner rank, token at the owner): spec::LayerConfig::token_rank and the
+// token's index there, in 32-bit unsigned division, which serves because
+// spec::LayerConfig::validate keeps R * T * K below 2^31 (a few instructions, against the
+// subroutine call of a 64-bit division).
 struct TokenAt {
   int rank;
   int64_t t;
@@ -416,13 +417,14 @@ __device__ inline void bulk_gather_shape(int64_t row_bytes, int& warps, int& slo
   warps = static_cast<int>(total / 2 < kWarps ? total / 2 : kWarps);
   slots = warps > 0 ? static_cast<int>(total / warps < kBulkSlotsPerWarp ? total / warps : kBulkSlotsPerWarp) : 0;
 }
-// Waits until at most n (1..4) of this thread's bulk store groups are still reading shared memory.
-__device__ __forceinline__ void bulk_wait_read(int n) {
+// bulk_wait_read<n> for a count known only at run time (n in 1..4; the instruction takes an
+// immediate).
+__device__ __forceinline__ void bulk_wait_read_all_but(int n) {
   switch (n) {
-    case 1: asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.bulk.wait_group.read 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.bulk.wait_group.read 3;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.bulk.wait_group.read 4;\n" ::: "memory"); break;
+    case 1: bulk_wait_read<1>(); break;
+    case 2: bulk_wait_read<2>(); break;
+    case 3: bulk_wait_read<3>(); break;
+    default: bulk_wait_read<4>(); break;
   }
 }
 template <class Source>
@@ -484,7 +486,7 @@ __device__ inline void gather_rows_bulk(const LaunchParams& P, const Role& role,
                    : "memory");
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       // Row k - stores's slot takes row k - stores + slots once its store has read it.
-      bulk_wait_read(stores);
+      bulk_wait_read_all_but(stores);
       if (k >= stores && k - stores + slots < mine) load(k - stores + slots);
       if (k + 1 - kLag >= raised + batch) {  // stores of rows up to k - kLag have completed after this wait
         asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kLag) : "memory");

@@ -261,6 +261,14 @@ int main(int argc, char** argv) {
   app.add_option("--gather-batch", gather_batch, "bulk gather: rows whose ready flags go up after one fence")
       ->capture_default_str()
       ->check(CLI::Range(1, 16));
+  std::string x_rows = "auto";
+  app.add_option("--x-rows", x_rows,
+                 "where the forward's expert GEMMs read routed x rows: gathered (the communication blocks copy them "
+                 "into one tensor first), direct (every block copies its tiles' rows from each token's x; fast "
+                 "engine, ranks on one GPU; the backward then gathers the copy its weight gradients read) or auto "
+                 "(direct for H <= 2048, where it measured faster)")
+      ->check(CLI::IsMember({"auto", "gathered", "direct"}))
+      ->capture_default_str();
   std::string swiglu = "auto";
   app.add_option("--swiglu", swiglu,
                  "the forward's gate/up epilogue: fragments (each thread on its accumulators), staged (the tile "
@@ -444,6 +452,9 @@ int main(int argc, char** argv) {
     ko.bulk_gather = gather == "bulk";
     ko.bulk_gather_stores = gather_stores;
     ko.bulk_gather_batch = gather_batch;
+    ko.x_rows = x_rows == "direct"     ? mok::kernel::XRows::kDirect
+                : x_rows == "gathered" ? mok::kernel::XRows::kGathered
+                                       : mok::kernel::XRows::kAuto;
     ko.swiglu = swiglu == "staged"      ? mok::kernel::SwigluEpilogue::kStaged
                 : swiglu == "fragments" ? mok::kernel::SwigluEpilogue::kFragments
                                         : mok::kernel::SwigluEpilogue::kAuto;

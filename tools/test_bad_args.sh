@@ -3,7 +3,7 @@
 # (mok::cli::parse) on each program: an unknown option and a malformed value for VALUE_OPTION
 # exit 2 with a message naming the option, and --help exits 0. None of it writes a file.
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
-# mok-bench's --transport: a bad value exits 2 (as do a bad --gather,
+# mok-bench's --transport: a bad value exits 2 (as do a bad --gather, --x-rows,
 # --swiglu, --fwd-comm-sms, --group-rows, --passes or --case, a --case with a preset or with an --R that does
 # not divide its tokens or is below 1, and a --sustain-ms below 100 other than 0; --show-config prints the
 # cases' layers with overrides and exits 0, also for nccl with --trace, or 2 for an invalid layer or routing), nccl in
@@ -52,6 +52,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--group-rows" --group-rows 0
   expect_exit "$MOK_BENCH" 2 "--gather-stores" --gather-stores 5
   expect_exit "$MOK_BENCH" 2 "--gather-batch" --gather-batch 0
+  expect_exit "$MOK_BENCH" 2 "--x-rows" --x-rows sideways
   expect_exit "$MOK_BENCH" 2 "--group-rows" --group-rows 65
   expect_exit "$MOK_BENCH" 2 "--passes" --passes backward
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms -5

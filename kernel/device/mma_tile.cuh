@@ -351,7 +351,37 @@ __device__ __forceinline__ FastOperand mnmajor2(const TensorMapBytes* m0, int64_
                      0};
 }
 
+// A K-major A operand whose rows are read where they lie instead of from one tensor (the
+// forward's routed rows straight from each token's x, LaunchParams::direct_rows): every thread
+// of the block copies its share of each chunk with cp.async into the same 128-byte-swizzled image
+// a 128-row TMA box makes, and the stage's barrier counts the copies' completion. Thread t copies
+// 16-byte unit t % 8 of tile rows t / 8 + 32 q (q = 0..3), so eight lanes cover a row's 128 bytes
+// and a warp instruction four whole rows (four 128-byte requests). table: 128 row addresses (K
+// column 0) in shared memory, written before gemm_fast is called; a row past the tile's end may
+// repeat any valid row, since A's row i reaches only C's row i, which the epilogue does not store
+// (TMA loads whatever follows there too). K must be a multiple of kChunkK (the fast engine's H is).
+struct RowsOperand {
+  const uint16_t* const* table;
+};
+template <class Op>
+inline constexpr bool kIsRowsOperand = std::is_same_v<Op, RowsOperand>;
+
 #if defined(MOK_WGMMA)
+// This thread's units of chunk `chunk` of a RowsOperand into the A image at dst, then an arrival on
+// bar once they have landed (cp.async.mbarrier.arrive.noinc: the barrier counts one arrival per
+// thread for these).
+__device__ __forceinline__ void rows_load(uint8_t* dst, const RowsOperand& op, int64_t chunk, uint64_t* bar) {
+  const int r = threadIdx.x >> 3, u = threadIdx.x & 7;
+  // Rows r + 32 q share r's swizzle (r & 7), so their units sit 32 rows (4 KiB) apart.
+  const uint32_t d0 = smem_u32(dst) + r * 128 + ((u ^ (r & 7)) << 4);
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d0 + q * 32 * 128),
+                 "l"(op.table[r + 32 * q] + chunk * kChunkK + 8 * u)
+                 : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
 // One chunk of a `width`-wide operand tile: width / 64 MN-major boxes 8 KiB apart, or
 // width / box_rows K-major boxes.
 __device__ __forceinline__ void fast_load(uint8_t* dst, const FastOperand& op, int64_t k, uint64_t* bar, int width) {
@@ -744,8 +774,9 @@ struct GemmLaps {
 // i < rows, relative to the tile (cols must be even), or, for a RowEpilogue, its stores of four
 // columns at a time (a MixedRows staged in bf16: eight) (above). TA / TB: A / B MN-major. All
 // threads of the block must call it. laps: null, or kLapWords sums thread 0 adds to (GemmLaps).
-template <int TA, int TB, bool kDual, int kBN, class Epilogue>
-__device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const FastOperand& A,
+// A is a FastOperand (TMA) or a RowsOperand (TA = 0: K-major rows copied by every thread).
+template <int TA, int TB, bool kDual, int kBN, class OpA, class Epilogue>
+__device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t cols, const OpA& A,
                           const FastOperand& B, const FastOperand& B2, Epilogue epilogue, uint64_t* laps = nullptr) {
 #if defined(MOK_WGMMA)
   FastSmem& smem = *reinterpret_cast<FastSmem*>(smem_raw);
@@ -763,26 +794,40 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   zero_accumulators(acc);
   if constexpr (kDual) zero_accumulators(acc2);
   __syncthreads();  // the previous tile's readers of the buffers are done
+  constexpr bool kRowsA = kIsRowsOperand<OpA>;
+  static_assert(!kRowsA || TA == 0, "rows copied by threads are K-major");
+  // A stage is full once thread 0's expected bytes (the TMA boxes) have landed and, with rows
+  // copied by threads, every thread's copies have.
+  constexpr uint32_t kArrivals = kRowsA ? 1 + kThreads : 1;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&smem.full[st])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(&smem.full[st])), "n"(kArrivals)
+                   : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   timer.lap(0);
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
-  constexpr uint32_t kBytes = kStageBytes;
+  constexpr uint32_t kBytes = kStageBytes - (kRowsA ? kOperandBytes : 0);
   auto load_chunk = [&](int64_t chunk) {  // one thread
     const int st = static_cast<int>(chunk % kStages);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&smem.full[st])),
                  "r"(kBytes)
                  : "memory");
-    fast_load(stage(st, 0), A, chunk * kChunkK, &smem.full[st], kTileM);
+    if constexpr (!kRowsA) fast_load(stage(st, 0), A, chunk * kChunkK, &smem.full[st], kTileM);
     fast_load(stage(st, 1), B, chunk * kChunkK, &smem.full[st], kBN);
     if constexpr (kDual) fast_load(stage(st, 2), B2, chunk * kChunkK, &smem.full[st], 128);
   };
+  [[maybe_unused]] auto load_rows = [&](int64_t chunk) {  // every thread
+    if constexpr (kRowsA) {
+      const int st = static_cast<int>(chunk % kStages);
+      rows_load(stage(st, 0), A, chunk, &smem.full[st]);
+    }
+  };
   if (threadIdx.x == 0)
     for (int64_t chunk = 0; chunk < kStages - 1 && chunk < chunks; ++chunk) load_chunk(chunk);
+  if constexpr (kRowsA)
+    for (int64_t chunk = 0; chunk < kStages - 1 && chunk < chunks; ++chunk) load_rows(chunk);
   [[maybe_unused]] uint64_t early_key = 0;  // kHasEarlyKeys: this thread's row's early(i)
   if constexpr (kHasEarlyKeys<Epilogue>)
     if (threadIdx.x < rows) early_key = epilogue.early(threadIdx.x);
@@ -801,6 +846,9 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int st = static_cast<int>(chunk % kStages);
     mbar_wait(&smem.full[st], static_cast<uint32_t>((chunk / kStages) & 1));
+    // cp.async writes shared memory through the generic proxy and wgmma reads it through the
+    // async proxy: each reader orders the two after its wait.
+    if constexpr (kRowsA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     if (chunk == 0) timer.lap(2);
     if constexpr (requires { epilogue.prefetch(); })
       if (chunk == (chunks > kPrefetchLead ? chunks - kPrefetchLead : 0)) epilogue.prefetch();
@@ -821,6 +869,8 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     wgmma_wait<1>();  // this warpgroup's previous chunk is done
     __syncthreads();  // ... and the other's: its stage can be refilled
     if (threadIdx.x == 0 && chunk + kStages - 1 < chunks) load_chunk(chunk + kStages - 1);
+    if constexpr (kRowsA)
+      if (chunk + kStages - 1 < chunks) load_rows(chunk + kStages - 1);
   }
   wgmma_wait<0>();
   fence_accumulators(acc);

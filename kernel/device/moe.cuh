@@ -1057,8 +1057,11 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
   const RankTensorMaps& kmaps = P.maps[kMaxRanks + role.rank];  // K-major set (tall boxes)
   const int64_t H = c.hidden, p0 = t.p0, n = t.n;
   const bool routed = t.e >= 0;
+  // Routed rows come from the gathered copy once their flags are up, or, with direct_rows, from
+  // each token's x where it lies (an input: nothing to wait for).
+  const bool direct = routed && P.direct_rows;
   uint64_t t0 = trace_now(P);
-  if (routed && !wait_rows(P, role, S.row_ready, p0, n, kFlagDispatchRow)) return false;
+  if (routed && !direct && !wait_rows(P, role, S.row_ready, p0, n, kFlagDispatchRow)) return false;
   trace_add(P, kTrWaitRows, t0);
   t0 = trace_now(P);
   const int64_t N = routed ? c.intermediate : c.shared_intermediate;
@@ -1073,6 +1076,16 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
     const TensorMapBytes* am = routed ? &kmaps.xd : &kmaps.x;
     const int64_t wrow = (routed ? t.e * N : 0) + n0;
     const FastOperand A = kmajor(am, p0, kKMajorBoxRows);
+    // direct: the tile's row addresses (RowsOperand; rows past n repeat row n - 1). gemm_fast's
+    // first barrier orders these writes before its loads, and the previous tile's loads were all
+    // consumed before it returned.
+    __shared__ const uint16_t* rows_table[kTileM];
+    if (direct && threadIdx.x < kTileM) {
+      const int64_t i = threadIdx.x < n ? threadIdx.x : n - 1;
+      const TokenAt at = token_at(P, S.rows[p0 + i].token_idx);
+      rows_table[threadIdx.x] = P.peers[at.rank].x + at.t * H;
+    }
+    const RowsOperand rows_a{rows_table};
     const FastOperand B = kmajor(routed ? &kmaps.w_routed_gate : &kmaps.w_shared_gate, wrow, kKMajorBoxRows);
     const FastOperand B2 = kmajor(routed ? &kmaps.w_routed_up : &kmaps.w_shared_up, wrow, kKMajorBoxRows);
     // normal: every gate value of the tile is in spec::silu_normal_range (the forms without
@@ -1110,15 +1123,18 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
           store4_bf16(act + idx, av[0], av[1], av[2], av[3], valid);
         };
       };
-      gemm_fast<0, 0, true, kTileNFast>(
-          smem, H, n, cols, A, B, B2,
-          ranged_rows([&](int64_t i) { return (p0 + i) * N + n0; }, in_range, swiglu4(std::true_type{}),
-                      swiglu4(std::false_type{})),
-          trace_words(P, kTrLaps1));
+      auto epi = ranged_rows([&](int64_t i) { return (p0 + i) * N + n0; }, in_range, swiglu4(std::true_type{}),
+                             swiglu4(std::false_type{}));
+      if (direct)
+        gemm_fast<0, 0, true, kTileNFast>(smem, H, n, cols, rows_a, B, B2, epi, trace_words(P, kTrLaps1));
+      else
+        gemm_fast<0, 0, true, kTileNFast>(smem, H, n, cols, A, B, B2, epi, trace_words(P, kTrLaps1));
     } else {
-      gemm_fast<0, 0, true, kTileNFast>(smem, H, n, cols, A, B, B2,
-                                        ranged_pairs(in_range, swiglu(std::true_type{}), swiglu(std::false_type{})),
-                                        trace_words(P, kTrLaps1));
+      auto epi = ranged_pairs(in_range, swiglu(std::true_type{}), swiglu(std::false_type{}));
+      if (direct)
+        gemm_fast<0, 0, true, kTileNFast>(smem, H, n, cols, rows_a, B, B2, epi, trace_words(P, kTrLaps1));
+      else
+        gemm_fast<0, 0, true, kTileNFast>(smem, H, n, cols, A, B, B2, epi, trace_words(P, kTrLaps1));
     }
   } else {
     auto load_a = [&](int64_t m, int64_t k) { return a_src[(p0 + m) * H + k]; };
@@ -1201,6 +1217,26 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   return true;
 }
 
+// The rank's routed x rows into its gathered copy S.xd (row_ready flags raised): by the blocks of
+// `role` (the forward's communication blocks; with direct_rows, every block of the rank in the
+// backward, whose weight gradients read S.xd), by TMA bulk copies where LaunchParams::bulk_gather
+// allows, else by threads.
+__device__ inline void gather_x(const LaunchParams& P, const Role& role, uint8_t* smem) {
+  const RankState& S = P.state[role.rank];
+  auto x_of = [](const PeerBuffers& b) { return b.x; };
+#if defined(MOK_WGMMA)
+  int warps = 0, slots = 0;
+  if (P.bulk_gather) bulk_gather_shape(P.cfg.hidden * 2, warps, slots);
+  if (warps > 0) {
+    gather_rows_bulk(P, role, smem, S.xd, S.row_ready, x_of, warps, slots);
+    return;
+  }
+#else
+  (void)smem;
+#endif
+  gather_rows<false>(P, role, S.xd, S.row_ready, x_of);
+}
+
 __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_constant__ LaunchParams params) {
   const LaunchParams& P = params;
   const Role role = my_role(P, true);
@@ -1226,17 +1262,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
   if (!rank_barrier(P, role.rank)) return;
   trace_mark(P, kTrPlanned);
 
-  if (role.comm) {
-    auto x_of = [](const PeerBuffers& b) { return b.x; };
-#if defined(MOK_WGMMA)
-    int warps = 0, slots = 0;
-    if (P.bulk_gather) bulk_gather_shape(H * 2, warps, slots);
-    if (warps > 0)
-      gather_rows_bulk(P, role, smem, S.xd, S.row_ready, x_of, warps, slots);
-    else
-#endif
-      gather_rows<false>(P, role, S.xd, S.row_ready, x_of);
-  }
+  if (role.comm && !P.direct_rows) gather_x(P, role, smem);  // direct_rows: phase 1 reads x where it lies
   trace_mark(P, kTrGathered);
   if (!for_item_ranks(P, role, 2, [&](const Role& w) {
         zero_owner_tally(P);  // run_phases' first barrier orders this before the tiles' tallies
@@ -1688,7 +1714,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
         return true;
       }))
     return;
+  // direct_rows: the forward read x where it lies and left S.xd unwritten; every block of the rank
+  // gathers a share of it now, after its items, for the weight gradients below.
   trace_mark(P, kTrItemsDone);
+  if (P.direct_rows) gather_x(P, Role{role.rank, role.block, false, role.block, P.blocks_per_rank}, smem);
   if (!rank_barrier(P, role.rank)) return;
   if (!all_ranks_passed(P, 1)) return;  // shared items: every rank's d_act, dg, du are complete
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then

@@ -159,6 +159,8 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   if (options_.bulk_gather_batch < 1 || options_.bulk_gather_batch > 16)
     throw Error("kernel: bulk_gather_batch must be 1..16 (rows flagged per fence), got " +
                 std::to_string(options_.bulk_gather_batch));
+  host_.direct_rows =
+      fast_ && !system_scope && resolve_x_rows(options_.x_rows, cfg.hidden) == XRows::kDirect ? 1 : 0;
   host_.bulk_gather_stores = options_.bulk_gather_stores;
   host_.bulk_gather_batch = options_.bulk_gather_batch;
   host_.staged_swiglu = fast_ && resolve_swiglu(options_.swiglu, cfg.hidden) == SwigluEpilogue::kStaged ? 1 : 0;

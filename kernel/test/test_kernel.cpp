@@ -200,9 +200,13 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
   for (auto& [p, t] : in) want[p] = t;
   for (int R : ranks)
     for (int blocks : {0, 3})
-      for (int variant : {0, 1, 2}) {  // bulk gather, fragment SwiGLU; thread gather; staged SwiGLU
-        const bool bulk = variant != 1, staged = variant == 2;
-        const int group = variant == 0 ? 8 : variant == 1 ? 3 : 1;  // item groups: default, partial, none
+      // bulk gather, fragment SwiGLU; thread gather; staged SwiGLU; x rows read where they lie
+      // (RowsOperand) with the staged SwiGLU and the backward's gather by threads; the same with
+      // fragments and the bulk gather
+      for (int variant : {0, 1, 2, 3, 4}) {
+        const bool bulk = variant != 1 && variant != 3, staged = variant == 2 || variant == 3;
+        const bool direct = variant >= 3;
+        const int group = variant == 0 || variant == 4 ? 8 : variant == 1 ? 3 : 1;  // item groups: default, partial, none
         spec::LayerConfig cfg = base;
         cfg.num_ranks = R;
         cfg.tokens_per_rank = base.num_tokens() / R;
@@ -211,7 +215,8 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
         o.bulk_gather = bulk;
         o.swiglu = staged ? kernel::SwigluEpilogue::kStaged : kernel::SwigluEpilogue::kFragments;
         o.group_rows = group;
-        if (staged) {  // the bulk gather's other pipeline shapes: more stores in flight, more rows per fence
+        o.x_rows = direct ? kernel::XRows::kDirect : kernel::XRows::kGathered;
+        if (variant == 2) {  // the bulk gather's other pipeline shapes: more stores in flight, more rows per fence
           o.bulk_gather_stores = blocks == 0 ? 3 : 2;
           o.bulk_gather_batch = blocks == 0 ? 16 : 1;
         }
@@ -221,6 +226,7 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
         expect_bitwise(want, got, cfg,
                        "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks) +
                            (bulk ? "" : " thread gather") + (staged ? " staged SwiGLU" : "") +
+                           (direct ? " x rows direct" : "") +
                            " gather stores " + std::to_string(o.bulk_gather_stores) + " batch " +
                            std::to_string(o.bulk_gather_batch) + " item groups of " +
                            std::to_string(group),
@@ -319,6 +325,8 @@ void check_determinism(const spec::LayerConfig& base) {
         if (run == 0) o.forward_comm_blocks_per_rank = 6 - comm;  // and the forward's own gathering count once
         if (run == 3) o.group_rows = 2 + comm;                     // and other item groups (3, 5, 7)
         o.shared_items = run != 1;  // and each block on its own rank's GEMM items once
+        // and x rows read where they lie (the backward gathers), the rest gathered
+        o.x_rows = run == 0 && comm != 1 ? kernel::XRows::kDirect : kernel::XRows::kGathered;
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         // Shared-expert weight gradients are per rank by contract: compare the rest.
         for (const std::string& p : kSharedWeightGrads) got.erase(p);
@@ -326,7 +334,7 @@ void check_determinism(const spec::LayerConfig& base) {
                                  (o.disable_tma ? " (no TMA)" : "") + (o.forward_comm_blocks_per_rank ? " (forward comm=" + std::to_string(o.forward_comm_blocks_per_rank) + ")" : "") +
                                  (o.bulk_gather ? "" : " (thread gather)") + (o.swiglu == kernel::SwigluEpilogue::kStaged ? " (staged SwiGLU)" : "") +
                                  (o.group_rows != 8 ? " (item groups of " + std::to_string(o.group_rows) + ")" : "") +
-                                 (o.shared_items ? "" : " (own rank's items)");
+                                 (o.shared_items ? "" : " (own rank's items)") + (o.x_rows == kernel::XRows::kDirect ? " (x rows direct)" : "");
         if (first.empty()) {
           first = got;
           first_name = name;
@@ -401,6 +409,19 @@ TEST(Kernel, NcclTimingGivesEveryRanksTimesAndTheOutput) {
 
 // The default gate/up epilogue: staged up to the threshold hidden size, fragments past it; an
 // explicit request is kept whatever the size.
+TEST(KernelOptions, XRowsAutoResolvesByHiddenSize) {
+  using kernel::XRows;
+  EXPECT_EQ(kernel::KernelOptions{}.x_rows, XRows::kAuto);
+  for (int64_t h : {int64_t{64}, int64_t{1024}, kernel::kDirectRowsMaxHidden})
+    EXPECT_EQ(kernel::resolve_x_rows(XRows::kAuto, h), XRows::kDirect) << h;
+  for (int64_t h : {kernel::kDirectRowsMaxHidden + 64, int64_t{7168}})
+    EXPECT_EQ(kernel::resolve_x_rows(XRows::kAuto, h), XRows::kGathered) << h;
+  for (int64_t h : {int64_t{2048}, int64_t{7168}}) {
+    EXPECT_EQ(kernel::resolve_x_rows(XRows::kGathered, h), XRows::kGathered) << h;
+    EXPECT_EQ(kernel::resolve_x_rows(XRows::kDirect, h), XRows::kDirect) << h;
+  }
+}
+
 TEST(KernelOptions, SwigluAutoResolvesByHiddenSize) {
   using kernel::SwigluEpilogue;
   EXPECT_EQ(kernel::KernelOptions{}.swiglu, SwigluEpilogue::kAuto);

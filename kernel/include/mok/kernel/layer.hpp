@@ -32,6 +32,22 @@ constexpr SwigluEpilogue resolve_swiglu(SwigluEpilogue requested, int64_t hidden
   return hidden <= kStagedSwigluMaxHidden ? SwigluEpilogue::kStaged : SwigluEpilogue::kFragments;
 }
 
+// Where the forward's expert GEMMs read routed x rows (the same bits either way): kGathered: the
+// communication blocks first copy them into one tensor per rank, which phase 1 loads by TMA;
+// kDirect: every block copies its tiles' rows from each token's x (cp.async by every thread,
+// mma_tile.cuh's RowsOperand), so the forward gathers nothing and the backward gathers the copy
+// its weight gradients read, after its items; kAuto: direct where the hidden size is at most
+// kDirectRowsMaxHidden. Measured on the H100 (BENCHMARKS.md, thirty-sixth session): direct took
+// the qwen3 forward (H = 2048) 9.1% down (its backward 4-6% up: the gather moved there) and the
+// dsv3 forward (H = 7168) 7-9% up. Direct needs the fast engine and the ranks on one GPU; elsewhere
+// the gathered form runs.
+enum class XRows { kAuto, kGathered, kDirect };
+inline constexpr int64_t kDirectRowsMaxHidden = 2048;
+constexpr XRows resolve_x_rows(XRows requested, int64_t hidden) {
+  if (requested != XRows::kAuto) return requested;
+  return hidden <= kDirectRowsMaxHidden ? XRows::kDirect : XRows::kGathered;
+}
+
 struct KernelOptions {
   int blocks_per_rank = 0;       // 0: as many as fit co-resident on the GPU, divided among ranks
   int comm_blocks_per_rank = 0;  // communication blocks of each rank (0: blocks_per_rank - 1, at least 1;
@@ -48,6 +64,8 @@ struct KernelOptions {
   int bulk_gather_stores = 1;    // bulk gather: stores a warp's pipeline leaves reading their slot before it reuses
                                  // the oldest (1..4; the rest of its slots hold loads)
   int bulk_gather_batch = 4;     // bulk gather: rows whose ready flags go up after one fence (1..16)
+  XRows x_rows = XRows::kAuto;   // fast engine, virtual rack: where the forward's expert GEMMs read routed x rows
+                                 // (above)
   SwigluEpilogue swiglu = SwigluEpilogue::kAuto;  // fast engine: how the forward's gate/up epilogue runs
   int64_t row_capacity = 0;      // routed rows each rank's workspace holds (0: the worst case G * min(K, E/R));
                                  // rows_per_rank() gives the exact need of a routing

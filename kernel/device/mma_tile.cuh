@@ -360,8 +360,13 @@ __device__ __forceinline__ FastOperand mnmajor2(const TensorMapBytes* m0, int64_
 // column 0) in shared memory, written before gemm_fast is called; a row past the tile's end may
 // repeat any valid row, since A's row i reaches only C's row i, which the epilogue does not store
 // (TMA loads whatever follows there too). K must be a multiple of kChunkK (the fast engine's H is).
+// copy: null, or a second table in shared memory of 128 destination rows (null past the tile's
+// end): each thread then also writes the units it copied to them, chunk by chunk, from shared
+// memory while the chunk's wgmma runs (the forward's first column tile of a row tile keeps the
+// gathered copy S.xd that the backward's weight gradients read).
 struct RowsOperand {
   const uint16_t* const* table;
+  uint16_t* const* copy;
 };
 template <class Op>
 inline constexpr bool kIsRowsOperand = std::is_same_v<Op, RowsOperand>;
@@ -380,6 +385,22 @@ __device__ __forceinline__ void rows_load(uint8_t* dst, const RowsOperand& op, i
                  "l"(op.table[r + 32 * q] + chunk * kChunkK + 8 * u)
                  : "memory");
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// The units rows_load copied for chunk `chunk` (landed: the stage's barrier has completed), from
+// the A image at src to op.copy's rows.
+__device__ __forceinline__ void rows_write_back(const uint8_t* src, const RowsOperand& op, int64_t chunk) {
+  const int r = threadIdx.x >> 3, u = threadIdx.x & 7;
+  const uint32_t s0 = smem_u32(src) + r * 128 + ((u ^ (r & 7)) << 4);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint16_t* dst = op.copy[r + 32 * q];
+    if (dst == nullptr) continue;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(s0 + q * 32 * 128));
+    *reinterpret_cast<uint4*>(dst + chunk * kChunkK + 8 * u) = v;
+  }
 }
 
 // One chunk of a `width`-wide operand tile: width / 64 MN-major boxes 8 KiB apart, or
@@ -866,6 +887,8 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
     wgmma_fence();
     fast_chunk<TA, TB, kDual, NJ>(acc, acc2, stage(st, 0), steps);
     wgmma_commit();
+    if constexpr (kRowsA)
+      if (A.copy != nullptr) rows_write_back(stage(st, 0), A, chunk);
     wgmma_wait<1>();  // this warpgroup's previous chunk is done
     __syncthreads();  // ... and the other's: its stage can be refilled
     if (threadIdx.x == 0 && chunk + kStages - 1 < chunks) load_chunk(chunk + kStages - 1);
@@ -875,6 +898,9 @@ __device__ void gemm_fast(uint8_t* smem_raw, int64_t K, int64_t rows, int64_t co
   wgmma_wait<0>();
   fence_accumulators(acc);
   if constexpr (kDual) fence_accumulators(acc2);
+  // Rows copied by threads: the ring's A areas were written (cp.async) and read (the write-back)
+  // through the generic proxy; the next tile's TMA loads write them through the async proxy.
+  if constexpr (kRowsA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   timer.lap(3);
   if (threadIdx.x == 0)  // every phase has completed: retire the barriers before the memory is reused

@@ -1079,13 +1079,17 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
     // direct: the tile's row addresses (RowsOperand; rows past n repeat row n - 1). gemm_fast's
     // first barrier orders these writes before its loads, and the previous tile's loads were all
     // consumed before it returned.
+    // The first column tile also writes the rows to S.xd for the backward's weight gradients.
     __shared__ const uint16_t* rows_table[kTileM];
+    __shared__ uint16_t* rows_copy[kTileM];
+    const bool write_xd = direct && n0 == 0;
     if (direct && threadIdx.x < kTileM) {
       const int64_t i = threadIdx.x < n ? threadIdx.x : n - 1;
       const TokenAt at = token_at(P, S.rows[p0 + i].token_idx);
       rows_table[threadIdx.x] = P.peers[at.rank].x + at.t * H;
+      rows_copy[threadIdx.x] = threadIdx.x < n ? S.xd + (p0 + threadIdx.x) * H : nullptr;
     }
-    const RowsOperand rows_a{rows_table};
+    const RowsOperand rows_a{rows_table, write_xd ? rows_copy : nullptr};
     const FastOperand B = kmajor(routed ? &kmaps.w_routed_gate : &kmaps.w_shared_gate, wrow, kKMajorBoxRows);
     const FastOperand B2 = kmajor(routed ? &kmaps.w_routed_up : &kmaps.w_shared_up, wrow, kKMajorBoxRows);
     // normal: every gate value of the tile is in spec::silu_normal_range (the forms without
@@ -1217,10 +1221,9 @@ __device__ inline bool forward_phase2(const LaunchParams& P, const Role& role, u
   return true;
 }
 
-// The rank's routed x rows into its gathered copy S.xd (row_ready flags raised): by the blocks of
-// `role` (the forward's communication blocks; with direct_rows, every block of the rank in the
-// backward, whose weight gradients read S.xd), by TMA bulk copies where LaunchParams::bulk_gather
-// allows, else by threads.
+// The rank's routed x rows into its gathered copy S.xd (row_ready flags raised) by the forward's
+// communication blocks: by TMA bulk copies where LaunchParams::bulk_gather allows, else by threads.
+// (With direct_rows phase 1 writes S.xd instead, from the rows it copies: forward_phase1.)
 __device__ inline void gather_x(const LaunchParams& P, const Role& role, uint8_t* smem) {
   const RankState& S = P.state[role.rank];
   auto x_of = [](const PeerBuffers& b) { return b.x; };
@@ -1714,10 +1717,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
         return true;
       }))
     return;
-  // direct_rows: the forward read x where it lies and left S.xd unwritten; every block of the rank
-  // gathers a share of it now, after its items, for the weight gradients below.
   trace_mark(P, kTrItemsDone);
-  if (P.direct_rows) gather_x(P, Role{role.rank, role.block, false, role.block, P.blocks_per_rank}, smem);
   if (!rank_barrier(P, role.rank)) return;
   if (!all_ranks_passed(P, 1)) return;  // shared items: every rank's d_act, dg, du are complete
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then

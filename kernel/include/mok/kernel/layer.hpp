@@ -35,12 +35,13 @@ constexpr SwigluEpilogue resolve_swiglu(SwigluEpilogue requested, int64_t hidden
 // Where the forward's expert GEMMs read routed x rows (the same bits either way): kGathered: the
 // communication blocks first copy them into one tensor per rank, which phase 1 loads by TMA;
 // kDirect: every block copies its tiles' rows from each token's x (cp.async by every thread,
-// mma_tile.cuh's RowsOperand), so the forward gathers nothing and the backward gathers the copy
-// its weight gradients read, after its items; kAuto: direct where the hidden size is at most
-// kDirectRowsMaxHidden. Measured on the H100 (BENCHMARKS.md, thirty-sixth session): direct took
-// the qwen3 forward (H = 2048) 9.1% down (its backward 4-6% up: the gather moved there) and the
-// dsv3 forward (H = 7168) 7-9% up. Direct needs the fast engine and the ranks on one GPU; elsewhere
-// the gathered form runs.
+// mma_tile.cuh's RowsOperand), so the forward's gather is gone, and the first column tile of each
+// row tile writes the rows it copied to that tensor for the backward's weight gradients; kAuto:
+// direct where the hidden size is at most kDirectRowsMaxHidden. Measured on the H100 (BENCHMARKS.md,
+// thirty-sixth session): direct took the qwen3 forward (H = 2048) 3.1-3.5% down and its backward
+// 1.6-1.9% up (forward + backward even), and the dsv3 forward (H = 7168) 7-9% up (without the
+// write-back: the per-chunk proxy fence waits for rows from DRAM there). Direct needs the fast
+// engine and the ranks on one GPU; elsewhere the gathered form runs.
 enum class XRows { kAuto, kGathered, kDirect };
 inline constexpr int64_t kDirectRowsMaxHidden = 2048;
 constexpr XRows resolve_x_rows(XRows requested, int64_t hidden) {

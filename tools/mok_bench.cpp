@@ -264,9 +264,9 @@ int main(int argc, char** argv) {
   std::string x_rows = "auto";
   app.add_option("--x-rows", x_rows,
                  "where the forward's expert GEMMs read routed x rows: gathered (the communication blocks copy them "
-                 "into one tensor first), direct (every block copies its tiles' rows from each token's x; fast "
-                 "engine, ranks on one GPU; the backward then gathers the copy its weight gradients read) or auto "
-                 "(direct for H <= 2048, where it measured faster)")
+                 "into one tensor first), direct (every block copies its tiles' rows from each token's x, and "
+                 "the first column tile writes them to that tensor for the backward; fast engine, ranks on one GPU) or "
+                 "auto (direct for H <= 2048, where it measured faster); the same bits either way")
       ->check(CLI::IsMember({"auto", "gathered", "direct"}))
       ->capture_default_str();
   std::string swiglu = "auto";

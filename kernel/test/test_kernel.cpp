@@ -201,8 +201,8 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
   for (int R : ranks)
     for (int blocks : {0, 3})
       // bulk gather, fragment SwiGLU; thread gather; staged SwiGLU; x rows read where they lie
-      // (RowsOperand) with the staged SwiGLU and the backward's gather by threads; the same with
-      // fragments and the bulk gather
+      // (RowsOperand, no gather; the first column tiles write S.xd for the backward) with the staged
+      // SwiGLU; the same with fragments
       for (int variant : {0, 1, 2, 3, 4}) {
         const bool bulk = variant != 1 && variant != 3, staged = variant == 2 || variant == 3;
         const bool direct = variant >= 3;
@@ -325,7 +325,7 @@ void check_determinism(const spec::LayerConfig& base) {
         if (run == 0) o.forward_comm_blocks_per_rank = 6 - comm;  // and the forward's own gathering count once
         if (run == 3) o.group_rows = 2 + comm;                     // and other item groups (3, 5, 7)
         o.shared_items = run != 1;  // and each block on its own rank's GEMM items once
-        // and x rows read where they lie (the backward gathers), the rest gathered
+        // and x rows read where they lie (no gather), the rest gathered
         o.x_rows = run == 0 && comm != 1 ? kernel::XRows::kDirect : kernel::XRows::kGathered;
         ref::TensorMap got = kernel::run_layer(cfg, in, true, o);
         // Shared-expert weight gradients are per rank by contract: compare the rest.

@@ -712,8 +712,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("# mok-bench %s%s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
-                "(%d comm), TMA %s, SwiGLU epilogue %s, item groups of %d row tiles, median of %d after %d warm-up, "
-                "%s\n",
+                "(%d comm), TMA %s, SwiGLU epilogue %s, x rows %s, item groups of %d row tiles, median of %d after %d "
+                "warm-up, %s\n",
                 nccl ? (std::to_string(gpus) + " x ").c_str() : "", prop.name, (long long)G, (long long)Hc,
                 (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc, (long long)Rn, (long long)rows,
                 blocks_per_rank, comm_per_rank, tma_on ? "on" : "off",
@@ -721,6 +721,11 @@ int main(int argc, char** argv) {
                 : mok::kernel::resolve_swiglu(ko.swiglu, Hc) == mok::kernel::SwigluEpilogue::kStaged
                     ? (swiglu == "auto" ? "staged (auto)" : "staged")
                     : (swiglu == "auto" ? "fragments (auto)" : "fragments"),
+                // as Layer resolves it: direct needs the fast engine and one GPU
+                !tma_on || nccl ? "gathered"
+                : mok::kernel::resolve_x_rows(ko.x_rows, Hc) == mok::kernel::XRows::kDirect
+                    ? (x_rows == "auto" ? "direct (auto)" : "direct")
+                    : (x_rows == "auto" ? "gathered (auto)" : "gathered"),
                 group_rows, reps, warmup,
                 backward ? "each repetition a forward then a backward"
                 : passes == "forward" ? "forwards only (--passes forward)"

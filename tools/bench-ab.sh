@@ -18,8 +18,10 @@
 #
 # Comparisons: with two labels, or with -p (labels in pairs: base, candidate, base, candidate,
 # ...), each candidate is set against its base round by round: the median over rounds of the
-# change (candidate / base - 1) and in how many rounds the candidate was faster, forward and
-# backward. A round counts where both runs succeeded (for the backward: where both printed one).
+# change (candidate / base - 1) and in how many rounds the candidate was faster, forward,
+# backward and, where both printed a backward, the two together (a change that moves work from
+# one pass to the other shows there). A round counts where both runs succeeded (for the backward
+# and the sum: where both printed a backward).
 #
 # Example (the forward's gate/up epilogue, fragments against staged, qwen3 shapes; a change to the
 # forward alone, so its forwards are timed back to back, without the backward between them):
@@ -158,8 +160,15 @@ if [[ $pairs == 1 ]]; then
         if (n == 0) return name " -"
         return sprintf("%s %+.1f%%, faster in %d of %d", name, median(d, n), w, n)
       }
-      NR > 1 && ($2 "" == A "" || $2 "" == B "") { round[$1] = 1; f[$1, $2] = $3; if ($4 != "-") b[$1, $2] = $4 }
-      END { printf "%s against %s: %s; %s\n", B, A, line("fwd", f, round), line("bwd", b, round) }
+      NR > 1 && ($2 "" == A "" || $2 "" == B "") {
+        round[$1] = 1; f[$1, $2] = $3
+        if ($4 != "-") { b[$1, $2] = $4; s[$1, $2] = $3 + $4 }
+      }
+      END {
+        tot = line("fwd+bwd", s, round)
+        printf "%s against %s: %s; %s%s\n", B, A, line("fwd", f, round), line("bwd", b, round),
+               tot == "fwd+bwd -" ? "" : "; " tot
+      }
     ' "$summary"
   done
 fi

@@ -27,8 +27,10 @@ rc=$?
 grep -q "^round 3 A .*fwd *4.0 ms" <<< "$out" || fail "round 3 of A should read 4.0: $out"
 grep -q "^A *fwd 4.5 ms  bwd 6.5 ms" <<< "$out" || fail "A's median over 4 rounds should be 4.5 (even count): $out"
 grep -q "^B *fwd 1.5 ms  bwd 7.25 ms" <<< "$out" || fail "B's median should be 1.5: $out"
-# Two labels compare as a pair: per-round changes -80, -66.7, -50, -77.8% (median of four: -72.2%).
-grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 4$" <<< "$out" ||
+# Two labels compare as a pair: per-round changes -80, -66.7, -50, -77.8% (median of four: -72.2%);
+# forward + backward 11.5 / 9.5 / 10.5 / 15.5 against 8.25 / 8.25 / 9.25 / 9.25 ms: -28.3, -13.2,
+# -11.9, -40.3% (median -20.7%).
+grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 4; fwd+bwd -20.7%, faster in 4 of 4$" <<< "$out" ||
   fail "B against A, round by round, expected: $out"
 order=$(grep '^round' <<< "$out" | awk '{ printf "%s%s ", $2, $3 }')
 [[ $order == "1A 1B 2A 2B 3A 3B 4A 4B " ]] || fail "runs should alternate A, B each round: $order"
@@ -40,7 +42,7 @@ rc=$?
 order=$(grep '^round' <<< "$out" | awk '{ printf "%s%s ", $2, $3 }')
 [[ $order == "1A 1B 2B 2A 3A 3B 4B 4A " ]] || fail "-x should reverse the even rounds: $order"
 grep -q "^A *fwd 4.5 ms  bwd 6.5 ms" <<< "$out" || fail "-x: A's median should still be 4.5: $out"
-grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 4$" <<< "$out" ||
+grep -q "^B against A: fwd -72.2%, faster in 4 of 4; bwd +11.5%, faster in 0 of 4; fwd+bwd -20.7%, faster in 4 of 4$" <<< "$out" ||
   fail "-x: B against A, round by round, expected: $out"
 grep -q "even rounds in reverse order" <<< "$out" || fail "-x: the header should say so: $out"
 out=$("$ab" -n 3 -o "$work/o2" A "$w/fake $w/c 3.0,1.0,2.0 1" broken "false" 2>&1)
@@ -54,8 +56,10 @@ out=$("$ab" -n 2 -o "$work/o5" -p q1 "$w/fake $w/f 2,2 4" q2 "$w/fake $w/g 1,3 4
   d1 "$w/fake $w/h 2,2 4" d2 "$w/fake $w/i 2.2,2.2 3" 2>&1)
 rc=$?
 [[ $rc -eq 0 ]] || fail "-p with two pairs: exit $rc: $out"
-grep -q "^q2 against q1: fwd +0.0%, faster in 1 of 2; bwd +0.0%, faster in 0 of 2$" <<< "$out" || fail "q2 against q1: $out"
-grep -q "^d2 against d1: fwd +10.0%, faster in 0 of 2; bwd -25.0%, faster in 2 of 2$" <<< "$out" || fail "d2 against d1: $out"
+grep -q "^q2 against q1: fwd +0.0%, faster in 1 of 2; bwd +0.0%, faster in 0 of 2; fwd+bwd +0.0%, faster in 1 of 2$" <<< "$out" ||
+  fail "q2 against q1: $out"
+grep -q "^d2 against d1: fwd +10.0%, faster in 0 of 2; bwd -25.0%, faster in 2 of 2; fwd+bwd -13.3%, faster in 2 of 2$" <<< "$out" ||
+  fail "d2 against d1: $out"
 [[ $(grep -c "^[^#].* against " <<< "$out") -eq 2 ]] || fail "-p should compare within pairs only, two lines: $out"
 # Labels compare as strings (1 and 1.0 are two variants); a backward figure only one side printed
 # leaves the backward without a comparison.

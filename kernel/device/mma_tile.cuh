@@ -375,31 +375,39 @@ inline constexpr bool kIsRowsOperand = std::is_same_v<Op, RowsOperand>;
 // This thread's units of chunk `chunk` of a RowsOperand into the A image at dst, then an arrival on
 // bar once they have landed (cp.async.mbarrier.arrive.noinc: the barrier counts one arrival per
 // thread for these).
-__device__ __forceinline__ void rows_load(uint8_t* dst, const RowsOperand& op, int64_t chunk, uint64_t* bar) {
+// This thread's first tile row r and 16-byte unit u of a RowsOperand, and that unit's place in the
+// swizzled A image at `image`: rows r + 32 q share r's swizzle (r & 7), so the thread's other units
+// sit 32 rows (4 KiB) apart.
+struct RowsUnit {
+  int r, u;
+  uint32_t at;
+};
+__device__ __forceinline__ RowsUnit rows_unit(const uint8_t* image) {
   const int r = threadIdx.x >> 3, u = threadIdx.x & 7;
-  // Rows r + 32 q share r's swizzle (r & 7), so their units sit 32 rows (4 KiB) apart.
-  const uint32_t d0 = smem_u32(dst) + r * 128 + ((u ^ (r & 7)) << 4);
+  return RowsUnit{r, u, smem_u32(image) + r * 128 + ((u ^ (r & 7)) << 4)};
+}
+__device__ __forceinline__ void rows_load(uint8_t* dst, const RowsOperand& op, int64_t chunk, uint64_t* bar) {
+  const RowsUnit w = rows_unit(dst);
 #pragma unroll
   for (int q = 0; q < 4; ++q)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d0 + q * 32 * 128),
-                 "l"(op.table[r + 32 * q] + chunk * kChunkK + 8 * u)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(w.at + q * 32 * 128),
+                 "l"(op.table[w.r + 32 * q] + chunk * kChunkK + 8 * w.u)
                  : "memory");
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 // The units rows_load copied for chunk `chunk` (landed: the stage's barrier has completed), from
 // the A image at src to op.copy's rows.
 __device__ __forceinline__ void rows_write_back(const uint8_t* src, const RowsOperand& op, int64_t chunk) {
-  const int r = threadIdx.x >> 3, u = threadIdx.x & 7;
-  const uint32_t s0 = smem_u32(src) + r * 128 + ((u ^ (r & 7)) << 4);
+  const RowsUnit w = rows_unit(src);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    uint16_t* dst = op.copy[r + 32 * q];
+    uint16_t* dst = op.copy[w.r + 32 * q];
     if (dst == nullptr) continue;
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(s0 + q * 32 * 128));
-    *reinterpret_cast<uint4*>(dst + chunk * kChunkK + 8 * u) = v;
+                 : "r"(w.at + q * 32 * 128));
+    *reinterpret_cast<uint4*>(dst + chunk * kChunkK + 8 * w.u) = v;
   }
 }
 

@@ -266,7 +266,9 @@ int main(int argc, char** argv) {
                  "where the forward's expert GEMMs read routed x rows: gathered (the communication blocks copy them "
                  "into one tensor first), direct (every block copies its tiles' rows from each token's x, and "
                  "the first column tile writes them to that tensor for the backward; fast engine, ranks on one GPU) or "
-                 "auto (direct for H <= 2048, where it measured faster); the same bits either way")
+                 "auto (direct where H <= " +
+                     std::to_string(mok::kernel::kDirectRowsMaxHidden) +
+                     ", where it measured faster); the same bits either way")
       ->check(CLI::IsMember({"auto", "gathered", "direct"}))
       ->capture_default_str();
   std::string swiglu = "auto";

@@ -225,7 +225,7 @@ void check_fast_engine(const spec::LayerConfig& base, const std::vector<int>& ra
           for (const std::string& p : kSharedWeightGrads) got.erase(p);
         expect_bitwise(want, got, cfg,
                        "fast engine R=" + std::to_string(R) + " blocks/rank " + std::to_string(blocks) +
-                           (bulk ? "" : " thread gather") + (staged ? " staged SwiGLU" : "") +
+                           (bulk || direct ? "" : " thread gather") + (staged ? " staged SwiGLU" : "") +
                            (direct ? " x rows direct" : "") +
                            " gather stores " + std::to_string(o.bulk_gather_stores) + " batch " +
                            std::to_string(o.bulk_gather_batch) + " item groups of " +

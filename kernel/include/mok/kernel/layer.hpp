@@ -39,8 +39,9 @@ constexpr SwigluEpilogue resolve_swiglu(SwigluEpilogue requested, int64_t hidden
 // row tile writes the rows it copied to that tensor for the backward's weight gradients; kAuto:
 // direct where the hidden size is at most kDirectRowsMaxHidden. Measured on the H100 (BENCHMARKS.md,
 // thirty-sixth session): direct took the qwen3 forward (H = 2048) 3.1-3.5% down and its backward
-// 1.6-1.9% up (forward + backward even), and the dsv3 forward (H = 7168) 7-9% up (without the
-// write-back: the per-chunk proxy fence waits for rows from DRAM there). Direct needs the fast
+// 1.6-1.9% up (forward + backward even), and the dsv3 forward (H = 7168) 7-9% up (measured before
+// the write-back; a build without the per-chunk proxy fence lost most of that, and our reading,
+// not measured, is that the fence waits for the copies still in flight from DRAM). Direct needs the fast
 // engine and the ranks on one GPU; elsewhere the gathered form runs.
 enum class XRows { kAuto, kGathered, kDirect };
 inline constexpr int64_t kDirectRowsMaxHidden = 2048;

@@ -14,7 +14,9 @@
 # utilisation of at least 50%: the passes, not the process's host set-up); at the end, per
 # label, the median over rounds of each figure. Every run's full output goes to DIR (default: a
 # new directory under /tmp), one file per run. Exit 0 when every run succeeded, 1 when one failed
-# (its file says why), 2 on bad usage.
+# (its file says why), 2 on bad usage. Interrupted (SIGINT, or the SIGTERM of a `timeout` around it),
+# it stops the clock sampler, prints the medians and comparisons over the runs that finished (the
+# run under way when the signal came is not counted) and exits 130 / 143.
 #
 # Comparisons: with two labels, or with -p (labels in pairs: base, candidate, base, candidate,
 # ...), each candidate is set against its base round by round: the median over rounds of the
@@ -79,10 +81,63 @@ summary=$dir/summary.tsv
 printf 'round\tlabel\tfwd_ms\tbwd_ms\tsm_mhz\tpower_w\tmax_temp_c\n' > "$summary"
 status=0
 smi_pid=""
-# An interrupt (Ctrl-C, a job's timeout) must not leave the clock sampler running.
+[[ ${#labels[@]} == 2 ]] && pairs=1
+report() {  # medians over the rounds run so far, and the comparisons
+  local label i
+  echo "# medians over rounds"
+  for label in "${labels[@]}"; do
+    awk -F'\t' -v L="$label" '
+      function median(a, n,   i, j, t) {
+        if (n == 0) return "-"
+        for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+      }
+      NR > 1 && $2 "" == L "" {  # as strings: labels 1 and 1.0 differ
+        f[++nf] = $3
+        if ($4 != "-") b[++nb] = $4
+        if ($5 != "-") c[++nc] = $5
+        if ($6 != "-") p[++np] = $6
+      }
+      END { printf "%-12s fwd %s ms  bwd %s ms  SM %s MHz  %s W  (%d rounds)\n", L, median(f, nf), median(b, nb), median(c, nc), median(p, np), nf }
+    ' "$summary"
+  done
+  if [[ $pairs == 1 ]]; then
+    echo "# candidate against base, round by round (median change; rounds faster)"
+    for ((i = 0; i < ${#labels[@]}; i += 2)); do
+      awk -F'\t' -v A="${labels[$i]}" -v B="${labels[$((i + 1))]}" '
+        function median(a, n,   i, j, t) {
+          for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+          return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        function line(name, x, rounds,   r, n, w, d) {
+          n = 0; w = 0
+          for (r in rounds)
+            if ((r, A) in x && (r, B) in x && x[r, A] > 0) { d[++n] = 100 * (x[r, B] / x[r, A] - 1); w += x[r, B] < x[r, A] }
+          if (n == 0) return name " -"
+          return sprintf("%s %+.1f%%, faster in %d of %d", name, median(d, n), w, n)
+        }
+        NR > 1 && ($2 "" == A "" || $2 "" == B "") {
+          round[$1] = 1; f[$1, $2] = $3
+          if ($4 != "-") { b[$1, $2] = $4; s[$1, $2] = $3 + $4 }
+        }
+        END {
+          tot = line("fwd+bwd", s, round)
+          printf "%s against %s: %s; %s%s\n", B, A, line("fwd", f, round), line("bwd", b, round),
+                 tot == "fwd+bwd -" ? "" : "; " tot
+        }
+      ' "$summary"
+    done
+  fi
+}
+# An interrupt (Ctrl-C, a job's timeout) must not leave the clock sampler running, and the rounds
+# already run still get their summary (a device call's time limit cut several A/Bs short).
 on_signal() {
   [[ -n $smi_pid ]] && { kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null; }
   echo "bench-ab.sh: interrupted; partial results in $dir" >&2
+  if [[ $(wc -l < "$summary") -gt 1 ]]; then
+    echo "# interrupted: the summary covers the runs that finished"
+    report
+  fi
   exit $((128 + $1))
 }
 trap 'on_signal 2' INT
@@ -127,49 +182,5 @@ for ((r = 1; r <= rounds; ++r)); do
       "$clk" "$pwr" "$tmp"
   done
 done
-echo "# medians over rounds"
-for label in "${labels[@]}"; do
-  awk -F'\t' -v L="$label" '
-    function median(a, n,   i, j, t) {
-      if (n == 0) return "-"
-      for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-    }
-    NR > 1 && $2 "" == L "" {  # as strings: labels 1 and 1.0 differ
-      f[++nf] = $3
-      if ($4 != "-") b[++nb] = $4
-      if ($5 != "-") c[++nc] = $5
-      if ($6 != "-") p[++np] = $6
-    }
-    END { printf "%-12s fwd %s ms  bwd %s ms  SM %s MHz  %s W  (%d rounds)\n", L, median(f, nf), median(b, nb), median(c, nc), median(p, np), nf }
-  ' "$summary"
-done
-[[ ${#labels[@]} == 2 ]] && pairs=1
-if [[ $pairs == 1 ]]; then
-  echo "# candidate against base, round by round (median change; rounds faster)"
-  for ((i = 0; i < ${#labels[@]}; i += 2)); do
-    awk -F'\t' -v A="${labels[$i]}" -v B="${labels[$((i + 1))]}" '
-      function median(a, n,   i, j, t) {
-        for (i = 2; i <= n; ++i) for (j = i; j > 1 && a[j - 1] > a[j]; --j) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-      }
-      function line(name, x, rounds,   r, n, w, d) {
-        n = 0; w = 0
-        for (r in rounds)
-          if ((r, A) in x && (r, B) in x && x[r, A] > 0) { d[++n] = 100 * (x[r, B] / x[r, A] - 1); w += x[r, B] < x[r, A] }
-        if (n == 0) return name " -"
-        return sprintf("%s %+.1f%%, faster in %d of %d", name, median(d, n), w, n)
-      }
-      NR > 1 && ($2 "" == A "" || $2 "" == B "") {
-        round[$1] = 1; f[$1, $2] = $3
-        if ($4 != "-") { b[$1, $2] = $4; s[$1, $2] = $3 + $4 }
-      }
-      END {
-        tot = line("fwd+bwd", s, round)
-        printf "%s against %s: %s; %s%s\n", B, A, line("fwd", f, round), line("bwd", b, round),
-               tot == "fwd+bwd -" ? "" : "; " tot
-      }
-    ' "$summary"
-  done
-fi
+report
 exit $status

@@ -2,7 +2,8 @@
 # test_bench_ab.sh BENCH_AB: tools/bench-ab.sh against a stand-in for mok-bench (no GPU needed):
 # alternation (and -x's reversed even rounds), per-round figures, medians over rounds (odd and even counts), candidates against
 # their bases round by round (two labels, or -p pairs), a failing variant (exit 1, named), bad
-# usage (exit 2, nothing run), and the nvidia-smi columns from busy samples only.
+# usage (exit 2, nothing run), the nvidia-smi columns from busy samples only, and an interrupted
+# A/B (no sampler left; the finished runs' summary after a SIGTERM).
 set -u
 ab=$1
 work=$(mktemp -d)
@@ -122,6 +123,30 @@ smi=$(cat "$SMI_PID_FILE")
 for _ in $(seq 20); do kill -0 "$smi" 2> /dev/null || break; sleep 0.05; done  # a moment to be reaped
 if kill -0 "$smi" 2> /dev/null; then kill -9 "$smi"; fail "the nvidia-smi sampler outlived an interrupted bench-ab.sh"; fi
 [[ $rc -eq 130 ]] || fail "an interrupted bench-ab.sh should exit 130, got $rc"
+# A timeout's SIGTERM (to bench-ab.sh alone, as `timeout` sends it) in the second round: the runs
+# that finished still get their medians and comparison, and the exit status is 143.
+cat > "$work/slow" <<'SLOW'
+#!/usr/bin/env bash
+# The stand-in, one second slower from its second call on, so that the test can stop round 2.
+n=$(cat "$1" 2> /dev/null || echo 0)
+[[ $n -ge 1 ]] && sleep 1
+exec "$(dirname "$0")/fake" "$@"
+SLOW
+chmod +x "$work/slow"
+"$ab" -n 3 -o "$work/o9" A "$w/fake $w/m 4,4,4 5" B "$w/slow $w/n 2,2,2 5" > "$work/o9.out" 2>&1 &
+abpid=$!
+rows() { [[ -f $work/o9/summary.tsv ]] && wc -l < "$work/o9/summary.tsv" || echo 0; }
+for _ in $(seq 100); do [[ $(rows) -ge 3 ]] && break; sleep 0.05; done
+[[ $(rows) -ge 3 ]] || fail "round 1 never finished: $(cat "$work/o9.out")"
+kill -TERM "$abpid"
+wait "$abpid"
+rc=$?
+out=$(cat "$work/o9.out")
+[[ $rc -eq 143 ]] || fail "a bench-ab.sh stopped by SIGTERM should exit 143, got $rc: $out"
+grep -q "^# interrupted: the summary covers the runs that finished$" <<< "$out" || fail "an interrupted A/B should say so: $out"
+grep -q "^A *fwd 4 ms  bwd 5 ms" <<< "$out" || fail "A's median over the finished rounds expected: $out"
+grep -q "^B against A: fwd -50.0%, faster in 1 of 1; bwd +0.0%, faster in 0 of 1; fwd+bwd -22.2%, faster in 1 of 1$" <<< "$out" ||
+  fail "B against A over round 1 expected: $out"
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"

@@ -372,9 +372,6 @@ template <class Op>
 inline constexpr bool kIsRowsOperand = std::is_same_v<Op, RowsOperand>;
 
 #if defined(MOK_WGMMA)
-// This thread's units of chunk `chunk` of a RowsOperand into the A image at dst, then an arrival on
-// bar once they have landed (cp.async.mbarrier.arrive.noinc: the barrier counts one arrival per
-// thread for these).
 // This thread's first tile row r and 16-byte unit u of a RowsOperand, and that unit's place in the
 // swizzled A image at `image`: rows r + 32 q share r's swizzle (r & 7), so the thread's other units
 // sit 32 rows (4 KiB) apart.
@@ -386,6 +383,9 @@ __device__ __forceinline__ RowsUnit rows_unit(const uint8_t* image) {
   const int r = threadIdx.x >> 3, u = threadIdx.x & 7;
   return RowsUnit{r, u, smem_u32(image) + r * 128 + ((u ^ (r & 7)) << 4)};
 }
+// This thread's units of chunk `chunk` of a RowsOperand into the A image at dst, then an arrival on
+// bar once they have landed (cp.async.mbarrier.arrive.noinc: the barrier counts one arrival per
+// thread for these).
 __device__ __forceinline__ void rows_load(uint8_t* dst, const RowsOperand& op, int64_t chunk, uint64_t* bar) {
   const RowsUnit w = rows_unit(dst);
 #pragma unroll

@@ -407,8 +407,8 @@ TEST(Kernel, NcclTimingGivesEveryRanksTimesAndTheOutput) {
   }
 }
 
-// The default gate/up epilogue: staged up to the threshold hidden size, fragments past it; an
-// explicit request is kept whatever the size.
+// Where the forward reads routed x rows by default: directly up to the threshold hidden size,
+// gathered past it; an explicit request is kept whatever the size.
 TEST(KernelOptions, XRowsAutoResolvesByHiddenSize) {
   using kernel::XRows;
   EXPECT_EQ(kernel::KernelOptions{}.x_rows, XRows::kAuto);
@@ -422,6 +422,8 @@ TEST(KernelOptions, XRowsAutoResolvesByHiddenSize) {
   }
 }
 
+// The default gate/up epilogue: staged up to the threshold hidden size, fragments past it; an
+// explicit request is kept whatever the size.
 TEST(KernelOptions, SwigluAutoResolvesByHiddenSize) {
   using kernel::SwigluEpilogue;
   EXPECT_EQ(kernel::KernelOptions{}.swiglu, SwigluEpilogue::kAuto);

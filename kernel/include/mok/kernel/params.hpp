@@ -200,7 +200,8 @@ struct LaunchParams {
   int32_t bulk_gather_stores;     // KernelOptions::bulk_gather_stores
   int32_t bulk_gather_batch;      // KernelOptions::bulk_gather_batch
   int32_t direct_rows;            // 1: forward phase 1 reads routed x rows where they lie (RowsOperand, fast engine,
-                                  // one GPU); the backward then gathers S.xd for the weight gradients
+                                  // one GPU); its first column tiles write them to S.xd for the backward's weight
+                                  // gradients
   int32_t staged_swiglu;          // 1: the forward's gate/up epilogue goes through shared memory by rows (fast engine; same bits)
   int32_t group_rows;             // row tiles per item group (grouped_tile; KernelOptions::group_rows)
   int32_t shared_items;           // 1: every block works every local rank's GEMM items, rank by rank

@@ -1087,7 +1087,8 @@ __device__ inline bool forward_phase1(const LaunchParams& P, const Role& role, u
       const int64_t i = threadIdx.x < n ? threadIdx.x : n - 1;
       const TokenAt at = token_at(P, S.rows[p0 + i].token_idx);
       rows_table[threadIdx.x] = P.peers[at.rank].x + at.t * H;
-      rows_copy[threadIdx.x] = threadIdx.x < n ? S.xd + (p0 + threadIdx.x) * H : nullptr;
+      // Only the first column tile reads rows_copy (write_xd); the others pass no copy table.
+      if (write_xd) rows_copy[threadIdx.x] = threadIdx.x < n ? S.xd + (p0 + threadIdx.x) * H : nullptr;
     }
     const RowsOperand rows_a{rows_table, write_xd ? rows_copy : nullptr};
     const FastOperand B = kmajor(routed ? &kmaps.w_routed_gate : &kmaps.w_shared_gate, wrow, kKMajorBoxRows);

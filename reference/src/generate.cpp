@@ -2,14 +2,17 @@
 #include "mok/reference/generate.hpp"
 
 #include "mok/reference/error.hpp"
+#include "mok/reference/parallel.hpp"
 #include "mok/spec/bf16.hpp"
 #include "mok/spec/math.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 namespace mok::ref {
 namespace {
@@ -35,12 +38,80 @@ double parse_number(const std::string& text, const std::string& whole) {
   return v;
 }
 
+// Elements per parallel block of a fill: a 16M-element tensor is 64 blocks, and a tensor of at
+// most one block (every shipped fixture's) is filled serially, with no thread started.
+constexpr int64_t kFillBlock = int64_t{1} << 18;
+
 void fill_bell_bf16(Tensor& t, Rng& rng, float scale) {
-  uint16_t* v = t.data<uint16_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) v[i] = spec::bf16_from_f32_rne(rng.bell() * scale);
+  detail::fill_bell_bf16(t.data<uint16_t>(), t.numel(), rng, scale, kFillBlock);
+}
+
+// xoshiro256**'s state update as a 256 x 256 matrix over GF(2), stored by columns: column j is
+// the update applied to the state with only bit j set (bit j of word j / 64).
+struct Bits256 {
+  uint64_t w[4];
+};
+using Matrix256 = std::vector<Bits256>;  // 256 columns
+
+Bits256 times(const Matrix256& m, const Bits256& v) {
+  Bits256 r{};
+  for (int j = 0; j < 256; ++j)
+    if ((v.w[j >> 6] >> (j & 63)) & 1)
+      for (int q = 0; q < 4; ++q) r.w[q] ^= m[j].w[q];
+  return r;
+}
+
+// M^(2^k) for k = 0 .. 63, built once (about 64 matrix squarings).
+const std::vector<Matrix256>& step_powers() {
+  static const std::vector<Matrix256> powers = [] {
+    std::vector<Matrix256> p(64, Matrix256(256));
+    for (int j = 0; j < 256; ++j) {
+      uint64_t s[4] = {0, 0, 0, 0};
+      s[j >> 6] = uint64_t{1} << (j & 63);
+      // The update of Rng::next, without its output.
+      const uint64_t t = s[1] << 17;
+      s[2] ^= s[0];
+      s[3] ^= s[1];
+      s[1] ^= s[2];
+      s[0] ^= s[3];
+      s[2] ^= t;
+      s[3] = rotl(s[3], 45);
+      p[0][j] = Bits256{{s[0], s[1], s[2], s[3]}};
+    }
+    for (int k = 1; k < 64; ++k)
+      for (int j = 0; j < 256; ++j) p[k][j] = times(p[k - 1], p[k - 1][j]);
+    return p;
+  }();
+  return powers;
 }
 
 }  // namespace
+
+namespace detail {
+void fill_bell_bf16(uint16_t* v, int64_t n, Rng& rng, float scale, int64_t block) {
+  if (n <= block) {
+    for (int64_t i = 0; i < n; ++i) v[i] = spec::bf16_from_f32_rne(rng.bell() * scale);
+    return;
+  }
+  // Block b starts 4 * block * b draws on: its generator is the previous block's, advanced.
+  const int64_t blocks = (n + block - 1) / block;
+  std::vector<Rng> start;
+  start.reserve(static_cast<size_t>(blocks));
+  start.push_back(rng);
+  for (int64_t b = 1; b < blocks; ++b) {
+    start.push_back(start.back());
+    start.back().advance(4 * static_cast<uint64_t>(block));
+  }
+  parallel_for(blocks, 0, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      Rng g = start[static_cast<size_t>(b)];
+      const int64_t end = std::min(n, (b + 1) * block);
+      for (int64_t i = b * block; i < end; ++i) v[i] = spec::bf16_from_f32_rne(g.bell() * scale);
+    }
+  });
+  rng.advance(4 * static_cast<uint64_t>(n));
+}
+}  // namespace detail
 
 Rng::Rng(uint64_t seed) {
   uint64_t x = seed;
@@ -57,6 +128,14 @@ uint64_t Rng::next() {
   s_[2] ^= t;
   s_[3] = rotl(s_[3], 45);
   return result;
+}
+
+void Rng::advance(uint64_t steps) {
+  const std::vector<Matrix256>& powers = step_powers();
+  Bits256 v{{s_[0], s_[1], s_[2], s_[3]}};
+  for (int k = 0; k < 64; ++k)
+    if ((steps >> k) & 1) v = times(powers[k], v);
+  for (int q = 0; q < 4; ++q) s_[q] = v.w[q];
 }
 
 double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }

@@ -8,6 +8,8 @@
 #include <rapidcheck/gtest.h>
 
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -98,6 +100,62 @@ TEST(Generate, SameSeedSameBytesAndSkewBiasesTheHomeRank) {
   EXPECT_THROW(ref::parse_routing("zipf"), mok::Error);
   EXPECT_THROW(ref::parse_routing("zipf:x"), mok::Error);
   EXPECT_THROW(ref::parse_routing("gauss:1"), mok::Error);
+}
+
+// Rng::advance(n) lands where n calls of next() do, and advances compose.
+RC_GTEST_PROP(Generate, AdvanceEqualsThatManySteps, ()) {
+  const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
+  const uint64_t n = *rc::gen::inRange<uint64_t>(0, 3000);
+  ref::Rng stepped(seed), jumped(seed);
+  for (uint64_t i = 0; i < n; ++i) stepped.next();
+  jumped.advance(n);
+  for (int i = 0; i < 4; ++i) RC_ASSERT(stepped.next() == jumped.next());
+  const uint64_t a = *rc::gen::inRange<uint64_t>(0, uint64_t{1} << 62), b = *rc::gen::inRange<uint64_t>(0, uint64_t{1} << 62);
+  ref::Rng ab(seed), sum(seed);
+  ab.advance(a);
+  ab.advance(b);
+  sum.advance(a + b);
+  RC_ASSERT(ab.next() == sum.next());
+  ref::Rng moved(seed), still(seed);
+  moved.advance(*rc::gen::inRange<uint64_t>(1, uint64_t{1} << 62));
+  RC_ASSERT(moved.next() != still.next());  // a 2^256 - 1 period: a short jump never comes back
+}
+
+// The blocked fill (blocks on threads, each from an advanced generator) writes the serial fill's
+// bytes and leaves the generator where the serial fill does.
+RC_GTEST_PROP(Generate, BlockedFillEqualsTheSerialFill, ()) {
+  const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
+  const int64_t n = *rc::gen::inRange<int64_t>(0, 3000);
+  const int64_t block = *rc::gen::inRange<int64_t>(1, 200);
+  std::vector<uint16_t> serial(static_cast<size_t>(n) + 1, 0x7fff), blocked(static_cast<size_t>(n) + 1, 0x7fff);
+  ref::Rng rs(seed), rb(seed);
+  ref::detail::fill_bell_bf16(serial.data(), n, rs, 0.5f, n + 1);
+  ref::detail::fill_bell_bf16(blocked.data(), n, rb, 0.5f, block);
+  RC_ASSERT(serial == blocked);  // the sentinel past the end too
+  RC_ASSERT(rs.next() == rb.next());
+}
+
+// generate_inputs' bytes for a layer whose x, d_output and routed weights span several parallel
+// blocks (2^18 elements each), pinned to the serial generator's (main e3c2ac0, before the blocked
+// fill): FNV-1a 64 of each tensor. A change here changes every golden: bump kGeneratorVersion.
+TEST(Generate, BytesOfALargeLayerArePinned) {
+  const spec::LayerConfig cfg{512, 512, 256, 4, 2, 1, 600};
+  const ref::TensorMap m = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 20261206);
+  const std::vector<std::pair<std::string, uint64_t>> want = {
+      {"inputs/d_output", 0x26c6bf7f40a2136bull},       {"inputs/router_weights", 0xffd0dd42a42898bdull},
+      {"inputs/topk_experts", 0xc8e20f3641ef5701ull},   {"inputs/w_routed_down", 0x38ece875706a230eull},
+      {"inputs/w_routed_gate", 0x56dc828753e9b76dull},  {"inputs/w_routed_up", 0x728c7bba29616837ull},
+      {"inputs/w_shared_down", 0xcce9be58e86e2a34ull},  {"inputs/w_shared_gate", 0x3d25513857db2cbbull},
+      {"inputs/w_shared_up", 0x7e625f789b56ab7cull},    {"inputs/x", 0x4f0e621357d3e922ull}};
+  ASSERT_EQ(m.size(), want.size());
+  EXPECT_STREQ(ref::kGeneratorVersion, "gen-v2");
+  for (const auto& [path, digest] : want) {
+    const ref::Tensor& t = m.at(path);
+    uint64_t h = 1469598103934665603ull;
+    const auto* b = static_cast<const unsigned char*>(t.raw());
+    for (size_t i = 0; i < t.size_bytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    EXPECT_EQ(h, digest) << path;
+  }
 }
 
 }  // namespace

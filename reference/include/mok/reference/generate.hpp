@@ -21,6 +21,10 @@ class Rng {
   double uniform();                      // [0, 1), 53 random bits
   uint64_t below(uint64_t n);            // [0, n), unbiased
   float bell();                          // mean 0, variance 1 (Irwin-Hall of 4 uniforms)
+  // The state next() would reach after `steps` calls, in at most 64 products of a 256 x 256 bit
+  // matrix with the state (the generator's step is linear over GF(2)); lets a long fill be split
+  // into blocks that start at known states and run on several threads with the serial bytes.
+  void advance(uint64_t steps);
 
  private:
   uint64_t s_[4];
@@ -56,6 +60,14 @@ void check_routing(const spec::LayerConfig& cfg, const RoutingSpec& routing);
 // `routing`; router weights = softmax over the token's non-empty slots of random logits
 // (spec::exp_f32, so the bytes do not depend on libm). Every value is rounded through the
 // stored dtype. Returns "inputs/..." tensors. Deterministic in (cfg, routing, seed).
+// The weights and activations are filled in blocks on up to hardware-concurrency threads, each
+// block from its own advanced copy of the one generator: the bytes are those of the serial fill.
 TensorMap generate_inputs(const spec::LayerConfig& cfg, const RoutingSpec& routing, uint64_t seed);
+
+namespace detail {
+// v[i] = bf16(bell() * scale) for i in [0, n), draws 4i .. 4i+3 of rng, which ends 4n draws on;
+// blocks of `block` elements go to parallel_for when n > block. Exposed for the tests.
+void fill_bell_bf16(uint16_t* v, int64_t n, Rng& rng, float scale, int64_t block);
+}  // namespace detail
 
 }  // namespace mok::ref

@@ -89,6 +89,7 @@ const std::vector<Matrix256>& step_powers() {
 
 namespace detail {
 void fill_bell_bf16(uint16_t* v, int64_t n, Rng& rng, float scale, int64_t block) {
+  if (block < 1) throw Error("fill_bell_bf16: block must be at least 1 element", ErrorKind::kInternal);
   if (n <= block) {
     for (int64_t i = 0; i < n; ++i) v[i] = spec::bf16_from_f32_rne(rng.bell() * scale);
     return;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -52,7 +53,16 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int6
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < workers; ++t) pool.emplace_back(work);
+  pool.reserve(static_cast<size_t>(workers - 1));
+  for (int t = 1; t < workers; ++t) {
+    // A thread the system refuses (std::system_error) is one worker fewer, not an error: the
+    // chunks are claimed by whoever runs, and the threads already started are joined below.
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   work();
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);

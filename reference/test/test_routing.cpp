@@ -135,6 +135,13 @@ RC_GTEST_PROP(Generate, BlockedFillEqualsTheSerialFill, ()) {
   RC_ASSERT(rs.next() == rb.next());
 }
 
+TEST(Generate, BlockedFillRejectsAnEmptyBlock) {
+  uint16_t v[4] = {};
+  ref::Rng rng(5);
+  EXPECT_THROW(ref::detail::fill_bell_bf16(v, 4, rng, 1.0f, 0), mok::Error);
+  EXPECT_THROW(ref::detail::fill_bell_bf16(v, 4, rng, 1.0f, -3), mok::Error);
+}
+
 // generate_inputs' bytes for a layer whose x, d_output and routed weights span several parallel
 // blocks (2^18 elements each), pinned to the serial generator's (main e3c2ac0, before the blocked
 // fill): FNV-1a 64 of each tensor. A change here changes every golden: bump kGeneratorVersion.

@@ -60,13 +60,13 @@ void check_routing(const spec::LayerConfig& cfg, const RoutingSpec& routing);
 // `routing`; router weights = softmax over the token's non-empty slots of random logits
 // (spec::exp_f32, so the bytes do not depend on libm). Every value is rounded through the
 // stored dtype. Returns "inputs/..." tensors. Deterministic in (cfg, routing, seed).
-// The weights and activations are filled in blocks on up to hardware-concurrency threads, each
-// block from its own advanced copy of the one generator: the bytes are those of the serial fill.
+// A tensor of more than 2^18 elements is filled in blocks on up to hardware-concurrency threads,
+// each block from its own advanced copy of the one generator: the bytes are the serial fill's.
 TensorMap generate_inputs(const spec::LayerConfig& cfg, const RoutingSpec& routing, uint64_t seed);
 
 namespace detail {
 // v[i] = bf16(bell() * scale) for i in [0, n), draws 4i .. 4i+3 of rng, which ends 4n draws on;
-// blocks of `block` elements go to parallel_for when n > block. Exposed for the tests.
+// blocks of `block` (>= 1, else mok::Error) elements go to parallel_for when n > block. For tests.
 void fill_bell_bf16(uint16_t* v, int64_t n, Rng& rng, float scale, int64_t block);
 }  // namespace detail
 

@@ -26,6 +26,17 @@ uint64_t splitmix64(uint64_t& x) {
 
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
+// xoshiro256**'s state update (linear over GF(2): Rng::advance relies on it).
+void xoshiro_step(uint64_t (&s)[4]) {
+  const uint64_t t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+}
+
 double parse_number(const std::string& text, const std::string& whole) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
@@ -68,14 +79,7 @@ const std::vector<Matrix256>& step_powers() {
     for (int j = 0; j < 256; ++j) {
       uint64_t s[4] = {0, 0, 0, 0};
       s[j >> 6] = uint64_t{1} << (j & 63);
-      // The update of Rng::next, without its output.
-      const uint64_t t = s[1] << 17;
-      s[2] ^= s[0];
-      s[3] ^= s[1];
-      s[1] ^= s[2];
-      s[0] ^= s[3];
-      s[2] ^= t;
-      s[3] = rotl(s[3], 45);
+      xoshiro_step(s);  // Rng::next's update, without its output
       p[0][j] = Bits256{{s[0], s[1], s[2], s[3]}};
     }
     for (int k = 1; k < 64; ++k)
@@ -121,13 +125,7 @@ Rng::Rng(uint64_t seed) {
 
 uint64_t Rng::next() {
   const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
+  xoshiro_step(s_);
   return result;
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # wgrad_x_rows_build.sh BUILD_DIR OUT_DIR: builds the binaries for the device run that the
-# thirty-eighth session could not make (kernel/README.md, "Left from the thirty-eighth session"):
-# OUT_DIR/main/ from this checkout as it is, OUT_DIR/z/ with wgrad_x_rows_untested.patch applied
-# (the coalesced K-row copies) and OUT_DIR/clean/ with wgrad_x_rows_clean_untested.patch (the same,
+# thirty-eighth session could not make and the thirty-ninth ran (kernel/README.md, thirty-ninth session):
+# OUT_DIR/main/ from this checkout as it is, OUT_DIR/z/ with wgrad_x_rows_z_rejected.patch applied
+# (the coalesced K-row copies) and OUT_DIR/clean/ with wgrad_x_rows_clean_rejected.patch (the same,
 # written to land), each holding stripped test_kernel, mok-verify, mok-bench and
 # mok-launch, one after another in BUILD_DIR (a configured CUDA build of this checkout, e.g.
 # build-gpu). The working tree must be clean; it is restored however the script ends.
@@ -22,8 +22,8 @@ mkdir -p "$out" || exit 2
 for v in main z clean; do
   git -C "$root" checkout -q -- kernel
   case $v in
-    z) git -C "$root" apply "$root/kernel/notes/wgrad_x_rows_untested.patch" || exit 1 ;;
-    clean) git -C "$root" apply "$root/kernel/notes/wgrad_x_rows_clean_untested.patch" || exit 1 ;;
+    z) git -C "$root" apply "$root/kernel/notes/wgrad_x_rows_z_rejected.patch" || exit 1 ;;
+    clean) git -C "$root" apply "$root/kernel/notes/wgrad_x_rows_clean_rejected.patch" || exit 1 ;;
   esac
   echo "== $v: building in $build"
   ninja -C "$build" kernel/test/test_kernel verify/mok-verify tools/mok-bench tools/mok-launch > "$out/build_$v.log" 2>&1 ||

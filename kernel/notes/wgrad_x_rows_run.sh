@@ -1,5 +1,5 @@
 #!/bin/bash
-# wgrad_x_rows_run.sh DIR: the device side of the run the thirty-eighth session could not make.
+# wgrad_x_rows_run.sh DIR: the device side of the run the thirty-eighth session could not make (run 1 of the thirty-ninth).
 # DIR holds main/, z/ and clean/ from wgrad_x_rows_build.sh (stripped test_kernel, mok-verify,
 # mok-bench, mok-launch); run from the repository root on the GPU machine (fixtures/ and tools/
 # are read from there), output to stdout. Checks on z and clean, then `bench-ab.sh -x` of main,

@@ -4,7 +4,7 @@
 # exit 2 with a message naming the option, and --help exits 0. None of it writes a file.
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
 # mok-bench's --transport: a bad value exits 2 (as do a bad --gather, --x-rows,
-# --swiglu, --fwd-comm-sms, --group-rows, --passes or --case, a --case with a preset or with an --R that does
+# --swiglu, --fwd-comm-sms, --group-rows, --passes, --timing (and queued with nccl) or --case, a --case with a preset or with an --R that does
 # not divide its tokens or is below 1, and a --sustain-ms below 100 other than 0; --show-config prints the
 # cases' layers with overrides and exits 0, also for nccl with --trace, or 2 for an invalid layer or routing), nccl in
 # a build without NCCL
@@ -55,6 +55,8 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--x-rows" --x-rows sideways
   expect_exit "$MOK_BENCH" 2 "--group-rows" --group-rows 65
   expect_exit "$MOK_BENCH" 2 "--passes" --passes backward
+  expect_exit "$MOK_BENCH" 2 "--timing" --timing never_mind
+  expect_exit "$MOK_BENCH" 2 "times the virtual transport only" --case qwen3 --timing queued --transport nccl
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms -5
   expect_exit "$MOK_BENCH" 2 "--sustain-ms" --sustain-ms 50
   expect_exit "$MOK_BENCH" 2 "--case" --case dsv4

@@ -1,8 +1,15 @@
-# session 40 run 14 (the session's run 8): TMA maps encoded again only when a tensor moved (cache):
-# checks, then forwards alone against main (5b3e4f0's kernel), qwen3 at R = 8 and R = 1
+# The run the TMA-map cache needs (fortieth session; not run: the device time ran out). Binaries:
+# gpu-run/main (main's kernel, with mok-bench --timing) and gpu-run/cache (main + tma_map_cache_unmeasured.patch).
+# First: how much host time sits in main's timed passes (sync against queued, R = 8 and R = 1, one
+# binary); then the cache's checks and its forwards alone against main.
 set -u
 M=gpu-run/cache; F=$PWD/fixtures
 date; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+for R in 8 1; do
+  Q="--case qwen3 --R $R --reps 10 --no-baseline --sustain-ms 0 --passes forward"
+  echo "=== $(date -u +%T) main, qwen3 R = $R forwards alone: --timing sync against queued"
+  timeout 120 bash tools/bench-ab.sh -x -n 4 -o /tmp/ab_t$R sync "gpu-run/main/mok-bench $Q" queued "gpu-run/main/mok-bench $Q --timing queued" 2>&1 | grep -vE "^#"
+done
 run() { local name=$1; shift; local t0=$SECONDS; timeout 100 "$@" > /tmp/t.txt 2>&1; local rc=$?; echo "=== $name: exit $rc ($((SECONDS - t0)) s)"; tail -n 2 /tmp/t.txt; }
 run test_kernel $M/test_kernel
 grep -E "FAILED|Failure|^\[ +(OK|RUN) +\] Kernel.OneLayer" /tmp/t.txt | head -20

@@ -514,49 +514,36 @@ int main(int argc, char** argv) {
       o.d_w_shared_down = static_cast<float*>(zeros(Rn * Isc * Hc * 4));
       mok::kernel::Layer layer(cfg, ko);
       std::vector<float> fwd, bwd;
-      if (timing == "queued") {
-        // Every repetition enqueued back to back, errors checked once at the end: while a pass runs the
-        // host enqueues the next, so each pass's two events bracket its device time only (the first
-        // pass's include the host's first launch: warm-up repetitions take it).
-        const int n = warmup + reps;
-        std::vector<cudaEvent_t> ev(static_cast<size_t>(n) * 4);
-        for (cudaEvent_t& e : ev) CK(cudaEventCreate(&e));
-        for (int r = 0; r < n; ++r) {
-          CK(cudaEventRecord(ev[4 * r]));
-          layer.forward(di, o);
-          CK(cudaEventRecord(ev[4 * r + 1]));
-          if (!backward) continue;
-          CK(cudaEventRecord(ev[4 * r + 2]));
-          layer.backward(di, o);
-          CK(cudaEventRecord(ev[4 * r + 3]));
-        }
-        layer.check_errors();
-        for (int r = warmup; r < n; ++r) {
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, ev[4 * r], ev[4 * r + 1]));
-          fwd.push_back(ms);
-          if (!backward) continue;
-          CK(cudaEventElapsedTime(&ms, ev[4 * r + 2], ev[4 * r + 3]));
-          bwd.push_back(ms);
-        }
-        for (cudaEvent_t& e : ev) CK(cudaEventDestroy(e));
-      }
-      for (int r = 0; timing == "sync" && r < warmup + reps; ++r) {
-        CK(cudaEventRecord(a));
+      // Each pass between its own two events. sync: the error check after every pass waits for the
+      // GPU, so the next pass starts on an idle GPU and its events also bracket the host's launch
+      // work. queued: errors checked once at the end; while a pass runs the host enqueues the next,
+      // so a pass's events bracket its device time (the first pass's also the host's first launch:
+      // the warm-up repetitions take it).
+      const bool sync_each = timing == "sync";
+      const int n = warmup + reps;
+      std::vector<cudaEvent_t> ev(static_cast<size_t>(n) * 4);
+      for (cudaEvent_t& e : ev) CK(cudaEventCreate(&e));
+      for (int r = 0; r < n; ++r) {
+        CK(cudaEventRecord(ev[4 * r]));
         layer.forward(di, o);
-        CK(cudaEventRecord(b));
-        layer.check_errors();
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= warmup) fwd.push_back(ms);
+        CK(cudaEventRecord(ev[4 * r + 1]));
+        if (sync_each) layer.check_errors();
         if (!backward) continue;
-        CK(cudaEventRecord(a));
+        CK(cudaEventRecord(ev[4 * r + 2]));
         layer.backward(di, o);
-        CK(cudaEventRecord(b));
-        layer.check_errors();
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= warmup) bwd.push_back(ms);
+        CK(cudaEventRecord(ev[4 * r + 3]));
+        if (sync_each) layer.check_errors();
       }
+      layer.check_errors();
+      for (int r = warmup; r < n; ++r) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, ev[4 * r], ev[4 * r + 1]));
+        fwd.push_back(ms);
+        if (!backward) continue;
+        CK(cudaEventElapsedTime(&ms, ev[4 * r + 2], ev[4 * r + 3]));
+        bwd.push_back(ms);
+      }
+      for (cudaEvent_t& e : ev) CK(cudaEventDestroy(e));
       std::sort(fwd.begin(), fwd.end());
       std::sort(bwd.begin(), bwd.end());
       f_ms = fwd[fwd.size() / 2];
@@ -771,25 +758,25 @@ int main(int argc, char** argv) {
                 backward ? "each repetition a forward then a backward"
                 : passes == "forward" ? "forwards only (--passes forward)"
                                       : "forwards only (the golden file has no inputs/d_output)");
-    if (!nccl)
+    if (!nccl) {
       std::printf("# timing %s\n", timing == "queued"
                                        ? "queued: passes enqueued back to back, each pass's events around its device "
                                          "time (the host launches the next while one runs)"
                                        : "sync: each pass started on an idle GPU, its events around the host's "
                                          "launch work too (--timing queued: device time only)");
-    if (!nccl)
       std::printf("# transport virtual: the %lld ranks share one GPU in one launch per pass%s; fused times are the "
                   "median over reps of each pass\n",
                   (long long)Rn,
                   Rn < 2            ? ""
                   : ko.shared_items ? ", every block working every rank's GEMM items in rank order (--items shared)"
                                     : ", each rank's blocks working its own GEMM items (--items own)");
-    else
+    } else {
       std::printf("# transport nccl: R=%lld, one rank per GPU (%s), NCCL symmetric memory; fused times are the median "
                   "over reps of the SLOWEST RANK's pass, each rank timed with CUDA events from a common start (an "
                   "untimed barrier), its pass including two NCCL barriers and the copy of its inputs into its window\n",
                   (long long)Rn, per_process ? "one process each, started by mok-launch" : "one thread each, in this process");
-    if (nccl) std::printf("# per-rank medians, forward / backward ms: %s\n", per_rank_line.c_str());
+      std::printf("# per-rank medians, forward / backward ms: %s\n", per_rank_line.c_str());
+    }
 #if defined(MOK_ATOMICS_VARIANT)
     std::printf("# ATOMICS VARIANT (benchmark build): combine, d_x and weight gradients by fp32 atomics, not "
                 "deterministic; d_router_weights reads y slots this variant's forward does not write (same cost)\n");

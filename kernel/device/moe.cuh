@@ -917,6 +917,10 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
 // (2 in the forward, after counting and planning; 0 in the backward, whose plan is the forward's).
 // The order is the same on every block, and each rank's items are claimed in item order (ItemClaims),
 // so every wait is for an item claimed earlier: no deadlock, and who computes an item changes no bit.
+// body is called from two places, so nvcc weighs inlining it twice; the kernels mark their bodies
+// __attribute__((always_inline)). Called instead of inlined, the item loop's wgmma would sit across a
+// function call, and ptxas then serializes every wgmma of the kernel (advisory C7510: the same bits,
+// passes 15-34% slower; forty-first and forty-second sessions). kernel.wgmma_pipelined checks it.
 template <class Body>
 __device__ __forceinline__ bool for_item_ranks(const LaunchParams& P, const Role& role, uint32_t planned_gen, Body body) {
   if (!P.shared_items) return body(role);
@@ -1268,7 +1272,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
 
   if (role.comm && !P.direct_rows) gather_x(P, role, smem);  // direct_rows: phase 1 reads x where it lies
   trace_mark(P, kTrGathered);
-  if (!for_item_ranks(P, role, 2, [&](const Role& w) {
+  if (!for_item_ranks(P, role, 2, [&](const Role& w) __attribute__((always_inline)) {
         zero_owner_tally(P);  // run_phases' first barrier orders this before the tiles' tallies
         if (!run_phases<TableAt::kStatic>(
                 P, w, smem, c.intermediate, c.shared_intermediate, width_dual(P),
@@ -1704,7 +1708,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });
   trace_mark(P, kTrGathered);
-  if (!for_item_ranks(P, role, 0, [&](const Role& w) {
+  if (!for_item_ranks(P, role, 0, [&](const Role& w) __attribute__((always_inline)) {
         // Another rank's plan past its workspace: that rank's own blocks report it (above); its
         // items are not run.
         if (P.state[w.rank].expert_offsets[c.experts_per_rank()] > P.row_capacity) return false;
@@ -1748,7 +1752,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   else
     router_grads<0>(P, role, smem, dout, y, topk, R.d_router_weights);
   trace_mark(P, kTrReduceDone);
-  for_item_ranks(P, role, 0, [&](const Role& w) {
+  for_item_ranks(P, role, 0, [&](const Role& w) __attribute__((always_inline)) {
     weight_grad_tiles(P, w, smem);
     return true;
   });

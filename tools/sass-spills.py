@@ -107,7 +107,7 @@ def loops_of(k):
 def classify(k):
     """Per spill access: (instruction, kind, loop) with kind as in the module's docstring."""
     loops = loops_of(k)
-    hg = [i for i, ins in enumerate(k.instrs) if ins.text.split()[0:1] and "HGMMA" in ins.text]
+    hg = [i for i, ins in enumerate(k.instrs) if "HGMMA" in ins.text]
     has_hg = {lp: any(lp[0] <= h <= lp[1] for h in hg) for lp in loops}
     # main loops: hold an HGMMA and no smaller loop inside them holds one
     main = {lp for lp in loops if has_hg[lp] and not any(

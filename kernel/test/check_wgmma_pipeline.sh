@@ -12,13 +12,14 @@
 # Ninja build it scrolls by unread.
 #
 # OBJECT: object files of BUILD_DIR's kernel library to check, as Ninja names them (default: the
-# deterministic kernel, kernel/CMakeFiles/mok_kernel.dir/src/layer.cu.o, and the NCCL transport's,
-# .../nccl_layer.cu.o, where built). Prints each kernel's ptxas line (registers, stack frame,
-# spills). Exit 0: no serialization; 1: serialized (the kernels named); 77: nothing to check (a
+# deterministic kernel, kernel/CMakeFiles/mok_kernel.dir/src/layer.cu.o, and where built the NCCL
+# transport's, .../nccl_layer.cu.o, and the atomics variant's that mok-bench-atomics times,
+# kernel/CMakeFiles/mok_kernel_atomics.dir/src/layer.cu.o: -DMOK_ATOMICS_VARIANT=ON). Prints each
+# kernel's ptxas line (registers, stack frame, spills). Exit 0: no serialization; 1: serialized (the kernels named); 77: nothing to check (a
 # build without CUDA or sm_90a, or a generator other than Ninja); 2: bad arguments.
 set -u
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
   [[ $# -ge 1 ]] && exit 0 || exit 2
 fi
 build=$1
@@ -28,7 +29,8 @@ shift
 grep -q '^MOK_ENABLE_CUDA:[A-Z]*=\(ON\|AUTO\)' "$build/CMakeCache.txt" || { echo "SKIP: $build builds without CUDA"; exit 77; }
 objects=("$@")
 if [[ ${#objects[@]} -eq 0 ]]; then
-  objects=(kernel/CMakeFiles/mok_kernel.dir/src/layer.cu.o kernel/CMakeFiles/mok_kernel.dir/src/nccl_layer.cu.o)
+  objects=(kernel/CMakeFiles/mok_kernel.dir/src/layer.cu.o kernel/CMakeFiles/mok_kernel.dir/src/nccl_layer.cu.o
+           kernel/CMakeFiles/mok_kernel_atomics.dir/src/layer.cu.o)
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -38,8 +40,8 @@ for obj in "${objects[@]}"; do
   # the command that makes this object: the line whose -o names it
   cmd=$(grep -E -- "-o ${obj//./\\.}( |\$)" <<<"$commands" | head -1)
   if [[ -z $cmd ]]; then
-    # the NCCL object exists only in builds with NCCL; a named object must exist
-    [[ $# -eq 0 && $obj == *nccl_layer* ]] && continue
+    # the NCCL and atomics objects exist only in some builds; a named object must exist
+    [[ $# -eq 0 && ( $obj == *nccl_layer* || $obj == *atomics* ) ]] && continue
     echo "check_wgmma_pipeline: $build has no compile command for $obj (ninja -t commands); name an object of its kernel library" >&2
     exit 2
   fi

@@ -147,10 +147,11 @@ def main():
                     help="exit 1 when any selected kernel spills inside a main loop (a check for scripts)")
     args = ap.parse_args()
     try:
-        try:
-            rx = re.compile(args.kernel)
-        except re.error as e:
-            raise BadInput(f"--kernel {args.kernel!r}: not a regular expression ({e})")
+        rx = re.compile(args.kernel)
+    except re.error as e:
+        print(f"sass-spills: --kernel {args.kernel!r}: not a regular expression ({e})", file=sys.stderr)
+        return 2
+    try:
         kernels = parse(args.sass)
         chosen = [k for k in kernels if rx.search(k.name)]
         if not chosen:

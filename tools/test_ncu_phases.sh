@@ -5,17 +5,8 @@
 # body), and ncu's CSV source page for it and a second kernel. Checks the segment and call shares,
 # the stall reasons, the per-line listing, the kernel filter and the comparison with a base
 # profile (--base); then bad inputs: exit 2, the file named.
-set -u
 tool=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-# run_ok WHAT ARGS...: the tool with ARGS into $out; fails the test, naming WHAT, unless it exits 0.
-run_ok() {
-  local what=$1
-  shift
-  out=$(python3 "$tool" "$@" 2>&1) || fail "$what: exit $?: $out"
-}
+source "$(dirname "$0")/script_test_lib.sh"  # $work, fail, run_ok, run_rc
 
 # Line numbers matter: the kernel's body is lines 5-12, its trace marks are on lines 7 and 10.
 cat > "$work/k.cuh" <<'SRC'

@@ -4,19 +4,8 @@
 # loop without HGMMA, one spill access in each and one outside every loop; an indexed
 # local load that is not a spill; a second kernel without spills. Checks the counts per loop kind,
 # the listing, the kernel filter and --fail-main-loop; then bad inputs: exit 2, the file named.
-set -u
 tool=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-# run_rc WANT WHAT ARGS...: the tool with ARGS into $out; fails the test, naming WHAT, unless it exits WANT.
-run_rc() {
-  local want=$1 what=$2
-  shift 2
-  out=$(python3 "$tool" "$@" 2>&1)
-  local rc=$?
-  [[ $rc == "$want" ]] || fail "$what: exit $rc, expected $want: $out"
-}
+source "$(dirname "$0")/script_test_lib.sh"  # $work, fail, run_rc
 
 cat > "$work/k.sass" <<'SASS'
 	.target	sm_90a

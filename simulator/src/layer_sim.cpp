@@ -35,6 +35,49 @@ const char* kPhaseName[2] = {"dispatch", "combine"};
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t ceil_ns(double x) { return static_cast<int64_t>(std::ceil(x)); }
 
+// The owner's final weighted sum: read K + 1 rows and write one per token, at HBM speed.
+double weighted_sum_time_ns(const Topology& topo, const spec::LayerConfig& cfg) {
+  return static_cast<double>(cfg.tokens_per_rank) * static_cast<double>(cfg.top_k + 1) *
+         static_cast<double>(cfg.hidden) * 2.0 / topo.hbm_gbps;
+}
+
+// The compute model's times (ns, before rounding up): one GEMM tile, the shared expert, the final
+// weighted sum. Times are int64 nanoseconds: a GPU runs at most all R*T*K slots' tiles (plus a
+// partial one per expert), and a layer whose compute could take longer than 1e17 ns (~3 years)
+// is refused rather than left to overflow.
+struct ComputeTimes {
+  double tile = 0, shared = 0, reduce = 0;
+};
+ComputeTimes compute_times(const Topology& topo, const spec::LayerConfig& cfg, const ProtocolConfig& proto) {
+  // The compute SMs run one tile at a time at their share of the GEMM rate.
+  const double flops_per_ns = topo.bf16_dense_tflops * 1e3 * topo.gemm_efficiency *
+                              static_cast<double>(topo.num_sms - proto.comm_sms) / topo.num_sms;
+  const double H = static_cast<double>(cfg.hidden), I = static_cast<double>(cfg.intermediate);
+  const double T = static_cast<double>(cfg.tokens_per_rank);
+  ComputeTimes t;
+  t.tile = 2.0 * 3.0 * H * I * static_cast<double>(proto.gemm_tile_rows) / flops_per_ns;
+  t.shared = cfg.has_shared() ? 2.0 * 3.0 * H * static_cast<double>(cfg.shared_intermediate) * T / flops_per_ns : 0.0;
+  t.reduce = weighted_sum_time_ns(topo, cfg);
+  const double max_tiles = std::ceil(static_cast<double>(cfg.num_slots()) / static_cast<double>(proto.gemm_tile_rows)) +
+                           static_cast<double>(cfg.experts_per_rank());
+  if (!(t.tile * max_tiles + t.shared + t.reduce < 1e17))
+    throw Error("layer: the expert GEMMs could take over 1e17 ns (about 3 years) on one GPU (H=" + std::to_string(cfg.hidden) +
+                ", I=" + std::to_string(cfg.intermediate) + ", T=" + std::to_string(cfg.tokens_per_rank) +
+                "), past what int64 nanoseconds hold; check the layer sizes and the topology's "
+                "gpu.bf16_dense_tflops and gpu.gemm_efficiency");
+  return t;
+}
+
+// The final weighted sum alone (a combine-only run), refused past 1e17 ns as above.
+double combine_reduce_time_ns(const Topology& topo, const spec::LayerConfig& cfg) {
+  const double reduce = weighted_sum_time_ns(topo, cfg);
+  if (!(reduce < 1e17))
+    throw Error("layer: the final weighted sum could take over 1e17 ns (about 3 years) on one GPU (H=" +
+                std::to_string(cfg.hidden) + ", T=" + std::to_string(cfg.tokens_per_rank) +
+                "), past what int64 nanoseconds hold; check the layer sizes and the topology's hbm_gbps");
+  return reduce;
+}
+
 // Appends one owner o's (peer, item) pairs, found chunk-major, to `table` grouped by peer, each
 // peer's items in their found order (a stable counting sort; `per_peer` is scratch of R + 1),
 // sets pair (o, p)'s end in offsets[o * R + p + 1], and calls placed(index, peer) per item.
@@ -167,10 +210,7 @@ class LayerSim {
   void build_compute_model();
   // The final weighted sum on a token owner (ns, unrounded): it reads K slot rows and writes one
   // output row per token. Whole layers and combine-only runs charge it alike.
-  double weighted_sum_ns() const {
-    return static_cast<double>(cfg_.tokens_per_rank) * static_cast<double>(cfg_.top_k + 1) *
-           static_cast<double>(cfg_.hidden) * 2.0 / topo_.hbm_gbps;
-  }
+  double weighted_sum_ns() const { return weighted_sum_time_ns(topo_, cfg_); }
   void build_programs();
   void choose_hbm_paths();
   void add_transfers(int phase, int initiator, Direction dir, std::vector<std::vector<Op>>& programs);
@@ -603,24 +643,8 @@ void LayerSim::build_traffic() {
 }
 
 void LayerSim::build_compute_model() {
-  // Compute model: the compute SMs run one tile at a time at their share of the GEMM rate.
-  const double flops_per_ns = topo_.bf16_dense_tflops * 1e3 * topo_.gemm_efficiency *
-                              static_cast<double>(topo_.num_sms - proto_.comm_sms) / topo_.num_sms;
-  const double H = static_cast<double>(cfg_.hidden), I = static_cast<double>(cfg_.intermediate);
-  const double T = static_cast<double>(cfg_.tokens_per_rank);
-  const double tile = 2.0 * 3.0 * H * I * static_cast<double>(proto_.gemm_tile_rows) / flops_per_ns;
-  const double shared = cfg_.has_shared() ? 2.0 * 3.0 * H * static_cast<double>(cfg_.shared_intermediate) * T / flops_per_ns : 0.0;
-  const double reduce = weighted_sum_ns();
-  // Times are int64 nanoseconds. A GPU runs at most all R*T*K slots' tiles (plus a partial one
-  // per expert); a layer whose compute could take longer than 1e17 ns (~3 years) is refused
-  // rather than left to overflow.
-  const double max_tiles = std::ceil(static_cast<double>(cfg_.num_slots()) / static_cast<double>(proto_.gemm_tile_rows)) +
-                           static_cast<double>(cfg_.experts_per_rank());
-  if (!(tile * max_tiles + shared + reduce < 1e17))
-    throw Error("layer: the expert GEMMs could take over 1e17 ns (about 3 years) on one GPU (H=" + std::to_string(cfg_.hidden) +
-                ", I=" + std::to_string(cfg_.intermediate) + ", T=" + std::to_string(cfg_.tokens_per_rank) +
-                "), past what int64 nanoseconds hold; check the layer sizes and the topology's "
-                "gpu.bf16_dense_tflops and gpu.gemm_efficiency");
+  const ComputeTimes t = compute_times(topo_, cfg_, proto_);
+  const double tile = t.tile, shared = t.shared, reduce = t.reduce;
   tile_ns_ = ceil_ns(tile);
   shared_ns_ = cfg_.has_shared() ? ceil_ns(shared) : 0;
   reduce_ns_ = ceil_ns(reduce);
@@ -1649,12 +1673,7 @@ LayerResult LayerSim::run() {
   if (proto_.phases == Phases::kLayer) build_compute_model();
   if (proto_.phases == Phases::kCombine) {
     // No GEMMs, but the combine's data still ends in the owner's weighted sum (as in a layer).
-    const double reduce = weighted_sum_ns();
-    if (!(reduce < 1e17))
-      throw Error("layer: the final weighted sum could take over 1e17 ns (about 3 years) on one GPU (H=" +
-                  std::to_string(cfg_.hidden) + ", T=" + std::to_string(cfg_.tokens_per_rank) +
-                  "), past what int64 nanoseconds hold; check the layer sizes and the topology's hbm_gbps");
-    reduce_ns_ = ceil_ns(reduce);
+    reduce_ns_ = ceil_ns(combine_reduce_time_ns(topo_, cfg_));
   }
   build_programs();
   choose_hbm_paths();
@@ -1863,6 +1882,13 @@ Quantiles quantiles_of(std::vector<int64_t> values) {
   q.p99_ns = nth(0.99);
   q.max_ns = values.back();
   return q;
+}
+
+void check_layer_times(const Topology& topo, const spec::LayerConfig& cfg, const ProtocolConfig& proto) {
+  if (proto.phases == Phases::kLayer)
+    compute_times(topo, cfg, proto);
+  else if (proto.phases == Phases::kCombine)
+    combine_reduce_time_ns(topo, cfg);
 }
 
 LayerResult simulate_layer(const Topology& topo, const Workload& work, const ProtocolConfig& proto,

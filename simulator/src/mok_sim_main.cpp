@@ -262,13 +262,38 @@ struct PendingFiles {
       undo();
       throw;
     }
+    // (3) Each existing target is first moved aside (its backup), then the temporary renamed into
+    // place; a failed rename puts every target already replaced back as it was, so the outputs
+    // change all together or not at all. The backups go once every rename succeeded.
+    std::vector<std::pair<fs::path, std::optional<fs::path>>> placed;  // (target, its backup)
     for (const auto& [tmp, target] : renames) {
-      std::error_code ec;
-      fs::rename(tmp, target, ec);
-      if (ec) {
-        undo();
-        throw Error("cannot move the finished file into place at '" + target.string() + "': " + ec.message());
+      std::error_code ec, ec_exists;  // (symlink_status sets ec_exists for a missing target)
+      std::optional<fs::path> backup;
+      if (fs::exists(fs::symlink_status(target, ec_exists))) {
+        backup = fs::path(target.string() + ".mok-sim-" + std::to_string(::getpid()) + ".old");
+        fs::rename(target, *backup, ec);
       }
+      if (!ec) fs::rename(tmp, target, ec);
+      if (ec) {
+        std::error_code ec2;
+        if (backup && !fs::exists(fs::symlink_status(*backup, ec2))) backup.reset();  // never moved aside
+        ec2.clear();
+        if (backup) fs::rename(*backup, target, ec2);
+        for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
+          if (it->second)
+            fs::rename(*it->second, it->first, ec2);
+          else
+            fs::remove(it->first, ec2);
+        }
+        undo();
+        throw Error("cannot move the finished file into place at '" + target.string() + "': " + ec.message() +
+                    "; no output file was changed" + (stdout_text ? " (ignore the line printed above)" : ""));
+      }
+      placed.emplace_back(target, backup);
+    }
+    for (const auto& [target, backup] : placed) {
+      std::error_code ec;
+      if (backup) fs::remove(*backup, ec);
     }
   }
 
@@ -362,7 +387,7 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   }
   const std::vector<mok::sim::SweepPoint> points = mok::sim::expand_sweep(doc, origin);
   mok::sim::check_sweep_workloads(points, origin, golden.has_value());
-  const mok::sim::Scenario first = mok::sim::scenario_from_json(points[0].doc, origin);
+  const mok::sim::Scenario first = mok::sim::scenario_from_json(points[0].doc, mok::sim::point_origin(points[0], origin));
   const bool many = points.size() > 1 || first.trials > 1;
   // Everything that can be checked before a run is checked here, so a mistake costs no time.
   if (!trace_path.empty()) PendingFiles::check_file(trace_path, "--trace");
@@ -371,6 +396,32 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       PendingFiles::resolved(trace_path, "--trace") ==
           PendingFiles::resolved(fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format)), "--out"))
     throw Error("--trace '" + trace_path + "' is the file --out writes the result to; give them different files");
+  // Plots: checked before any run. A single run has nothing to plot: its plots would be dropped
+  // unseen, so they are refused.
+  const nlohmann::json plots = doc.value("plots", nlohmann::json::array());
+  if (!plots.is_array()) throw Error(origin + ": \"plots\" must be a list");
+  if (!many && !plots.empty())
+    throw Error(origin + ": \"plots\" needs a sweep or trials > 1 (this is a single run, with nothing to plot); " +
+                "remove \"plots\" (--set /plots=[]) or add a \"sweep\"");
+  // The files --out will write, checked like --trace (one that is a directory, say).
+  if (!out_dir.empty()) {
+    std::vector<std::string> names;
+    if (!many) {
+      names.push_back("result." + std::string(format == "table" ? "txt" : format));
+    } else {
+      names = {"runs.csv", "summary.csv"};
+      for (const auto& p : plots)
+        if (p.is_object() && p.contains("file") && p["file"].is_string()) names.push_back(p["file"].get<std::string>());
+    }
+    for (const auto& name : names) {
+      std::error_code ec;
+      const fs::path file = fs::path(out_dir) / name;
+      if (fs::is_directory(file, ec))
+        throw Error("--out '" + out_dir + "': '" + file.string() + "', a file it writes, is a directory; remove it " +
+                    "or give another --out directory");
+      PendingFiles::check_file(file, "--out");
+    }
+  }
   PendingFiles files;
   if (!many) {
     mok::sim::RoutingSpec routing = first.routing;
@@ -383,6 +434,12 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     // changes, as a sweep's do.
     auto run_one = [&] {
       try {
+        mok::sim::check_layer_times(first.topo, first.cfg, first.proto);  // before a workload is built
+        // A large layer's set-up (routing, transfers) takes seconds before the event loop's
+        // progress lines start: say what it is doing.
+        const int64_t slots = first.cfg.num_ranks * first.cfg.tokens_per_rank * first.cfg.top_k;
+        if (slots >= (int64_t{1} << 24) && !golden)
+          opt.progress("building the routing of " + std::to_string(slots) + " (token, slot) pairs and their transfers");
         const mok::sim::Workload w = golden ? *golden : mok::sim::generate_workload(first.cfg, routing, threads);
         return mok::sim::simulate_layer(first.topo, w, first.proto, opt);
       } catch (const Error& e) {
@@ -442,8 +499,6 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
                 " sweep points x " + std::to_string(first.trials) + " trials, which print as CSV (--format csv, " +
                 "or --out DIR for runs.csv and summary.csv)");
   // Validate plot requests before running.
-  const nlohmann::json plots = doc.value("plots", nlohmann::json::array());
-  if (!plots.is_array()) throw Error(origin + ": \"plots\" must be a list");
   if (!plots.empty() && out_dir.empty()) throw Error(origin + " has plots: give --out DIR for the SVG files");
   for (const auto& p : plots) mok::sim::check_plot_request(p, points, origin);
   for (size_t i = 0; i < plots.size(); ++i)

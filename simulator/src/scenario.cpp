@@ -18,15 +18,6 @@
 
 namespace mok::sim {
 
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot open '" + path + "'; check the path");
-  try {
-    return nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error("'" + path + "' is not valid JSON: " + e.what());
-  }
-}
 
 namespace {
 
@@ -89,15 +80,24 @@ SimOptions engine_from_json(const nlohmann::json& j, const std::string& origin) 
   return o;
 }
 
+// resolve_topology with the scenario's origin and the field in its message.
+Topology resolve_topology_at(const std::string& name, const std::string& origin, const std::string& field) {
+  try {
+    return resolve_topology(name);
+  } catch (const Error& e) {
+    throw Error(origin + ": " + field + ": " + e.what());
+  }
+}
+
 Topology topology_of(const nlohmann::json& j, const std::string& origin) {
-  if (j.is_string()) return resolve_topology(j.get<std::string>());
+  if (j.is_string()) return resolve_topology_at(j.get<std::string>(), origin, "topology");
   if (j.is_object()) {
     if (!j.contains("preset") || !j["preset"].is_string())
       throw Error(origin + ": topology object needs \"preset\" (a preset name, multi-rack:N or a file path)");
     for (auto it = j.begin(); it != j.end(); ++it)
       if (it.key() != "preset" && it.key() != "overrides")
         throw Error(origin + ": topology." + it.key() + " is unknown; use {\"preset\": ..., \"overrides\": {...}}");
-    Topology t = resolve_topology(j["preset"].get<std::string>());
+    Topology t = resolve_topology_at(j["preset"].get<std::string>(), origin, "topology.preset");
     if (j.contains("overrides")) t = apply_overrides(t, j["overrides"], origin);
     return t;
   }
@@ -219,6 +219,12 @@ uint64_t trial_seed(uint64_t base_seed, int64_t trial_idx) {
   return Rng::derive(base_seed, 1000003ull + static_cast<uint64_t>(trial_idx)).next_u64() >> 1;
 }
 
+std::string point_origin(const SweepPoint& p, const std::string& origin) {
+  std::string where = origin;
+  for (const auto& [path, v] : p.settings) where += " [" + path + "=" + v.dump() + "]";
+  return where;
+}
+
 void check_sweep_workloads(const std::vector<SweepPoint>& points, const std::string& origin, bool golden_workload) {
   for (const SweepPoint& p : points) {
     // The axis (settings are in axis order) that sets the workload, if any.
@@ -228,8 +234,7 @@ void check_sweep_workloads(const std::vector<SweepPoint>& points, const std::str
       if (path == "/workload" || path.rfind("/workload/", 0) == 0) axis = static_cast<int64_t>(a);
     }
     if (axis < 0) continue;
-    std::string where = origin;
-    for (const auto& [path, v] : p.settings) where += " [" + path + "=" + v.dump() + "]";
+    const std::string where = point_origin(p, origin);
     const std::string sweep = "/sweep/" + std::to_string(axis);
     if (golden_workload)
       throw Error(where + ": " + sweep + "/path '" + p.settings[axis].first +
@@ -249,10 +254,14 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
   std::vector<Scenario> scenarios;
   std::vector<std::string> wheres;
   for (size_t i = 0; i < points.size(); ++i) {
-    std::string where = origin;
-    for (const auto& [path, v] : points[i].settings) where += " [" + path + "=" + v.dump() + "]";
+    const std::string where = point_origin(points[i], origin);
     wheres.push_back(where);
     scenarios.push_back(scenario_from_json(points[i].doc, where));
+    try {
+      check_layer_times(scenarios.back().topo, scenarios.back().cfg, scenarios.back().proto);
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what(), e.kind());
+    }
     if (fixed_workload != nullptr && !same_layer(scenarios.back().cfg, fixed_workload->cfg))
       throw Error(where + ": the layer differs from the workload's (" + fixed_workload->description +
                   "); a golden workload fixes the layer, so do not sweep /layer");

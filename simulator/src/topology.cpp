@@ -1,6 +1,7 @@
 // Topology file parsing, validation, overrides and the preset registry.
 #include "mok/sim/topology.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -128,8 +129,12 @@ void validate_topology(const Topology& topo, const std::string& origin) {
       throw Error(os.str());
     }
   }
-  if (static_cast<long long>(topo.gpus_per_domain) * topo.num_domains > 65536)
-    throw Error(origin + ": gpus_per_domain * num_domains must be at most 65536");
+  // A layer has at most 4096 ranks (spec::LayerConfig), one per GPU by default: a larger
+  // topology could never run, so it is refused here, where the two fields are named.
+  if (static_cast<long long>(topo.gpus_per_domain) * topo.num_domains > 4096)
+    throw Error(origin + ": scale_up.gpus_per_domain * scale_out.num_domains is " +
+                std::to_string(static_cast<long long>(topo.gpus_per_domain) * topo.num_domains) +
+                " GPUs; at most 4096 (a layer's rank limit): lower one of them");
 }
 
 Topology topology_from_json(const nlohmann::json& doc, const std::string& origin) {
@@ -238,6 +243,22 @@ Topology apply_overrides(Topology topo, const nlohmann::json& overrides, const s
   return topo;
 }
 
+nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(what + " '" + path + "' is a directory; give a JSON file");
+  std::ifstream in(path);
+  if (!in) throw Error(what + " '" + path + "' cannot be opened; check the path");
+  try {
+    return nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::out_of_range& e) {
+    // a number past double's range (1e999): the parser names the text, not the key
+    throw Error(what + " '" + path + "' holds a number out of range (" + e.what() + "); numbers must fit a double");
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(what + " '" + path + "' is not valid JSON: " + e.what());
+  }
+}
+
 Topology resolve_topology(const std::string& spec) {
   const std::string kMulti = "multi-rack:";
   if (spec.rfind(kMulti, 0) == 0) {
@@ -271,15 +292,7 @@ Topology resolve_topology(const std::string& spec) {
     return topo;
   }
   if (spec.find('/') != std::string::npos || spec.find(".json") != std::string::npos) {
-    std::ifstream in(spec);
-    if (!in) throw Error("topology file '" + spec + "' cannot be opened; check the path");
-    nlohmann::json doc;
-    try {
-      doc = nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error("topology file '" + spec + "' is not valid JSON: " + e.what());
-    }
-    return topology_from_json(doc, spec);
+    return topology_from_json(read_json_file(spec, "topology file"), spec);
   }
   return topology_from_json(preset_json(spec), "preset " + spec);
 }

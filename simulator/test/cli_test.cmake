@@ -257,3 +257,43 @@ file(WRITE ${WORK}/array.json "[1, 2]")
 expect_bad(scenario_not_object "array.json: a scenario must be a JSON object" run ${WORK}/array.json --topology hgx-h200)
 expect_bad(set_through_number "--set '/layer/tokens_per_rank/x=3': .*; the pointer must lead through objects"
            run --set /layer/tokens_per_rank/x=3)
+
+# Audit of the forty-third session (2026-12-06): each exits 2 naming the file and the field.
+expect_bad(topology_directory "topology file '.*' is a directory; give a JSON file" run --topology ${WORK}/)
+expect_bad(topology_show_directory "topology file '.*' is a directory" topology show ${WORK}/)
+file(WRITE ${WORK}/overflow.json "{\"topology\": {\"preset\": \"hgx-h200\", \"overrides\": {\"scale_up.nvlink_gbps\": 1e999}},
+  \"layer\": {\"hidden\": 1024, \"intermediate\": 512, \"shared_intermediate\": 0, \"experts_per_rank\": 4,
+            \"top_k\": 2, \"tokens_per_rank\": 64}}")
+expect_bad(number_overflow "scenario '.*overflow.json' holds a number out of range" run ${WORK}/overflow.json)
+file(WRITE ${WORK}/bad_preset.json "{\"topology\": \"hgx-h300\", \"layer\": {\"hidden\": 1024, \"intermediate\": 512,
+  \"shared_intermediate\": 0, \"experts_per_rank\": 4, \"top_k\": 2, \"tokens_per_rank\": 64}}")
+expect_bad(preset_named "bad_preset.json: topology: unknown topology preset 'hgx-h300'" run ${WORK}/bad_preset.json)
+expect_bad(preset_in_sweep "\\[/topology=\"nope\"\\]: topology: unknown topology preset 'nope'"
+           run ${tiny} --set "/sweep=[{\"path\":\"/topology\",\"values\":[\"hgx-h200\",\"nope\"]}]")
+expect_bad(first_point_named "\\[/protocol/chunk_tokens=\"a\"\\]: protocol.chunk_tokens must be an integer"
+           run ${tiny} --set "/sweep=[{\"path\":\"/protocol/chunk_tokens\",\"values\":[\"a\",32]}]")
+expect_bad(plots_single_run "\"plots\" needs a sweep or trials > 1"
+           run ${tiny} --set "/plots=[{\"file\":\"x.svg\",\"x\":\"/workload/exponent\",\"y\":\"layer_us\"}]")
+expect_bad(plots_not_list "\"plots\" must be a list" run ${tiny} --set /plots=7)
+expect_bad(too_many_gpus "scale_up.gpus_per_domain \\* scale_out.num_domains is 32768 GPUs; at most 4096"
+           run ${tiny} --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"scale_out.num_domains\":4096}}")
+file(MAKE_DIRECTORY ${WORK}/out_dir_file/result.txt)
+expect_bad(out_file_directory "--out '.*out_dir_file': '.*result.txt', a file it writes, is a directory"
+           run ${tiny} --out ${WORK}/out_dir_file)
+# A layer whose GEMMs overflow int64 ns is refused before its workload (1.7e9 slots at 72 GPUs,
+# which would take minutes and tens of GB to draw): well inside the timeout.
+execute_process(COMMAND ${MOK_SIM} run --topology gb200-nvl72 --set /layer/hidden=16777216
+                        --set /layer/intermediate=16777216 --set /layer/tokens_per_rank=3000000
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET TIMEOUT 30)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "expert GEMMs could take over 1e17 ns")
+  message(FATAL_ERROR "huge layer: expected exit 2 at once, before the workload (rc ${rc}: ${err})")
+endif()
+# Unknown subcommands are named; a help that cannot be written is an error.
+expect_bad(unknown_subcommand "'--bogus' is not a subcommand of mok-sim; give one of: run, topology, example" --bogus)
+expect_bad(unknown_nested_subcommand "'bogus' is not a subcommand of topology; give one of: list, show" topology bogus)
+if(EXISTS /dev/full)
+  execute_process(COMMAND ${MOK_SIM} --help OUTPUT_FILE /dev/full RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "cannot write the help")
+    message(FATAL_ERROR "--help > /dev/full: expected exit 2 and a message (rc ${rc}: ${err})")
+  endif()
+endif()

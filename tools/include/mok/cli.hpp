@@ -7,7 +7,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <optional>
 #include <string>
 
@@ -18,13 +20,45 @@ inline constexpr int kExitBadInput = 2;
 // Parses the command line. Returns the exit code when the program should stop here (after
 // --help, or a bad argument), nothing when it should go on. Usage:
 //   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
+// The help goes to standard output and is checked like any output: one that cannot be written
+// (a full disk, a closed pipe) exits 2 with a message, not 0. Where a subcommand is missing, the
+// message names the word given in its place (CLI11 says only "A subcommand is required").
 inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    std::cout.flush();
+    if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::cerr << app.get_name() << ": error: cannot write the help to standard output; check where it goes\n";
+      return kExitBadInput;
+    }
+    return rc;
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
+        std::string(e.what()).find("subcommand") != std::string::npos) {
+      // the innermost subcommand that parsed, and the first argument after its name
+      const CLI::App* at = &app;
+      int first = 1;
+      for (bool deeper = true; deeper;) {
+        deeper = false;
+        for (const CLI::App* sub : at->get_subcommands())
+          for (int i = first; i < argc; ++i)
+            if (sub->get_name() == argv[i]) {
+              at = sub, first = i + 1, deeper = true;
+              break;
+            }
+      }
+      std::string names;
+      for (const CLI::App* sub : at->get_subcommands({}))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (first < argc)
+        std::cerr << "'" << argv[first] << "' is not a subcommand of " << at->get_name() << "; give one of: " << names
+                  << "\n";
+      else
+        std::cerr << "give one of: " << names << "\n";
+    }
     return kExitBadInput;
   }
   return std::nullopt;

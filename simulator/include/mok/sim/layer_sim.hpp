@@ -133,6 +133,11 @@ struct LayerResult {
 LayerResult simulate_layer(const Topology& topo, const Workload& work, const ProtocolConfig& proto,
                            const SimOptions& options = {});
 
+// The layer's compute times against int64 nanoseconds: throws the Error simulate_layer would
+// throw for a layer whose GEMMs (or final weighted sum) could take over 1e17 ns, without a
+// workload, so that a front end can refuse it before building one.
+void check_layer_times(const Topology& topo, const spec::LayerConfig& cfg, const ProtocolConfig& proto);
+
 Quantiles quantiles_of(std::vector<int64_t> values);
 
 }  // namespace mok::sim

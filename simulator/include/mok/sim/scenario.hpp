@@ -29,7 +29,6 @@ struct Scenario {
 
 // Parses one (already patched) scenario document. `origin` names the file in errors.
 Scenario scenario_from_json(const nlohmann::json& doc, const std::string& origin);
-nlohmann::json read_json_file(const std::string& path);
 
 // One sweep point: the settings that define it and the patched document.
 struct SweepPoint {
@@ -39,6 +38,9 @@ struct SweepPoint {
 // Expands "sweep": [{"path": "/protocol/dispatch", "values": ["push", "pull"]}, ...] into the
 // cartesian product, first axis outermost. No "sweep" gives one point.
 std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::string& origin);
+// `origin` with the point's settings, as errors about that point name it:
+// "s.json [/protocol/chunk_tokens=64]".
+std::string point_origin(const SweepPoint& p, const std::string& origin);
 
 struct RunRow {
   size_t point_idx = 0;

@@ -69,6 +69,10 @@ std::vector<std::string> preset_names();
 // "multi-rack:N:GBPS" (N NVL72 racks of gb200-nvl72, NICs of 400 or 800 Gb/s per GPU), or a
 // path to a JSON file. Throws Error naming the spec and the accepted forms.
 Topology resolve_topology(const std::string& spec);
+
+// Reads a JSON file (comments allowed); `what` names it in errors ("scenario", "topology file").
+// A directory, an unreadable file, bad JSON and numbers past a double's range are Errors.
+nlohmann::json read_json_file(const std::string& path, const std::string& what = "scenario");
 // The raw JSON of a preset (for `mok-sim topology show`).
 nlohmann::json preset_json(const std::string& name);
 // Applies {"section.field": value} overrides, e.g. {"scale_up.nvlink_gbps": 1000}.

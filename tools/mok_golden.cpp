@@ -4,6 +4,7 @@
 #include "mok/reference/generate.hpp"
 #include "mok/reference/golden.hpp"
 #include "mok/reference/oracle.hpp"
+#include "mok/reference/schema.hpp"
 
 #include "mok/cli.hpp"
 
@@ -12,12 +13,38 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <new>
 #include <string>
 
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+constexpr const char* kSmallerLayer = "lower --H, --I, --Is, --E or --T, or run on a machine with more memory";
+
+// Bytes of the tensors the golden will hold at once (inputs, output, gradients, bounds), a lower
+// bound on what making it takes (the intermediates and working copies come on top).
+double golden_bytes(const mok::spec::LayerConfig& cfg, bool forward_only, bool bounds, bool terms, bool end_to_end) {
+  using mok::ref::Role;
+  double total = 0;
+  for (const mok::ref::TensorSpec& spec : mok::ref::golden_schema()) {
+    if (!mok::ref::spec_applies(spec, cfg)) continue;
+    const std::string path = spec.path;
+    const bool backward = path == "inputs/d_output" || spec.role == Role::kGrad ||
+                          (mok::ref::is_bound_role(spec.role) && mok::ref::checked_path_of_bound(path) != "outputs/output");
+    if (forward_only && backward) continue;
+    const bool wanted = spec.role == Role::kInput || spec.role == Role::kOutput || spec.role == Role::kGrad ||
+                        (bounds && (spec.role == Role::kBoundExact || spec.role == Role::kBoundRadius)) ||
+                        (terms && spec.role == Role::kBoundTerms) ||
+                        (end_to_end && (spec.role == Role::kEndToEndExact || spec.role == Role::kEndToEndRadius));
+    if (!wanted) continue;
+    double bytes = static_cast<double>(mok::ref::dtype_size(spec.dtype));
+    for (int64_t d : mok::ref::spec_shape(spec, cfg)) bytes *= static_cast<double>(d);
+    total += bytes;
+  }
+  return total;
 }
 
 }  // namespace
@@ -88,6 +115,9 @@ int main(int argc, char** argv) {
   app.add_option("--output,-o", out, "output file (written atomically)")->required();
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
+    if (out == "-")
+      throw mok::Error("-o -: an HDF5 file needs a file it can seek in, not standard output; give a file name such "
+                       "as case.h5 (./- for a file named '-')");
     mok::ref::check_output_path(out);  // before the work, which can take minutes
     mok::spec::LayerConfig cfg = mok::ref::preset_config(preset);
     if (H != -1) cfg.hidden = H;
@@ -103,6 +133,15 @@ int main(int argc, char** argv) {
     rs.rank_skew = rank_skew;
     rs.empty_prob = empty;
     mok::ref::check_routing(cfg, rs);  // before the header line: a usage error prints only itself
+    // A layer too large for this machine is refused now, not after minutes or by the OOM killer.
+    const double need = golden_bytes(cfg, forward_only, !no_bounds, bound_terms, end_to_end_bounds);
+    if (const auto available = mok::ref::available_memory_bytes(); available && need > static_cast<double>(*available))
+      throw mok::Error("the layer H=" + std::to_string(cfg.hidden) + " I=" + std::to_string(cfg.intermediate) +
+                       " Is=" + std::to_string(cfg.shared_intermediate) + " E=" + std::to_string(cfg.num_experts) +
+                       " K=" + std::to_string(cfg.top_k) + " R=" + std::to_string(cfg.num_ranks) +
+                       " T=" + std::to_string(cfg.tokens_per_rank) + " needs at least " +
+                       mok::ref::format_bytes(static_cast<uint64_t>(need)) + " of memory for its inputs, results and " +
+                       "bounds, but only " + mok::ref::format_bytes(*available) + " is available; " + kSmallerLayer);
 
     const auto t0 = std::chrono::steady_clock::now();
     // The preset's name alone only where it still describes the layer. One word either way:
@@ -161,8 +200,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mok-golden: wrote %s (%zu datasets) in %.1f s\n", out.c_str(), golden.tensors.size(),
                  seconds_since(t0));
     return 0;
+  } catch (const mok::ref::AllocationError& e) {
+    std::fprintf(stderr, "mok-golden: out of memory making %s (%s); %s\n", out.c_str(), e.what(), kSmallerLayer);
+    return 2;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok-golden: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mok-golden: out of memory making %s; %s\n", out.c_str(), kSmallerLayer);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mok-golden: error: %s\n", e.what());

@@ -2,6 +2,8 @@
 # test_bad_args.sh "PROGRAM:[SUBCOMMAND ]VALUE_OPTION" ...: the command-line convention
 # (mok::cli::parse) on each program: an unknown option and a malformed value for VALUE_OPTION
 # exit 2 with a message naming the option, and --help exits 0. None of it writes a file.
+# With MOK_GOLDEN=PATH, also mok-golden's own refusals (exit 2, one line, no file left): -o -, a
+# write past ulimit -f or into a folder it may not write, and a layer too large for ulimit -v.
 # With MOK_BENCH=PATH (and MOK_BENCH_NCCL=ON or OFF: whether that build has NCCL), also
 # mok-bench's --transport: a bad value exits 2 (as do a bad --gather, --x-rows,
 # --swiglu, --fwd-comm-sms, --group-rows, --passes, --timing (and queued with nccl) or --case, a --case with a preset or with an --R that does
@@ -36,6 +38,38 @@ if [[ -n ${MOK_GOLDEN:-} ]]; then
     echo "mok-golden --routing hot:9 with E = 8: expected exit 2 and one line naming E, got $code: $msg"; expect_failed=1
   fi
   [[ -e $out_h5 ]] && { echo "mok-golden wrote $out_h5 on a usage error"; expect_failed=1; rm -f "$out_h5"; }
+  # Standard output is no HDF5 file: refused, and no file named '-' appears (found by audit, 2026-12).
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/mok-bad-args-XXXXXX")
+  (cd "$scratch" && expect_exit "$MOK_GOLDEN" 2 "-o -: an HDF5 file needs a file it can seek in" --preset tiny -o - &&
+     [[ $expect_failed == 0 ]]) || expect_failed=1
+  [[ -e $scratch/- ]] && { echo "mok-golden -o - wrote a file named '-'"; expect_failed=1; }
+  # A write the system refuses is one line naming the file, the system's reason and the fix, and
+  # leaves no file, temporary or not (found by audit, 2026-12: HDF5's text over two lines). Past
+  # a file-size limit (ulimit -f, in KiB):
+  msg=$( (ulimit -f 100; "$MOK_GOLDEN" --preset small -o "$scratch/limited.h5") 2>&1)
+  code=$?
+  msg=$(tail -1 <<< "$msg")  # after the progress lines
+  if [[ $code != 2 || $msg != "mok-golden: $scratch/limited.h5: cannot write the file: File too large"*"raise the limit"* ]]; then
+    echo "mok-golden past ulimit -f: expected exit 2 naming the file, the reason and the fix, got $code: $msg"; expect_failed=1
+  fi
+  leftovers=$(ls -A "$scratch")
+  [[ -n $leftovers ]] && { echo "mok-golden left files behind: $leftovers"; expect_failed=1; }
+  # Where it may not create files (root passes the up-front check and HDF5 meets EACCES).
+  if [[ -d /sys ]]; then
+    msg=$("$MOK_GOLDEN" --preset tiny -o /sys/mok-bad-args.h5 2>&1 | tail -1)
+    if [[ $msg != "mok-golden: /sys/mok-bad-args.h5: "*"a directory you can write to"* ]]; then
+      echo "mok-golden -o /sys/...: expected one line naming the file and the fix, got: $msg"; expect_failed=1
+    fi
+  fi
+  # A layer too large for the memory here (ulimit -v, in KiB) is refused before any work, with the
+  # fix (found by audit, 2026-12: a bare "cannot allocate" from deep inside).
+  msg=$( (ulimit -v 2000000; "$MOK_GOLDEN" --preset tiny --H 16384 --I 16384 -o "$scratch/huge.h5") 2>&1)
+  code=$?
+  if [[ $code != 2 || $msg != *"needs at least 84.0 GiB of memory"*"lower --H, --I, --Is, --E or --T"* || $(wc -l <<< "$msg") != 1 ]]; then
+    echo "mok-golden --H 16384 --I 16384 under ulimit -v: expected exit 2 and one line with the fix, got $code: $msg"
+    expect_failed=1
+  fi
+  rm -rf "$scratch"
 fi
 # The PyTorch baseline script checks its arguments before importing torch (exit 2, no GPU needed).
 torch_script=$(dirname "${BASH_SOURCE[0]}")/moe_torch_baseline.py

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <optional>
 #include <system_error>
+#include <type_traits>
 
 namespace mok::ref {
 namespace {
@@ -42,6 +43,10 @@ constexpr size_t kMaxLinks = 1024;
 constexpr size_t kMaxStringBytes = size_t{1} << 20;
 
 constexpr const char* kFixHint = "; regenerate the file with mok-golden or fix the writer";
+// For files HDF5 itself cannot read (a broken copy, damaged metadata).
+constexpr const char* kDamagedHint = "; the file is damaged: copy it again, or regenerate it with mok-golden";
+constexpr const char* kNotReadableHint =
+    "; give a golden made by mok-golden (a copy cut short: copy it again in full)";
 constexpr std::array<const char*, 5> kDataGroups = {"inputs", "outputs", "grads", "intermediates",
                                                     "bounds"};
 
@@ -109,7 +114,8 @@ class SilenceHdf5 {
   void* data_ = nullptr;
 };
 
-// The most specific message on HDF5's error stack (where the failure was first detected).
+// The most specific message on HDF5's error stack (where the failure was first detected), on one
+// line (some of the library's messages span several).
 std::string hdf5_detail() {
   std::string detail;
   const auto walk = [](unsigned n, const H5E_error2_t* err, void* client) -> herr_t {
@@ -119,7 +125,41 @@ std::string hdf5_detail() {
     return 0;
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &detail);
+  std::replace(detail.begin(), detail.end(), '\n', ' ');
+  std::replace(detail.begin(), detail.end(), '\r', ' ');
+  while (!detail.empty() && detail.back() == ' ') detail.pop_back();
   return detail.empty() ? "no detail from HDF5" : detail;
+}
+
+// The system error behind a failed HDF5 call: the file drivers put "errno = N" in their message.
+// 0 when the stack holds none.
+int hdf5_errno() {
+  int found = 0;
+  const auto walk = [](unsigned, const H5E_error2_t* err, void* client) -> herr_t {
+    const char* at = err != nullptr && err->desc != nullptr ? std::strstr(err->desc, "errno = ") : nullptr;
+    int value = 0;
+    if (at != nullptr && std::sscanf(at, "errno = %d", &value) == 1 && value > 0) {
+      *static_cast<int*>(client) = value;
+      return 1;  // stop at the first
+    }
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &found);
+  return found;
+}
+
+// What to do about a write that failed with this errno.
+std::string write_fix(int err) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT: return "free space on that file system, or write to another directory";
+    case EFBIG: return "the file exceeds a file-size limit (ulimit -f) or the file system's largest file: raise the limit, or write to another file system";
+    case EACCES:
+    case EPERM:
+    case EROFS: return "write to a directory you can write to";
+    case EIO: return "the device reported an I/O error: write to another disk";
+    default: return "check free space and permissions, or write to another directory";
+  }
 }
 
 std::string format_dims(const std::vector<int64_t>& dims) {
@@ -180,10 +220,12 @@ hid_t memory_type_of(DType dtype) {
   return H5T_NATIVE_UINT16;
 }
 
-// Every failure goes through here: "<file>: <where>: <what>", one mok::Error.
+// Every failure goes through here: "<file>: <where>: <what>", one mok::Error. A writing context
+// reports a failed HDF5 call as the system's reason and what to do; a reading one as a damaged file.
 class Context {
  public:
-  explicit Context(std::string origin) : origin_(std::move(origin)) {}
+  enum class Mode { kRead, kWrite };
+  explicit Context(std::string origin, Mode mode = Mode::kRead) : origin_(std::move(origin)), mode_(mode) {}
   const std::string& origin() const { return origin_; }
 
   [[noreturn]] void fail(const std::string& where, const std::string& what) const {
@@ -194,7 +236,12 @@ class Context {
     throw Error(origin_ + ": " + subject + " " + predicate);
   }
   [[noreturn]] void fail_hdf5(const std::string& where, const char* call) const {
-    fail(where, std::string(call) + " failed (" + hdf5_detail() + ")");
+    if (mode_ == Mode::kRead) fail(where, std::string(call) + " failed (" + hdf5_detail() + ")" + kDamagedHint);
+    // The temporary file's name means nothing to the caller: the reason and the fix do.
+    const int err = hdf5_errno();
+    const std::string reason = err != 0 ? std::string(std::strerror(err)) + " (writing " + where + ")"
+                                        : where + ": " + call + " failed (" + hdf5_detail() + ")";
+    throw Error(origin_ + ": cannot write the file: " + reason + "; " + write_fix(err) + "; nothing was written");
   }
   hid_t check(hid_t id, const std::string& where, const char* call) const {
     if (id < 0) fail_hdf5(where, call);
@@ -209,6 +256,7 @@ class Context {
 
  private:
   std::string origin_;
+  Mode mode_;
 };
 
 std::string dataset_where(const std::string& path) { return "dataset /" + path; }
@@ -439,19 +487,40 @@ std::optional<std::string> read_string_attr(const Context& ctx, hid_t loc, const
   ctx.check_status(H5Tset_strpad(memory_type.get(), H5T_STR_NULLPAD), attr_where, "H5Tset_strpad");
   std::string buffer(size, '\0');
   ctx.check_status(H5Aread(attr->get(), memory_type.get(), buffer.data()), attr_where, "H5Aread");
-  buffer.resize(strnlen(buffer.c_str(), size));
+  // A NUL ends the text; anything but padding after it ("bfloat16\0junk") is not this value.
+  const size_t length = strnlen(buffer.c_str(), size);
+  if (buffer.find_first_not_of('\0', length) != std::string::npos)
+    ctx.fail(attr_where, "holds bytes after the NUL that ends \"" + buffer.substr(0, length) +
+                             "\" (a string attribute is its text, padded with NULs only)" + kFixHint);
+  buffer.resize(length);
   return buffer;
 }
 
+// Reads an integer attribute of any signedness and width up to 64 bits as T (int64_t or
+// uint64_t). HDF5's own conversion would clamp a value out of T's range (2^64 - 1 read as
+// 2^63 - 1, -1 read as 0): such a value is an error naming the stored number.
 template <class T>
-std::optional<T> read_integer_attr(const Context& ctx, hid_t loc, const char* name,
-                                   hid_t memory_type, const std::string& where) {
+std::optional<T> read_integer_attr(const Context& ctx, hid_t loc, const char* name, const std::string& where) {
+  static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>);
   std::optional<Hid> attr = open_scalar_attr(ctx, loc, name, H5T_INTEGER, "integer", where);
   if (!attr) return std::nullopt;
-  T value{};
-  ctx.check_status(H5Aread(attr->get(), memory_type, &value), where + " attribute " + name,
-                   "H5Aread");
-  return value;
+  const std::string attr_where = where + " attribute " + name;
+  Hid type = ctx.own(H5Aget_type(attr->get()), H5Tclose, attr_where, "H5Aget_type");
+  const H5T_sign_t sign = H5Tget_sign(type.get());
+  if (sign == H5T_SGN_ERROR) ctx.fail_hdf5(attr_where, "H5Tget_sign");
+  if (H5Tget_size(type.get()) > 8) ctx.fail(attr_where, "expected an integer of at most 64 bits" + std::string(kFixHint));
+  if (sign == H5T_SGN_NONE) {
+    uint64_t value = 0;
+    ctx.check_status(H5Aread(attr->get(), H5T_NATIVE_UINT64, &value), attr_where, "H5Aread");
+    if (std::is_same_v<T, int64_t> && value > static_cast<uint64_t>(INT64_MAX))
+      ctx.fail(attr_where, "is " + std::to_string(value) + ", out of range (at most 2^63 - 1)" + kFixHint);
+    return static_cast<T>(value);
+  }
+  int64_t value = 0;
+  ctx.check_status(H5Aread(attr->get(), H5T_NATIVE_INT64, &value), attr_where, "H5Aread");
+  if (std::is_same_v<T, uint64_t> && value < 0)
+    ctx.fail(attr_where, "is " + std::to_string(value) + ", but it is a whole number from 0 to 2^64 - 1" + kFixHint);
+  return static_cast<T>(value);
 }
 
 std::vector<std::string> list_links(const Context& ctx, hid_t group, const std::string& where) {
@@ -581,7 +650,7 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
   uint64_t numel = 1;
   for (int64_t d : expected) {
     if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d) / 8) {
-      ctx.fail(where, "shape " + format_dims(expected) + " is too large to load");
+      ctx.fail(where, "shape " + format_dims(expected) + " is too large to load" + std::string(kFixHint));
     }
     numel *= static_cast<uint64_t>(d);
   }
@@ -594,7 +663,14 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
     }
   }
 
-  Tensor tensor(spec.dtype, expected);
+  Tensor tensor;
+  try {
+    tensor = Tensor(spec.dtype, expected);
+  } catch (const AllocationError&) {
+    ctx.fail(where, "cannot allocate " + format_bytes(bytes) +
+                        " to load it (out of memory); run on a machine with more memory, or use a golden of a "
+                        "smaller layer");
+  }
   if (tensor.numel() > 0 && H5Dread(dset.get(), memory_type_of(spec.dtype), H5S_ALL, H5S_ALL,
                                     H5P_DEFAULT, tensor.raw()) < 0) {
     ctx.fail(where, "reading the data failed (" + hdf5_detail() +
@@ -605,7 +681,7 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
 
 int64_t require_config_attr(const Context& ctx, hid_t config, const char* name) {
   const std::optional<int64_t> v =
-      read_integer_attr<int64_t>(ctx, config, name, H5T_NATIVE_INT64, "group /config");
+      read_integer_attr<int64_t>(ctx, config, name, "group /config");
   if (!v) {
     ctx.fail("group /config", std::string("attribute ") + name + " is missing" + kFixHint);
   }
@@ -632,20 +708,20 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   if (!format) {
     ctx.fail("",
              std::string("not a mok golden file: root attribute format is missing (expected \"") +
-                 kGoldenFormat + "\")");
+                 kGoldenFormat + "\"); give a golden made by mok-golden");
   }
   if (*format != kGoldenFormat) {
     ctx.fail("", "not a mok golden file: root attribute format is \"" + *format +
-                     "\", expected \"" + kGoldenFormat + "\"");
+                     "\", expected \"" + kGoldenFormat + "\"; give a golden made by mok-golden");
   }
   const std::optional<int64_t> version =
-      read_integer_attr<int64_t>(ctx, file, "format_version", H5T_NATIVE_INT64, root);
+      read_integer_attr<int64_t>(ctx, file, "format_version", root);
   if (!version) ctx.fail(root, "attribute format_version is missing" + std::string(kFixHint));
   if (*version != kGoldenVersion) {
     ctx.fail(root, "format_version " + std::to_string(*version) +
                        " is not supported (this reader reads version " +
                        std::to_string(kGoldenVersion) +
-                       "); use a matching mok build or regenerate the file");
+                       "); use a matching mok build, or regenerate the file with mok-golden");
   }
 
   GoldenMeta& meta = golden.meta;
@@ -657,7 +733,7 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   };
   meta.generator = required(read_string_attr(ctx, file, "generator", root), "generator");
   meta.generator_version = required(read_string_attr(ctx, file, "generator_version", root), "generator_version");
-  meta.seed = required(read_integer_attr<uint64_t>(ctx, file, "seed", H5T_NATIVE_UINT64, root), "seed");
+  meta.seed = required(read_integer_attr<uint64_t>(ctx, file, "seed", root), "seed");
   meta.routing = read_string_attr(ctx, file, "routing", root).value_or("");
   const std::optional<std::string> root_profile = read_string_attr(ctx, file, "profile", root);
   const std::optional<std::string> root_mma = read_string_attr(ctx, file, "mma_model", root);
@@ -705,6 +781,7 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   const spec::Status cfg_status = golden.cfg.validate();
   if (!cfg_status.ok) ctx.fail("group /config", cfg_status.message + std::string(kFixHint));
 
+  std::vector<std::pair<std::string, const TensorSpec*>> to_load;
   for (const char* group_name : kDataGroups) {
     const std::string group_str = group_name;
     if (group_str == "intermediates" && !options.load_intermediates) continue;
@@ -722,16 +799,77 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
         ctx.fail_subject(dataset_where(path),
                          "is present but config Is = 0 (no shared expert)" + std::string(kFixHint));
       }
-      golden.tensors.emplace(path, read_dataset(ctx, file, path, *spec, golden.cfg));
+      to_load.emplace_back(path, spec);
     }
   }
+
+  // What loading takes is known from the config before anything is allocated: a layer too large
+  // for this machine is refused here, by name, rather than failing (or being killed) halfway.
+  double need = 0, largest = 0;
+  std::string largest_path;
+  for (const auto& [path, spec] : to_load) {
+    double bytes = static_cast<double>(dtype_size(spec->dtype));
+    for (int64_t d : spec_shape(*spec, golden.cfg)) bytes *= static_cast<double>(d);
+    need += bytes;
+    if (bytes > largest) {
+      largest = bytes;
+      largest_path = path;
+    }
+  }
+  const std::optional<uint64_t> available = available_memory_bytes();
+  if (available && need > static_cast<double>(*available)) {
+    ctx.fail("", "loading its datasets takes " + format_bytes(static_cast<uint64_t>(need)) +
+                     " of memory (the largest, /" + largest_path + ", " + format_bytes(static_cast<uint64_t>(largest)) +
+                     "), but only " + format_bytes(*available) +
+                     " is available; run on a machine with more memory, or use a golden of a smaller layer");
+  }
+  for (const auto& [path, spec] : to_load) golden.tensors.emplace(path, read_dataset(ctx, file, path, *spec, golden.cfg));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Value checks.
 
+// Stored bounds: a radius is a finite number >= 0 or NaN (not sampled), bound material likewise,
+// and a value with a radius is finite; anything else would judge (or skip) elements wrongly.
+void check_bound_values(const Context& ctx, const Golden& golden) {
+  const auto topk_it = golden.tensors.find("inputs/topk_experts");
+  const Tensor* topk = topk_it == golden.tensors.end() ? nullptr : &topk_it->second;
+  for (const auto& [path, tensor] : golden.tensors) {
+    const Role role = find_spec(path)->role;
+    if (!is_bound_role(role)) continue;
+    const std::string checked = checked_path_of_bound(path);
+    const TensorSpec& checked_spec = *find_spec(checked);
+    const float* v = tensor.data<float>();
+    const bool exact = role == Role::kBoundExact || role == Role::kEndToEndExact;
+    const float* radius = nullptr;
+    if (exact) {
+      const std::string partner = role == Role::kBoundExact ? bound_radius_path(checked) : end_to_end_radius_path(checked);
+      radius = golden.tensors.at(partner).data<float>();  // pairs are checked before values
+    }
+    const auto number = [](float x) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", static_cast<double>(x));
+      return std::string(text);
+    };
+    for (int64_t i = 0; i < tensor.numel(); ++i) {
+      const float x = v[i];
+      std::string problem;
+      if (exact && !std::isnan(radius[i]) && !std::isfinite(x))
+        problem = "is " + number(x) + " where its radius is " + number(radius[i]) +
+                  "; a value with a radius must be finite";
+      else if (!exact && !std::isnan(x) && !(x >= 0 && std::isfinite(x)))
+        problem = "is " + number(x) + (role == Role::kBoundTerms ? "; a sum of |terms|" : "; a radius") +
+                  " must be a finite number >= 0 (NaN: not sampled)";
+      if (problem.empty()) continue;
+      ctx.fail(dataset_where(path), "element " + locate(checked_spec, golden.cfg, i, topk) + " " + problem +
+                                        "; regenerate the file's bounds with mok-golden");
+    }
+  }
+}
+
 void check_values(const Context& ctx, const Golden& golden) {
   check_input_values(golden.cfg, golden.tensors, ctx.origin(), kFixHint);
+  check_bound_values(ctx, golden);
 }
 
 }  // namespace
@@ -776,6 +914,33 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
                        "is missing (required input: " + std::string(spec.what) + ", " +
                            format_symbols(spec) + " " + file_dtype_name(spec.dtype) + ")" +
                            kFixHint);
+    }
+  }
+
+  // Bounds belong to a tensor the file holds: bounds of a missing output or gradient would leave
+  // it unchecked while looking checked (the verifier judges the tensors a golden holds).
+  for (const auto& [path, tensor] : golden.tensors) {
+    if (!is_bound_role(find_spec(path)->role)) continue;
+    const std::string checked = checked_path_of_bound(path);
+    if (golden.tensors.count(checked) == 0)
+      ctx.fail_subject(dataset_where(path), "is present but /" + checked +
+                                                ", the tensor it bounds, is missing; regenerate the file with "
+                                                "mok-golden, or remove the bounds of /" + checked + " too");
+  }
+
+  // A backward pass gives every gradient: a golden holding some of them would leave the others
+  // unchecked. (Candidate files may lack any; comparing them fails on what they lack.)
+  if (options.require_inputs) {
+    std::string present;
+    for (const auto& [path, tensor] : golden.tensors)
+      if (path.rfind("grads/", 0) == 0) present = path;
+    for (const TensorSpec& spec : golden_schema()) {
+      if (present.empty()) break;
+      if (spec.role != Role::kGrad || !spec_applies(spec, golden.cfg) || golden.tensors.count(spec.path)) continue;
+      ctx.fail_subject(dataset_where(spec.path),
+                       "is missing, but the file holds other gradients (/" + present +
+                           "); a backward pass gives every gradient: regenerate the file with mok-golden, or remove "
+                           "/grads and its bounds for a forward-only case");
     }
   }
 
@@ -923,14 +1088,16 @@ void write_golden(const std::string& path, const Golden& golden) {
 
   const std::string target = check_output_path(path);
   const SilenceHdf5 silence;
-  const Context ctx(path);
+  const Context ctx(path, Context::Mode::kWrite);
   const std::string tmp_path = target + ".tmp." + std::to_string(static_cast<long>(::getpid()));
   const TmpFileGuard guard(tmp_path);
   try {
     write_file(ctx, tmp_path, golden);
     std::error_code ec;
     std::filesystem::rename(tmp_path, target, ec);
-    if (ec) ctx.fail("", "cannot move the finished file into place: " + ec.message());
+    if (ec)
+      ctx.fail("", "cannot move the finished file into place: " + ec.message() + "; " + write_fix(ec.value()) +
+                       "; nothing was written");
   } catch (...) {
     std::error_code ignored;
     std::filesystem::remove(tmp_path, ignored);
@@ -945,23 +1112,28 @@ Golden read_golden(const std::string& path, const ReadOptions& options) {
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) ctx.fail("", "cannot open: " + ec.message());
   if (ec || !std::filesystem::exists(status)) ctx.fail("", "cannot open: no such file");
-  if (!std::filesystem::is_regular_file(status)) ctx.fail("", "cannot open: not a regular file");
+  if (std::filesystem::is_directory(status))
+    ctx.fail("", "cannot open: is a directory; give the path of a golden file in it (e.g. " +
+                     (std::filesystem::path(path) / "case.h5").string() + ")");
+  if (!std::filesystem::is_regular_file(status))
+    ctx.fail("", "cannot open: not a regular file (a device, a pipe or a socket); give the path of a golden file");
   if (::access(path.c_str(), R_OK) != 0)
     ctx.fail("", std::string("cannot open: ") + std::strerror(errno) + " (check the file's permissions)");
 
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 <= 0) {
     ctx.fail("", std::string("not an HDF5 file or truncated (") +
-                     (is_hdf5 == 0 ? "no HDF5 signature found" : hdf5_detail()) + ")");
+                     (is_hdf5 == 0 ? "no HDF5 signature found" : hdf5_detail()) + ")" + kNotReadableHint);
   }
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (file.get() < 0) ctx.fail("", "not an HDF5 file or truncated (" + hdf5_detail() + ")");
+  if (file.get() < 0) ctx.fail("", "not an HDF5 file or truncated (" + hdf5_detail() + ")" + kNotReadableHint);
 
   Golden golden;
   try {
     read_file(ctx, file.get(), options, golden);
   } catch (const std::bad_alloc&) {
-    ctx.fail("", "out of memory while loading the datasets");
+    ctx.fail("", "out of memory while loading the datasets; run on a machine with more memory, or use a golden of "
+                 "a smaller layer");
   }
   validate_golden(golden, path, options);
   return golden;

@@ -5,11 +5,18 @@
 #include "mok/spec/bf16.hpp"
 
 #include <cxxabi.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
+#include <sstream>
+#include <utility>
 
 namespace mok::ref {
 
@@ -44,7 +51,63 @@ std::string format_shape(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// The number on the line of /proc/meminfo that starts with `key` (in kB), or nullopt.
+std::optional<uint64_t> meminfo_kib(const std::string& text, const std::string& key) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long long kib = 0;
+    if (line.rfind(key, 0) == 0 && std::sscanf(line.c_str() + key.size(), " %llu", &kib) == 1) return kib;
+  }
+  return std::nullopt;
+}
+
+std::string read_text(const char* path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
 }  // namespace
+
+std::optional<uint64_t> available_memory_bytes() {
+  std::optional<uint64_t> best;
+  auto consider = [&](uint64_t v) { best = best ? std::min(*best, v) : v; };
+  // Address-space and data-segment limits, less what this process has mapped (all of it for the
+  // address space; the data and stack pages for the data limit).
+  unsigned long long size_pages = 0, data_pages = 0;
+  const bool have_statm = std::sscanf(read_text("/proc/self/statm").c_str(), "%llu %*u %*u %*u %*u %llu",
+                                      &size_pages, &data_pages) == 2;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const auto& [resource, used_pages] : {std::pair{RLIMIT_AS, size_pages}, std::pair{RLIMIT_DATA, data_pages}}) {
+    struct rlimit lim {};
+    if (::getrlimit(resource, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) continue;
+    const uint64_t used = have_statm ? used_pages * page : 0;
+    consider(lim.rlim_cur > used ? lim.rlim_cur - used : 0);
+  }
+  // A cgroup (v2) memory limit, as containers and batch schedulers set.
+  const std::string max = read_text("/sys/fs/cgroup/memory.max");
+  unsigned long long limit = 0, current = 0;
+  if (std::sscanf(max.c_str(), "%llu", &limit) == 1 &&
+      std::sscanf(read_text("/sys/fs/cgroup/memory.current").c_str(), "%llu", &current) == 1)
+    consider(limit > current ? limit - current : 0);
+  // Memory the kernel can hand out without swapping out others, plus free swap.
+  const std::string meminfo = read_text("/proc/meminfo");
+  if (const auto avail = meminfo_kib(meminfo, "MemAvailable:"))
+    consider((*avail + meminfo_kib(meminfo, "SwapFree:").value_or(0)) * 1024);
+  return best;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  char text[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (uint64_t{1} << 30)) std::snprintf(text, sizeof text, "%.1f GiB", b / (1u << 30));
+  else if (bytes >= (uint64_t{1} << 20)) std::snprintf(text, sizeof text, "%.0f MiB", b / (1u << 20));
+  else if (bytes >= (uint64_t{1} << 10)) std::snprintf(text, sizeof text, "%.0f KiB", b / (1u << 10));
+  else std::snprintf(text, sizeof text, "%llu bytes", static_cast<unsigned long long>(bytes));
+  return text;
+}
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   // A product of non-negative dims that stays below this bound also fits in size_t bytes.
@@ -74,8 +137,9 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(
   try {
     storage_.assign(num_words, 0);
   } catch (const std::bad_alloc&) {
-    throw Error("Tensor: cannot allocate " + std::to_string(size_bytes()) + " bytes for shape " +
-                format_shape(shape_) + " " + dtype_name(dtype_));
+    throw AllocationError("Tensor: cannot allocate " + format_bytes(size_bytes()) + " for shape " +
+                              format_shape(shape_) + " " + dtype_name(dtype_) + " (out of memory)",
+                          size_bytes());
   }
 }
 

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <iterator>
+#include <vector>
 
 namespace mok::ref {
 namespace {
@@ -17,6 +19,13 @@ std::string dims_string(const TensorSpec& s) {
   std::string out = "(";
   for (size_t i = 0; i < s.dims.size(); ++i) out += (i ? ", " : "") + std::string(dim_symbol(s.dims[i]));
   return out + ")";
+}
+
+// "[2, 3]", as Tensor::shape_string() prints it, without allocating a tensor of that shape.
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
 }
 
 }  // namespace
@@ -39,28 +48,33 @@ void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool
       throw Error(origin + ": dataset /" + path + ": expected dtype " + dtype_name(s.dtype) +
                   " but found " + dtype_name(t.dtype()));
     if (t.shape() != want) {
-      Tensor probe(s.dtype, want);
-      throw Error(origin + ": dataset /" + path + ": expected shape " + probe.shape_string() + " " +
+      throw Error(origin + ": dataset /" + path + ": expected shape " + shape_text(want) + " " +
                   dims_string(s) + " but found " + t.shape_string());
     }
   }
   check_input_values(cfg, inputs, origin);
 }
 
-void validate_shapes(const spec::LayerConfig& cfg, const TensorMap& tensors, const std::string& origin) {
-  for (const auto& [path, t] : tensors) {
-    const TensorSpec* s = find_spec(path);
-    if (s == nullptr || !spec_applies(*s, cfg)) continue;
-    const std::vector<int64_t> want = spec_shape(*s, cfg);
-    if (t.dtype() != s->dtype)
-      throw Error(origin + ": dataset /" + path + ": expected dtype " + dtype_name(s->dtype) + " but found " +
-                  dtype_name(t.dtype()));
-    if (t.shape() != want) {
-      Tensor probe(s->dtype, want);
-      throw Error(origin + ": dataset /" + path + ": expected shape " + probe.shape_string() + " " + dims_string(*s) +
-                  " but found " + t.shape_string());
-    }
+namespace {
+
+// The schema's dtype and shape for one tensor the schema names (others are skipped).
+void check_shape(const spec::LayerConfig& cfg, const std::string& path, const Tensor& t, const std::string& origin) {
+  const TensorSpec* s = find_spec(path);
+  if (s == nullptr || !spec_applies(*s, cfg)) return;
+  const std::vector<int64_t> want = spec_shape(*s, cfg);
+  if (t.dtype() != s->dtype)
+    throw Error(origin + ": dataset /" + path + ": expected dtype " + dtype_name(s->dtype) + " but found " +
+                dtype_name(t.dtype()));
+  if (t.shape() != want) {
+    throw Error(origin + ": dataset /" + path + ": expected shape " + shape_text(want) + " " + dims_string(*s) +
+                " but found " + t.shape_string());
   }
+}
+
+}  // namespace
+
+void validate_shapes(const spec::LayerConfig& cfg, const TensorMap& tensors, const std::string& origin) {
+  for (const auto& [path, t] : tensors) check_shape(cfg, path, t, origin);
 }
 
 void validate_sample(const spec::LayerConfig& cfg, const Sample& sample, const std::string& origin) {
@@ -88,10 +102,8 @@ void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, c
                         const std::string& hint) {
   // The values are read through the schema's shapes: a present input of another dtype or shape
   // is named here rather than read out of bounds.
-  TensorMap present;
   for (const auto& [path, t] : inputs)
-    if (path.rfind("inputs/", 0) == 0) present.emplace(path, t);
-  validate_shapes(cfg, present, origin);
+    if (path.rfind("inputs/", 0) == 0) check_shape(cfg, path, t, origin);
   const auto topk_it = inputs.find("inputs/topk_experts");
   const Tensor* topk = topk_it == inputs.end() ? nullptr : &topk_it->second;
   auto nonfinite_name = [](float v) { return std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; };
@@ -125,6 +137,30 @@ void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, c
     throw Error(origin + ": dataset /inputs/topk_experts: token " + std::to_string(bad_token) + " slot " +
                 std::to_string(bad_slot) + " holds expert " + std::to_string(id) + " (E = " +
                 std::to_string(cfg.num_experts) + "): " + routing.message + hint);
+  }
+}
+
+void check_oracle_operands(const spec::LayerConfig& cfg, const TensorMap& reference, const Tensor* topk_experts,
+                           bool backward, const std::string& prefix, const std::string& fix) {
+  static const char* const kForward[] = {"intermediates/y", "intermediates/shared_act"};
+  static const char* const kBackward[] = {"intermediates/act",     "intermediates/dy",
+                                          "intermediates/d_gate",  "intermediates/d_up",
+                                          "intermediates/dx_slot", "intermediates/shared_d_gate",
+                                          "intermediates/shared_d_up"};
+  std::vector<const char*> paths(std::begin(kForward), std::end(kForward));
+  if (backward) paths.insert(paths.end(), std::begin(kBackward), std::end(kBackward));
+  for (const char* path : paths) {
+    const auto it = reference.find(path);
+    if (it == reference.end() || it->second.dtype() != DType::kBf16) continue;  // absent: named where used
+    const uint16_t* v = it->second.data<uint16_t>();
+    for (int64_t i = 0; i < it->second.numel(); ++i) {
+      if (spec::bf16_is_finite(v[i])) continue;
+      char bits[16];
+      std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(v[i]));
+      const float x = spec::f32_from_bf16(v[i]);
+      throw Error(prefix + path + ": element " + locate(*find_spec(path), cfg, i, topk_experts) + " is " +
+                  (std::isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf") + " (bf16 bits " + bits + "); " + fix);
+    }
   }
 }
 

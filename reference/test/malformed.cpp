@@ -7,12 +7,14 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string_view>
 
 namespace mok::test {
@@ -91,16 +93,27 @@ class File {
   hid_t id_;
 };
 
-void set_string_attr(hid_t loc, const char* name, const std::string& value) {
+// A fixed-length string attribute; NULLPAD is how h5py stores numpy bytes.
+void set_string_attr(hid_t loc, const char* name, const std::string& value, H5T_str_t pad = H5T_STR_NULLTERM) {
   if (H5Aexists(loc, name) > 0) check(H5Adelete(loc, name) >= 0, std::string("H5Adelete ") + name);
   const hid_t type = H5Tcopy(H5T_C_S1);
-  check(type >= 0 && H5Tset_size(type, value.size()) >= 0, "string type");
+  check(type >= 0 && H5Tset_size(type, value.size()) >= 0 && H5Tset_strpad(type, pad) >= 0, "string type");
   const hid_t space = H5Screate(H5S_SCALAR);
   const hid_t attr = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
   check(attr >= 0 && H5Awrite(attr, type, value.data()) >= 0, std::string("attribute ") + name);
   H5Aclose(attr);
   H5Sclose(space);
   H5Tclose(type);
+}
+
+// Replaces an attribute by an integer one of the given file type (e.g. a uint64 format_version).
+void replace_int_attr(hid_t loc, const char* name, hid_t file_type, hid_t memory_type, const void* value) {
+  if (H5Aexists(loc, name) > 0) check(H5Adelete(loc, name) >= 0, std::string("H5Adelete ") + name);
+  const hid_t space = H5Screate(H5S_SCALAR);
+  const hid_t attr = H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT);
+  check(attr >= 0 && H5Awrite(attr, memory_type, value) >= 0, std::string("attribute ") + name);
+  H5Aclose(attr);
+  H5Sclose(space);
 }
 
 void set_int_attr(hid_t loc, const char* name, int64_t value) {
@@ -158,6 +171,16 @@ const std::map<std::string, std::string>& expected_texts() {
       {"backward_intermediates_without_d_output",
        "dataset /intermediates/d_act belongs to a backward pass, but dataset /inputs/d_output"},
       {"half_bound_pair", "dataset /bounds/output_exact is present without /bounds/output_bound"},
+      {"bounds_without_grads",
+       "dataset /bounds/d_router_weights_bound is present but /grads/d_router_weights, the tensor it bounds, is missing"},
+      {"bounds_without_d_x", "dataset /bounds/d_x_bound is present but /grads/d_x, the tensor it bounds, is missing"},
+      {"gradient_missing", "dataset /grads/d_x is missing, but the file holds other gradients"},
+      {"negative_radius", "dataset /bounds/output_bound: element token=1 h=1 is -1; a radius must be a finite number >= 0"},
+      {"infinite_radius", "dataset /bounds/d_x_bound: element token=0 h=2 is inf; a radius must be"},
+      {"nan_exact", "dataset /bounds/output_exact: element token=0 h=0 is nan where its radius is"},
+      {"format_version_out_of_range", "attribute format_version: is 18446744073709551615, out of range"},
+      {"negative_seed", "attribute seed: is -1, but it is a whole number from 0 to 2^64 - 1"},
+      {"dtype_attribute_with_junk", "dataset /inputs/x attribute dtype: holds bytes after the NUL that ends \"bfloat16\""},
   };
   return texts;
 }
@@ -179,10 +202,65 @@ Golden make_random_golden(const spec::LayerConfig& cfg, uint64_t seed) {
     } else {
       const bool weight = std::string_view(spec.path).starts_with("inputs/w_");
       fill_random(t, rng, weight ? 0.125f : 2.0f);
+      // Radii and bound material are magnitudes (the reader checks them).
+      if (spec.role == Role::kBoundRadius || spec.role == Role::kEndToEndRadius || spec.role == Role::kBoundTerms)
+        for (float& v : std::span(t.data<float>(), static_cast<size_t>(t.numel()))) v = std::fabs(v);
     }
     golden.tensors.emplace(spec.path, std::move(t));
   }
   return golden;
+}
+
+void write_placeholder_golden(const std::string& path, const spec::LayerConfig& cfg, bool bounds) {
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  check(file >= 0, "H5Fcreate " + path);
+  const GoldenMeta meta;
+  set_string_attr(file, "format", kGoldenFormat);
+  const int32_t version = kGoldenVersion;
+  replace_int_attr(file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT32, &version);
+  set_string_attr(file, "generator", "placeholder");
+  set_string_attr(file, "generator_version", "test");
+  const uint64_t seed = 1;
+  replace_int_attr(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &seed);
+  const hid_t config = H5Gcreate2(file, "/config", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  check(config >= 0, "H5Gcreate2 /config");
+  for (const auto& [name, value] : {std::pair{"H", cfg.hidden}, std::pair{"I", cfg.intermediate},
+                                    std::pair{"Is", cfg.shared_intermediate}, std::pair{"E", cfg.num_experts},
+                                    std::pair{"K", cfg.top_k}, std::pair{"R", cfg.num_ranks},
+                                    std::pair{"T", cfg.tokens_per_rank}})
+    replace_int_attr(config, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+  set_string_attr(config, "profile", meta.profile);
+  set_string_attr(config, "mma_model", meta.mma_model);
+  H5Gclose(config);
+  for (const char* group : {"/inputs", "/outputs", "/grads", "/bounds"}) {
+    if (!bounds && std::string(group) == "/bounds") continue;
+    const hid_t g = H5Gcreate2(file, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    check(g >= 0, std::string("H5Gcreate2 ") + group);
+    H5Gclose(g);
+  }
+  for (const TensorSpec& spec : golden_schema()) {
+    const bool wanted = spec.role == Role::kInput || spec.role == Role::kOutput || spec.role == Role::kGrad ||
+                        (bounds && (spec.role == Role::kBoundExact || spec.role == Role::kBoundRadius));
+    if (!wanted || !spec_applies(spec, cfg)) continue;
+    const std::vector<int64_t> shape = spec_shape(spec, cfg);
+    std::vector<hsize_t> dims(shape.begin(), shape.end()), chunk(dims.size());
+    for (size_t a = 0; a < dims.size(); ++a) chunk[a] = std::min<hsize_t>(dims[a], 64);
+    const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    check(dcpl >= 0 && H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()) >= 0 &&
+              H5Pset_deflate(dcpl, 1) >= 0,
+          "chunked layout");
+    const hid_t type = spec.dtype == DType::kBf16  ? H5T_STD_U16LE
+                       : spec.dtype == DType::kI32 ? H5T_STD_I32LE
+                                                   : H5T_IEEE_F32LE;
+    const hid_t dset = H5Dcreate2(file, spec.path, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    check(dset >= 0, std::string("H5Dcreate2 ") + spec.path);
+    set_string_attr(dset, "dtype", spec.dtype == DType::kBf16 ? "bfloat16" : spec.dtype == DType::kI32 ? "int32" : "float32");
+    H5Dclose(dset);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+  }
+  check(H5Fclose(file) >= 0, "H5Fclose " + path);
 }
 
 std::string malformed_expected_text(const std::string& case_name) {
@@ -325,7 +403,53 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
     File f(path);
     check(H5Ldelete(f.get(), "/inputs/d_output", H5P_DEFAULT) >= 0, "H5Ldelete");
     check(H5Ldelete(f.get(), "/grads", H5P_DEFAULT) >= 0, "H5Ldelete");
+    for (const auto& [p, t] : good.tensors)  // the gradients' bounds go too: only the intermediates are left over
+      if (p.rfind("bounds/", 0) == 0 && checked_path_of_bound(p).rfind("grads/", 0) == 0)
+        check(H5Ldelete(f.get(), ("/" + p).c_str(), H5P_DEFAULT) >= 0, "H5Ldelete " + p);
     cases.emplace_back("backward_intermediates_without_d_output", path);
+  }
+  // Bounds of gradients the file lacks (found by audit, 2026-12: the gradients went unchecked,
+  // exit 0): the whole group, or one gradient; and one gradient missing with its bounds.
+  if (good.tensors.count("grads/d_x") && good.tensors.count("bounds/d_x_bound")) {
+    const std::string path = copy_of(good_path, dir, "bounds_without_grads");
+    File f(path);
+    check(H5Ldelete(f.get(), "/grads", H5P_DEFAULT) >= 0, "H5Ldelete");
+    cases.emplace_back("bounds_without_grads", path);
+    const std::string one = copy_of(good_path, dir, "bounds_without_d_x");
+    File g(one);
+    check(H5Ldelete(g.get(), "/grads/d_x", H5P_DEFAULT) >= 0, "H5Ldelete");
+    cases.emplace_back("bounds_without_d_x", one);
+    const std::string both = copy_of(good_path, dir, "gradient_missing");
+    File h(both);
+    for (const char* p : {"/grads/d_x", "/bounds/d_x_exact", "/bounds/d_x_bound", "/bounds/d_x_terms",
+                          "/bounds/d_x_e2e_exact", "/bounds/d_x_e2e_bound"})
+      if (H5Lexists(h.get(), p, H5P_DEFAULT) > 0) check(H5Ldelete(h.get(), p, H5P_DEFAULT) >= 0, std::string("H5Ldelete ") + p);
+    cases.emplace_back("gradient_missing", both);
+  }
+  // Root integers out of range for what they hold (found by audit, 2026-12: HDF5's conversion
+  // clamped them, to 2^63 - 1 and to 0), and a dtype attribute with bytes after its text.
+  {
+    const std::string path = copy_of(good_path, dir, "format_version_out_of_range");
+    File f(path);
+    const uint64_t huge = ~uint64_t{0};
+    replace_int_attr(f.get(), "format_version", H5T_STD_U64LE, H5T_NATIVE_UINT64, &huge);
+    cases.emplace_back("format_version_out_of_range", path);
+  }
+  {
+    const std::string path = copy_of(good_path, dir, "negative_seed");
+    File f(path);
+    const int64_t minus_one = -1;
+    replace_int_attr(f.get(), "seed", H5T_STD_I64LE, H5T_NATIVE_INT64, &minus_one);
+    cases.emplace_back("negative_seed", path);
+  }
+  {
+    const std::string path = copy_of(good_path, dir, "dtype_attribute_with_junk");
+    File f(path);
+    const hid_t dset = H5Dopen2(f.get(), "/inputs/x", H5P_DEFAULT);
+    check(dset >= 0, "H5Dopen2");
+    set_string_attr(dset, "dtype", std::string("bfloat16\0junk", 13), H5T_STR_NULLPAD);
+    H5Dclose(dset);
+    cases.emplace_back("dtype_attribute_with_junk", path);
   }
   if (good.tensors.count("bounds/output_bound")) {
     const std::string path = copy_of(good_path, dir, "half_bound_pair");
@@ -354,6 +478,19 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
     at(g.tensors, "inputs/router_weights").data<float>()[0] =
         std::numeric_limits<float>::quiet_NaN();
   });
+  // Stored bounds that cannot be right (found by audit, 2026-12: the oracle backend dropped them
+  // unchecked, exit 0).
+  if (good.tensors.count("bounds/output_bound") && good.tensors.count("bounds/d_x_bound")) {
+    write_variant("negative_radius", [&cfg](Golden& g) {
+      at(g.tensors, "bounds/output_bound").data<float>()[1 * cfg.hidden + 1] = -1.0f;
+    });
+    write_variant("infinite_radius", [](Golden& g) {
+      at(g.tensors, "bounds/d_x_bound").data<float>()[2] = std::numeric_limits<float>::infinity();
+    });
+    write_variant("nan_exact", [](Golden& g) {
+      at(g.tensors, "bounds/output_exact").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    });
+  }
   write_variant("expert_out_of_range", [&cfg](Golden& g) {
     Tensor& topk = at(g.tensors, "inputs/topk_experts");
     topk.data<int32_t>()[topk.numel() - 1] = static_cast<int32_t>(cfg.num_experts);

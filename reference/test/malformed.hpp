@@ -22,6 +22,12 @@ ref::Golden make_random_golden(const spec::LayerConfig& cfg, uint64_t seed);
 std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const std::string& dir,
                                                                          const ref::Golden& good);
 
+// Writes a golden for cfg whose datasets (inputs, output, gradients and, with `bounds`, their
+// stage-local bounds) are declared but never written: chunked and compressed, they read as zeros
+// (valid routing to expert 0, zero radii) and take almost no disk, whatever the layer's size. For
+// tests of layers too large to load.
+void write_placeholder_golden(const std::string& path, const spec::LayerConfig& cfg, bool bounds);
+
 // A piece of text that the reader's message for this case must contain (a dataset path or
 // the kind of problem).
 std::string malformed_expected_text(const std::string& case_name);

@@ -4,6 +4,7 @@
 #include "mok/reference/emulate.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/oracle.hpp"
+#include "mok/reference/validate.hpp"
 #include "mok/spec/bf16.hpp"
 
 #if defined(MOK_HAVE_CUDA_KERNEL)
@@ -13,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 namespace mok::verify {
@@ -29,6 +31,32 @@ ref::TensorMap inputs_of(const ref::Golden& g) {
   for (const auto& [path, t] : g.tensors)
     if (path.rfind("inputs/", 0) == 0) in[path] = t;
   return in;
+}
+
+// Refuses, before any work, a run whose results cannot fit in the memory left after loading the
+// golden. The estimate is a lower bound (a copy of the inputs and the results the backend
+// returns: its outputs, gradients and intermediates; for the oracle, two fp32 bounds and a
+// rounded value per element too), so a run that would fit is never refused.
+void check_memory(const ref::Golden& golden, Backend backend, const std::string& golden_name) {
+  double need = 0;
+  for (const auto& [path, t] : golden.tensors) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    if (s && s->role == ref::Role::kInput) need += static_cast<double>(t.size_bytes());  // the backend's copy
+    if (!s || (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad && s->role != ref::Role::kIntermediate))
+      continue;
+    const double per_element = static_cast<double>(ref::dtype_size(t.dtype())) + (backend == Backend::kOracle ? 8.0 : 0.0);
+    need += per_element * static_cast<double>(t.numel());
+  }
+  const std::optional<uint64_t> available = ref::available_memory_bytes();
+  if (!available || need <= static_cast<double>(*available)) return;
+  const spec::LayerConfig& c = golden.cfg;
+  throw Error(golden_name + ": the " + backend_name(backend) + " backend needs at least " +
+              ref::format_bytes(static_cast<uint64_t>(need)) + " more memory for this layer (H=" +
+              std::to_string(c.hidden) + " I=" + std::to_string(c.intermediate) + " Is=" +
+              std::to_string(c.shared_intermediate) + " E=" + std::to_string(c.num_experts) + " K=" +
+              std::to_string(c.top_k) + " R=" + std::to_string(c.num_ranks) + " T=" + std::to_string(c.tokens_per_rank) +
+              "), but only " + ref::format_bytes(*available) +
+              " is available after loading the golden; run on a machine with more memory, or use a smaller layer");
 }
 
 }  // namespace
@@ -72,6 +100,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
 
   const bool backward = has_group(golden.tensors, "grads/");
   const bool intermediates = has_group(golden.tensors, "intermediates/");
+  check_memory(golden, backend, options.golden_name);
   const ref::TensorMap inputs = inputs_of(golden);
   Report report;
   // The backend's tensors that the end-to-end oracle covers (the output; every gradient when the
@@ -81,6 +110,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
                                           "grads/d_w_shared_gate", "grads/d_w_shared_up",    "grads/d_w_shared_down"};
   ref::TensorMap kept;
   auto keep = [&](const ref::TensorMap& m) -> const ref::TensorMap& {
+    if (!options.end_to_end) return m;  // copies only where the end-to-end check needs them
     for (const char* p : kEndToEnd)
       if (auto it = m.find(p); it != m.end() && golden.tensors.count(p)) kept[p] = it->second;
     return m;
@@ -106,7 +136,14 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     report = compare_bitwise(keep(ref::emulate(golden.cfg, inputs, eo)));
   } else if (backend == Backend::kOracle) {
     ref::TensorMap reference;
+    const ref::Tensor* topk = &inputs.at("inputs/topk_experts");
     if (intermediates) {
+      // The oracle's bounds do not cover overflow: a non-finite operand is named here, by dataset.
+      ref::check_oracle_operands(
+          golden.cfg, golden.tensors, topk, backward, options.golden_name + ": dataset /",
+          "the oracle bounds the output and gradients from the golden's intermediates, and its bounds need finite "
+          "operands (they do not cover overflow): regenerate the file with mok-golden; where the emulator is not "
+          "finite there either, the inputs overflow bf16-v1: scale them down");
       reference = golden.tensors;
     } else {
       say("the golden has no intermediates: emulating them for the oracle's operands");
@@ -115,6 +152,9 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
       eo.num_threads = options.num_threads;
       eo.sample = options.sample;
       reference = ref::emulate(golden.cfg, inputs, eo);
+      ref::check_oracle_operands(golden.cfg, reference, topk, backward, options.golden_name + ": the emulated ",
+                                 "the inputs overflow bf16-v1 there, and the oracle's bounds do not cover overflow: "
+                                 "scale the inputs down");
     }
     // With the golden's own intermediates as operands, those intermediates are judged too (each
     // stage from the golden's earlier stages); emulated operands are not the golden's, so without
@@ -151,6 +191,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;
     co.golden_name = options.golden_name + " (bounds computed now by the oracle)";
+    co.bounds_computed = true;
     report = compare(judged, keep(candidate), co);
     // compare() names the reference side "golden" and the candidate "got"; here the candidate is
     // the golden, so the worst element's values are swapped back: golden = the file's value, got =
@@ -223,6 +264,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.sample = options.sample;
     co.golden_name = options.golden_name + (stored ? " (end-to-end bounds stored in the golden)"
                                                    : " (end-to-end bounds computed now)");
+    co.bounds_computed = !stored;
     // The oracle backend's candidate is the golden itself: its bitwise columns compare it with the
     // end-to-end value rounded to the tensor's dtype (from its fp32 storage), not with itself.
     if (backend == Backend::kOracle) {

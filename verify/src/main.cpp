@@ -12,10 +12,12 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <optional>
 
 namespace {
@@ -59,6 +61,9 @@ int finish(const mok::verify::Report& report, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A reader that went away (a closed pipe) makes the report's write fail with EPIPE, which
+  // write_report names (exit 2), instead of SIGPIPE ending the process without a word.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
       "mok-verify: check an MoE layer backend against a golden file (HDF5 schema mok-golden v1).\n\n"
       "  mok-verify run FILE [--backend emulate|oracle|cuda|auto]\n"
@@ -277,8 +282,17 @@ int main(int argc, char** argv) {
       ro.progress = progress;
       ro.golden_name = file;
       mok::verify::Report report;
+      // Out of memory while running (past the up-front estimate): the layer is too large here.
+      auto out_of_memory = [&](const std::string& what) {
+        return mok::Error(file + ": out of memory running the " + backend + " backend on this layer (" + what +
+                          "); run on a machine with more memory, or use a smaller layer");
+      };
       try {
         report = mok::verify::run_backend(golden, ro);
+      } catch (const mok::ref::AllocationError& e) {
+        throw out_of_memory(e.what());
+      } catch (const std::bad_alloc&) {
+        throw out_of_memory("an allocation failed");
       } catch (const mok::Error& e) {
         // A problem with the file's content found while running (a missing tensor the backend
         // needs): name the file.

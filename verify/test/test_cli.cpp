@@ -18,7 +18,10 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <csignal>
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -420,7 +423,7 @@ TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
   const fs::path mdir = dir_ / "malformed";
   fs::create_directories(mdir);
   const auto cases = mok::test::write_malformed_goldens(mdir.string(), golden_);
-  ASSERT_GE(cases.size(), 22u);  // every case the reader test knows, K >= 2 here
+  ASSERT_GE(cases.size(), 31u);  // every case the reader test knows, K >= 2 here
   for (const auto& [name, path] : cases) {
     const std::string expected = mok::test::malformed_expected_text(name);
     ASSERT_FALSE(expected.empty()) << name << ": no expected text (find(\"\") would match any message)";
@@ -429,6 +432,126 @@ TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
     EXPECT_NE(r.err.find(expected), std::string::npos) << name << ": " << r.err;
     EXPECT_TRUE(r.out.empty()) << name << " printed a partial report: " << r.out;
   }
+}
+
+// Every file of a case whose bounds cannot judge (bounds of a missing gradient, a negative stored
+// radius) is bad input in every mode (found by audit, 2026-12: the gradients went unchecked, and
+// the oracle backend dropped the stored bounds unread; both exited 0). The writer refuses the first.
+TEST_F(CliTest, BadBoundsAreBadInputInEveryMode) {
+  const fs::path mdir = dir_ / "bad_bounds";
+  fs::create_directories(mdir);
+  int seen = 0;
+  for (const auto& [name, path] : mok::test::write_malformed_goldens(mdir.string(), golden_)) {
+    if (name != "bounds_without_grads" && name != "bounds_without_d_x" && name != "negative_radius") continue;
+    ++seen;
+    const std::string expected = mok::test::malformed_expected_text(name);
+    for (const std::string& args : {"run " + path + " --backend oracle", "run " + path + " --backend emulate --end-to-end",
+                                    "compare " + path + " " + good_ + " --criterion bounds", "compare " + path + " " + good_}) {
+      const CliRun r = run_cli(args);
+      EXPECT_EQ(r.code, 2) << args << ": " << r.out << r.err;
+      EXPECT_NE(r.err.find(path + ": " + expected), std::string::npos) << args << ": " << r.err;
+      EXPECT_EQ(r.out, "") << args;
+    }
+  }
+  EXPECT_EQ(seen, 3);
+  ref::Golden no_grads = golden_;
+  std::erase_if(no_grads.tensors, [](const auto& kv) { return kv.first.rfind("grads/", 0) == 0; });
+  EXPECT_THROW(ref::write_golden((dir_ / "no_grads.h5").string(), no_grads), Error);
+}
+
+// Found by audit (2026-12): a NaN in an intermediate that the oracle takes as an operand of the
+// output or a gradient stopped it with "ExactSum: non-finite term", naming nothing (exit 2 from a
+// generic handler). It names the file, the dataset, the element and the fix.
+TEST_F(CliTest, OracleNamesANonFiniteOperand) {
+  const ref::Tensor& topk = golden_.tensors.at("inputs/topk_experts");
+  int64_t slot = 0;
+  while (topk.data<int32_t>()[slot] < 0) ++slot;
+  for (const char* name : {"act", "y", "dy", "d_gate", "d_up", "dx_slot", "shared_act", "shared_d_gate", "shared_d_up"}) {
+    const std::string tensor = std::string("intermediates/") + name;
+    ref::Golden bad = golden_;
+    ref::Tensor& t = bad.tensors.at(tensor);
+    // A routed slot's column 1, or token 1's for the shared expert ([G, Is]).
+    const int64_t idx = t.shape().size() == 3 ? slot * t.shape()[2] + 1 : t.shape()[1] + 1;
+    t.data<uint16_t>()[idx] = spec::kBf16QuietNanBits;
+    const std::string path = (dir_ / (std::string("nan_") + name + ".h5")).string();
+    ref::write_golden(path, bad);
+    const CliRun r = run_cli("run " + path + " --backend oracle");
+    EXPECT_EQ(r.code, 2) << name << ": " << r.out << r.err;
+    const std::string where = ref::locate(*ref::find_spec(tensor), golden_.cfg, idx, &topk);
+    EXPECT_NE(r.err.find(path + ": dataset /" + tensor + ": element " + where + " is NaN (bf16 bits 0x7fc0)"),
+              std::string::npos)
+        << name << ": " << r.err;
+    EXPECT_NE(r.err.find("regenerate the file with mok-golden"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << name;
+  }
+  // Without intermediates the oracle emulates its operands: inputs that overflow there (x at the
+  // largest bf16, the gate and up weights 1) are named as such.
+  ref::Golden big = golden_;
+  std::erase_if(big.tensors, [](const auto& kv) { return kv.first.rfind("intermediates/", 0) == 0; });
+  for (const char* p : {"inputs/x", "inputs/w_routed_gate", "inputs/w_routed_up"}) {
+    ref::Tensor& t = big.tensors.at(p);
+    std::fill(t.data<uint16_t>(), t.data<uint16_t>() + t.numel(), p == std::string("inputs/x") ? 0x7F7F : 0x3F80);
+  }
+  const std::string path = (dir_ / "overflowing_inputs.h5").string();
+  ref::write_golden(path, big);
+  const CliRun r = run_cli("run " + path + " --backend oracle");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(path + ": the emulated intermediates/"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("scale the inputs down"), std::string::npos) << r.err;
+}
+
+// Found by audit (2026-12): where the oracle's own values overflow fp32 (a router weight at the
+// largest fp32 times an expert output of 2), the message said to regenerate the golden's bounds,
+// which the oracle backend computes itself. It says the layer overflows: scale the inputs down.
+TEST_F(CliTest, OracleOverflowSaysScaleTheInputsDown) {
+  const ref::Tensor& topk = golden_.tensors.at("inputs/topk_experts");
+  int64_t slot = 0;
+  while (topk.data<int32_t>()[slot] < 0) ++slot;
+  ref::Golden bad = golden_;
+  bad.tensors.at("inputs/router_weights").data<float>()[slot] = std::numeric_limits<float>::max();
+  bad.tensors.at("intermediates/y").data<uint16_t>()[slot * golden_.cfg.hidden] = 0x4000;  // 2.0 at h = 0
+  const std::string path = (dir_ / "overflow.h5").string();
+  ref::write_golden(path, bad);
+  const CliRun r = run_cli("run " + path + " --backend oracle");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("outputs/output at token=" + std::to_string(slot / golden_.cfg.top_k) + " h=0: the oracle's value is"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("scale the inputs down"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("Regenerate the golden's bounds"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+// Found by audit (2026-12): a layer too large for the memory here was found only when an
+// allocation failed mid-run, with a message naming no file. Loading is refused up front, naming
+// the file and its largest dataset, and so is a run whose results cannot fit beside the golden.
+// The files declare their datasets without writing them (a few KiB on disk); ulimit -v sets the
+// memory at hand.
+TEST_F(CliTest, ALayerTooLargeForTheMemoryHereIsRefusedByName) {
+  const std::string huge = (dir_ / "huge_layer.h5").string();
+  mok::test::write_placeholder_golden(huge, spec::LayerConfig{4096, 4096, 0, 16, 1, 1, 16}, true);  // 10.5 GiB
+  CliRun r = run_cli("run " + huge + " --backend emulate", "", "ulimit -v 3000000; ");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(huge + ": loading its datasets takes 10.5 GiB of memory (the largest, /grads/d_w_routed_down, "
+                              "1.0 GiB), but only"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("run on a machine with more memory"), std::string::npos) << r.err;
+  // 288 MiB to load and 288 MiB more to emulate. What mok-verify maps itself differs by build (30
+  // MiB on the CPU, more with the CUDA libraries), so the limit rises in 64 MiB steps from 400 MiB
+  // until the load fits: the 288 MiB window after that holds the load but not the run.
+  const std::string mid = (dir_ / "mid_layer.h5").string();
+  mok::test::write_placeholder_golden(mid, spec::LayerConfig{1024, 1024, 0, 16, 1, 1, 16}, false);
+  for (int64_t kib = 400 * 1024; kib <= 4096 * 1024; kib += 64 * 1024) {
+    r = run_cli("run " + mid + " --backend emulate", "", "ulimit -v " + std::to_string(kib) + "; ");
+    if (r.err.find("loading its datasets takes") == std::string::npos) break;
+  }
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(mid + ": the emulate backend needs at least 288 MiB more memory for this layer (H=1024 I=1024"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("run on a machine with more memory, or use a smaller layer"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
 }
 
 // Found by audit (2026-12): a report that could not be written (a full disk, a closed pipe) exited
@@ -440,6 +563,39 @@ TEST_F(CliTest, AReportThatCannotBeWrittenIsBadInput) {
     const CliRun r = run_cli(args, "/dev/full");
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("cannot write the report to standard output"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+// A pipe whose reader has gone (`mok-verify ... | true`): SIGPIPE ended the process silently
+// (exit 141, found by audit, 2026-12). The shell runs the binary with stdout on a pipe whose read
+// end is already closed and with SIGPIPE at its default, as a terminal's shell would.
+TEST_F(CliTest, AReportIntoAClosedPipeIsBadInput) {
+  const std::string err = (scratch().path / "pipe_err.txt").string();
+  fs::create_directories(scratch().path);
+  for (const std::string& args : {"run " + good_ + " --backend emulate", "compare " + good_ + " " + good_ + " --json"}) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    ::close(fds[0]);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::signal(SIGPIPE, SIG_DFL);
+      ::dup2(fds[1], 1);
+      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(e, 2);
+      ::execl("/bin/sh", "sh", "-c", (std::string(MOK_VERIFY_BIN) + " " + args).c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    std::ifstream f(err);
+    std::stringstream text;
+    text << f.rdbuf();
+    ASSERT_TRUE(WIFEXITED(status)) << args << ": ended by signal " << WTERMSIG(status) << "\n" << text.str();
+    EXPECT_EQ(WEXITSTATUS(status), 2) << args << ": " << text.str();
+    EXPECT_NE(text.str().find("cannot write the report to standard output: Broken pipe"), std::string::npos)
+        << args << ": " << text.str();
   }
 }
 

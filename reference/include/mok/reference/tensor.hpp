@@ -1,9 +1,12 @@
 // Tensor: a dense row-major host array with a dtype and shape; TensorMap: tensors by schema path.
 #pragma once
 
+#include "mok/reference/error.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -55,6 +58,26 @@ class Tensor {
   int64_t numel_ = 0;
   std::vector<uint64_t> storage_;  // 8-byte aligned backing store
 };
+
+// Thrown by the Tensor constructor when its storage cannot be allocated (bad input: the layer is
+// too large for this machine). Callers that know which file or dataset was being made catch it
+// to say so.
+class AllocationError : public Error {
+ public:
+  AllocationError(std::string what, size_t bytes) : Error(std::move(what)), bytes_(bytes) {}
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_;
+};
+
+// Bytes this process can still allocate, as far as the system tells: the smallest of the
+// address-space and data limits (ulimit -v, -d) less what is mapped, the cgroup's memory limit
+// less its use, and the available memory plus free swap. nullopt when none can be read.
+std::optional<uint64_t> available_memory_bytes();
+
+// A byte count for messages: "1.5 GiB", "320 MiB", "12 KiB", "100 bytes".
+std::string format_bytes(uint64_t bytes);
 
 // Keys are schema paths such as "inputs/x", "grads/d_w_routed_gate", "bounds/output_exact".
 using TensorMap = std::map<std::string, Tensor>;

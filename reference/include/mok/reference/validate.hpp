@@ -25,6 +25,14 @@ void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool
 // `origin` and the dataset.
 void validate_shapes(const spec::LayerConfig& cfg, const TensorMap& tensors, const std::string& origin);
 
+// The intermediates the oracle takes as operands of the output and the gradients (y and
+// shared_act; with `backward` also act, dy, d_gate, d_up, dx_slot, shared_d_gate, shared_d_up),
+// those `reference` holds, are finite: the oracle's bounds do not cover overflow. Throws
+// mok::Error "<prefix>intermediates/act: element token=1 slot=1 expert=0 i=1 is NaN (bf16 bits
+// 0x7fc0); <fix>" at the first that is not.
+void check_oracle_operands(const spec::LayerConfig& cfg, const TensorMap& reference, const Tensor* topk_experts,
+                           bool backward, const std::string& prefix, const std::string& fix);
+
 struct Sample;
 // A sample the backends can use: prepared for this config (Sample::prepare or make_sample), its
 // columns in range, and at least one token (an empty sample would check nothing). Throws

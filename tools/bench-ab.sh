@@ -14,7 +14,8 @@
 # utilisation of at least 50%: the passes, not the process's host set-up); at the end, per
 # label, the median over rounds of each figure. Every run's full output goes to DIR (default: a
 # new directory under /tmp), one file per run. Exit 0 when every run succeeded, 1 when one failed
-# (its file says why), 2 on bad usage. Interrupted (SIGINT, or the SIGTERM of a `timeout` around it),
+# (its file says why), 2 on bad usage (also a DIR it cannot write in, or a run whose fused figure
+# is not a number: the command is not a mok-bench). Interrupted (SIGINT, or the SIGTERM of a `timeout` around it),
 # it stops the clock sampler, prints the medians and comparisons over the runs that finished (the
 # run under way when the signal came is not counted) and exits 130 / 143.
 #
@@ -32,8 +33,10 @@
 # Two builds on two shapes, paired:
 #   tools/bench-ab.sh -p q-old "old/mok-bench $QARGS" q-new "new/mok-bench $QARGS" d-old "..." d-new "..."
 set -u
-usage() {  # --help: this file's opening comment, exit 0
-  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+usage() {  # --help: this file's opening comment, exit 0 (2 when it cannot be written)
+  local text
+  text=$(awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0")
+  printf '%s\n' "$text" 2> /dev/null || { echo "bench-ab.sh: cannot write the help to standard output" >&2; exit 2; }
   exit 0
 }
 rounds=3
@@ -74,11 +77,13 @@ while [[ $# -gt 0 ]]; do
   shift 2
 done
 [[ -n $dir ]] || dir=$(mktemp -d /tmp/bench-ab.XXXXXX)
-mkdir -p "$dir" || { echo "bench-ab.sh: cannot create '$dir'" >&2; exit 2; }
+mkdir -p "$dir" 2> /dev/null || { echo "bench-ab.sh: cannot create '$dir'; give -o a directory you can write to" >&2; exit 2; }
 have_smi=0
 command -v nvidia-smi > /dev/null 2>&1 && have_smi=1
 summary=$dir/summary.tsv
-printf 'round\tlabel\tfwd_ms\tbwd_ms\tsm_mhz\tpower_w\tmax_temp_c\n' > "$summary"
+# Written before any run: a folder that exists but takes no files (-o /proc) is found here.
+{ printf 'round\tlabel\tfwd_ms\tbwd_ms\tsm_mhz\tpower_w\tmax_temp_c\n' > "$summary"; } 2> /dev/null ||
+  { echo "bench-ab.sh: cannot write '$summary'; give -o a directory you can write to" >&2; exit 2; }
 status=0
 smi_pid=""
 [[ ${#labels[@]} == 2 ]] && pairs=1
@@ -174,7 +179,13 @@ for ((r = 1; r <= rounds; ++r)); do
     fi
     if [[ $rc -ne 0 || -z $fwd ]]; then
       echo "round $r $label: FAILED (exit $rc; no 'fused forward' line?): see $out"
-      status=1
+      [[ $status == 2 ]] || status=1
+      continue
+    fi
+    number='^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$'
+    if ! [[ $fwd =~ $number ]] || ! [[ -z $bwd || $bwd =~ $number ]]; then
+      echo "round $r $label: FAILED: its fused figures ('$fwd', '${bwd:--}') are not times in ms; is the command a mok-bench? see $out"
+      status=2
       continue
     fi
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$label" "$fwd" "${bwd:--}" "$clk" "$pwr" "$tmp" >> "$summary"

@@ -14,3 +14,16 @@ expect_exit() {
     echo "$(basename "$prog") $*: output lacks '$pattern'"; echo "$out" | head -5; expect_failed=1
   fi
 }
+# expect_unwritable PROGRAM ARGS...: with standard output on /dev/full (a full disk), PROGRAM ARGS
+# must exit 2 saying it cannot write (skipped where there is no /dev/full).
+expect_unwritable() {
+  [[ -w /dev/full ]] || return 0
+  local prog=$1
+  shift
+  local out code
+  out=$("$prog" "$@" 2>&1 > /dev/full)
+  code=$?
+  if [[ $code != 2 || $out != *"cannot write"* ]]; then
+    echo "$(basename "$prog") $* > /dev/full: exit $code, expected 2 and a message"; echo "$out" | head -5; expect_failed=1
+  fi
+}

@@ -11,12 +11,17 @@ matrix peak measured in the same run (an 8192^3 torch.matmul).
     python3 tools/moe_torch_baseline.py --case dsv3 --routing uniform
     python3 tools/moe_torch_baseline.py --H 2048 --I 768 --Is 0 --E 128 --K 8 --T 16384 --json
 
-Exit codes: 0 ran, 2 bad arguments, 3 no CUDA GPU / no torch._grouped_mm.
+Exit codes: 0 ran, 1 PyTorch failed while running (out of GPU memory, a CUDA error; the message
+says which), 2 bad arguments (checked before torch is imported) or output that cannot be written,
+3 no torch, no CUDA GPU or no torch._grouped_mm.
 """
 import argparse
 import json
 import statistics
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree for the module below
+import checked_stdout  # noqa: E402
 
 CASES = {  # H, I, Is, E (local experts on this GPU), K, T (tokens)
     "dsv3": (7168, 2048, 2048, 32, 8, 8192),
@@ -26,23 +31,37 @@ CASES = {  # H, I, Is, E (local experts on this GPU), K, T (tokens)
 }
 
 
+# Per size option: (lowest, highest, what it is), as mok-bench's layers allow (LayerConfig::validate;
+# T here is the whole layer's tokens, R * T there, so its routed slots T * K must fit in int32).
+SIZES = {"H": (1, 1 << 24, "hidden size"), "I": (1, 1 << 24, "routed experts' intermediate size"),
+         "Is": (0, 1 << 24, "shared expert's intermediate size (0: none)"), "E": (1, 1 << 20, "experts"),
+         "K": (1, 64, "experts per token (top-k), at most E"), "T": (1, (1 << 31) - 1, "tokens")}
+
+
 def parse():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--case", choices=sorted(CASES), help="preset shape (overridden by explicit sizes)")
-    for name in ("H", "I", "Is", "E", "K", "T"):
-        p.add_argument(f"--{name}", type=int)
-    p.add_argument("--routing", default="uniform", help="uniform or zipf:S")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--no-backward", action="store_true")
+    p.add_argument("--case", choices=sorted(CASES), help="preset shape (overridden by explicit sizes; default dsv3-mini)")
+    for name, (lo, hi, what) in SIZES.items():
+        p.add_argument(f"--{name}", type=int, help=f"{what}, {lo} to {hi} (default: the case's)")
+    p.add_argument("--routing", default="uniform", help="uniform or zipf:S with S in (0, 8] (default uniform)")
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions, 1 to 1000000; the median is reported "
+                   "(default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first, 0 to 1000000 (default 3)")
+    p.add_argument("--seed", type=int, default=1, help="random seed of the inputs, 0 to 2^64 - 1 (default 1)")
+    p.add_argument("--no-backward", action="store_true", help="time forwards only")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     a = p.parse_args()
     H, I, Is, E, K, T = CASES[a.case or "dsv3-mini"]
     a.H, a.I, a.Is, a.E, a.K, a.T = (getattr(a, n) if getattr(a, n) is not None else v
                                      for n, v in zip(("H", "I", "Is", "E", "K", "T"), (H, I, Is, E, K, T)))
-    if a.K > a.E or min(a.H, a.I, a.E, a.K, a.T) <= 0 or a.Is < 0:
-        p.error("need 0 < K <= E and positive H, I, T")
+    for name, (lo, hi, what) in SIZES.items():
+        if not lo <= getattr(a, name) <= hi:
+            p.error(f"--{name} must be from {lo} to {hi} (got {getattr(a, name)})")
+    if a.K > a.E:
+        p.error(f"--K must be at most --E (got K = {a.K}, E = {a.E})")
+    if a.T * a.K > (1 << 31) - 1:
+        p.error(f"--T times --K (routed slots) must fit in int32 (got {a.T} * {a.K}); lower --T")
+
     def zipf_exponent(text):
         try:
             return float(text)
@@ -50,8 +69,12 @@ def parse():
             return float("nan")
     if not (a.routing == "uniform" or (a.routing.startswith("zipf:") and 0 < zipf_exponent(a.routing[5:]) <= 8)):
         p.error(f"--routing must be uniform or zipf:S with S in (0, 8], e.g. zipf:1.2 (got {a.routing!r})")
-    if a.reps < 1 or a.warmup < 0:
-        p.error(f"--reps must be at least 1 and --warmup at least 0 (got {a.reps} and {a.warmup})")
+    if not 1 <= a.reps <= 1000000:
+        p.error(f"--reps must be at least 1 and at most 1000000 (got {a.reps})")
+    if not 0 <= a.warmup <= 1000000:
+        p.error(f"--warmup must be from 0 to 1000000 (got {a.warmup})")
+    if not 0 <= a.seed < 1 << 64:
+        p.error(f"--seed must be from 0 to 2^64 - 1 (got {a.seed})")
     return a
 
 
@@ -66,6 +89,19 @@ def main():
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
         print("moe_torch_baseline: needs a CUDA GPU and torch._grouped_mm", file=sys.stderr)
         return 3
+    try:
+        return run_layer(a, torch, F)
+    except torch.cuda.OutOfMemoryError as e:
+        print(f"moe_torch_baseline: out of GPU memory ({str(e).splitlines()[0]}); lower --T, --H, --I or --E",
+              file=sys.stderr)
+    except Exception as e:  # a CUDA error, or a torch without what this script uses
+        print(f"moe_torch_baseline: PyTorch failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr)
+    return 1
+
+
+def run_layer(a, torch, F):
+    """Builds the layer's inputs, times the variants and prints the report; returns 0."""
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(a.seed)
     bf = torch.bfloat16
@@ -210,4 +246,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    checked_stdout.run("moe_torch_baseline", main)

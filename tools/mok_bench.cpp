@@ -3,6 +3,7 @@
 // (tools/moe_torch_baseline.py, started by this program with the same shape), with the bf16
 // matrix peak and copy bandwidth measured in the same run (device events, warm-up, median of N),
 // and the bytes a pass must move at least.
+#include "mok/kernel/block_counts.hpp"
 #include "mok/kernel/layer.hpp"
 #include "mok/kernel/nccl.hpp"
 #include "mok/reference/error.hpp"
@@ -21,14 +22,22 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <new>
 #include <string>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 namespace {
+
+// The program's name in its help and messages: this file also builds mok-bench-atomics.
+#if defined(MOK_ATOMICS_VARIANT)
+constexpr const char* kProgram = "mok-bench-atomics";
+#else
+constexpr const char* kProgram = "mok-bench";
+#endif
 
 #define CK(x)                                                                       \
   do {                                                                              \
@@ -139,6 +148,34 @@ void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per
   }
 }
 
+// Standard output after the report: one that could not be written (a full disk, a closed pipe)
+// is an error, not a result.
+bool stdout_written() { return std::fflush(stdout) == 0 && !std::ferror(stdout); }
+
+// Empty when `path` is a regular file (executable too, when asked), else why not.
+std::string file_problem(const std::string& path, bool executable) {
+  struct stat st {};
+  if (path.empty()) return "is empty";
+  if (stat(path.c_str(), &st) != 0) return "no such file";
+  if (!S_ISREG(st.st_mode)) return S_ISDIR(st.st_mode) ? "is a directory, not a file" : "is not a regular file";
+  if (executable && access(path.c_str(), X_OK) != 0) return "is not executable";
+  return {};
+}
+
+// An interpreter named without a slash is looked up on PATH, as the shell that runs it does.
+std::string program_problem(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos) return file_problem(name, true);
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t at = 0; at <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', at), dirs.size());
+    const std::string dir = end > at ? dirs.substr(at, end - at) : ".";
+    if (file_problem(dir + "/" + name, true).empty()) return {};
+    at = end + 1;
+  }
+  return "not found on PATH";
+}
+
 void* zeros(size_t bytes) {
   void* d = nullptr;
   CK(cudaMalloc(&d, std::max<size_t>(bytes, 4)));
@@ -149,29 +186,39 @@ void* zeros(size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"mok-bench: time the fused MoE kernel (forward, backward) against the unfused cuBLAS pipeline, with the\n"
+  std::string preset_names;
+  for (const mok::ref::Preset& p : mok::ref::presets()) preset_names += (preset_names.empty() ? "" : ", ") + std::string(p.name);
+  const std::string prog = kProgram;
+  CLI::App app{prog + ": time the fused MoE kernel (forward, backward) against the unfused cuBLAS pipeline, with the\n"
                "bf16 matrix peak (an 8192^3 cublasGemmEx) and the copy bandwidth measured in the same run;\n"
                "CUDA events, median of --reps after --warmup. Exit 3 without a GPU.\n\n"
+#if defined(MOK_ATOMICS_VARIANT)
+               "This build's kernel does the combine, d_x and weight gradients by fp32 atomics (a benchmark\n"
+               "build, not the product); otherwise it is mok-bench.\n\n"
+#endif
                "--transport virtual (default): the R ranks share one GPU in one launch. --transport nccl: one rank\n"
                "per GPU through NCCL symmetric memory, on the first R GPUs of this process (one thread each), or\n"
-               "one process per GPU when started by mok-launch (mok-launch -n R -- mok-bench --transport nccl ...);\n"
+               "one process per GPU when started by mok-launch (mok-launch -n R -- " + prog + " --transport nccl ...);\n"
                "each rank times its passes with CUDA events from a common start, and a case's time is the median\n"
                "over reps of the slowest rank's time; % of peak is against R times the one GPU's measured peak.\n"
                "The baselines (cuBLAS unfused, PyTorch) run the whole layer on one GPU: they run with the virtual\n"
                "transport, and with nccl only at R=1 (skipped, and said so, at R>1). Asking for nccl in a build\n"
                "without NCCL exits 3; with more ranks than visible GPUs, 2; both name the fix.\n\n"
                "Examples:\n"
-               "  mok-bench --case dsv3 --reps 10                  the dsv3 layer against both baselines\n"
-               "  mok-bench --case qwen3 --R 8 --passes forward    8 virtual ranks, forwards only\n"
-               "  mok-bench --case dsv3 --R 8 --show-config        the layer a run would time (no GPU needed)\n"
-               "  mok-bench --file fixtures/small-zipf.h5 --no-baseline --trace\n\n"
-               "Exit codes: 0 measured, 1 a run failed, 2 bad usage (checked before the GPU), 3 no GPU or\n"
-               "NCCL here.", "mok-bench"};
+               "  " + prog + " --case dsv3 --reps 10                  the dsv3 layer against both baselines\n"
+               "  " + prog + " --case qwen3 --R 8 --passes forward    8 virtual ranks, forwards only\n"
+               "  " + prog + " --case dsv3 --R 8 --show-config        the layer a run would time (no GPU needed)\n"
+               "  " + prog + " --file fixtures/small-zipf.h5 --no-baseline --trace\n\n"
+               "Exit codes: 0 measured, 1 a run failed, 2 bad usage (checked before the GPU) or output that\n"
+               "cannot be written, 3 no GPU or NCCL here.", prog};
   std::string preset = "dsv3-mini", file, routing = "uniform", transport = "virtual";
   int reps = 20, warmup = 3, comm = 0, blocks = 0;
   int64_t R = 0, T = 0, H = 0, I = 0, Is = -1, E = 0, K = 0;
-  auto* preset_opt =
-      app.add_option("--preset,-p", preset, "configuration preset (ignored with --file)")->capture_default_str();
+  std::vector<std::string> preset_list;
+  for (const mok::ref::Preset& p : mok::ref::presets()) preset_list.emplace_back(p.name);
+  auto* preset_opt = app.add_option("--preset,-p", preset, "configuration preset: " + preset_names + " (ignored with --file)")
+                         ->check(CLI::IsMember(preset_list))
+                         ->capture_default_str();
   auto* file_opt = app.add_option("--file,-f", file, "take config and inputs from a golden file instead");
   std::string bench_case;
   bool show_config = false;
@@ -237,8 +284,8 @@ int main(int argc, char** argv) {
                  "PyTorch baseline script run in the same call with the same shape; auto: $MOK_TORCH_BASELINE, "
                  "else ./tools/moe_torch_baseline.py, else the source tree's (\"\": skip it)")
       ->capture_default_str();
-  app.add_option("--python", python, "interpreter for --torch (needs torch with torch._grouped_mm)")
-      ->capture_default_str();
+  auto* python_opt = app.add_option("--python", python, "interpreter for --torch (needs torch with torch._grouped_mm)")
+                         ->capture_default_str();
   app.add_flag("--no-tma", no_tma, "fill every tile with threads (sm_90a)");
   std::string gather = "bulk";
   int fwd_comm = 0;
@@ -316,9 +363,12 @@ int main(int argc, char** argv) {
   const bool nccl = transport == "nccl";
   // Transport requests this build or machine cannot honour are usage errors, named with their fix.
   auto usage_error = [](const std::string& msg) {
-    std::fprintf(stderr, "mok-bench: %s\n", msg.c_str());
+    std::fprintf(stderr, "%s: %s\n", kProgram, msg.c_str());
     return mok::cli::kExitBadInput;
   };
+  if (app.get_option("--file")->count() > 0 && file.empty())
+    return usage_error("--file is empty; give a golden file (mok-golden makes them), or leave --file out to generate "
+                       "the inputs");
   if (nccl && timing == "queued")
     return usage_error("--timing queued times the virtual transport only (the NCCL driver times each rank from a "
                        "common start, with barriers); drop --timing or use --transport virtual");
@@ -375,31 +425,57 @@ int main(int argc, char** argv) {
     // A golden of another numerics profile or MMA model is "not supported here" (3), as in
     // mok-verify; anything else wrong with the file or the options is usage (2).
     if (e.kind() == mok::ErrorKind::kUnsupported) {
-      std::fprintf(stderr, "mok-bench: %s\n", e.what());
+      std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
       return 3;
     }
     return usage_error(e.what());
   }
+  // The block counts the kernel would refuse on the GPU (kernel/src/layer.cu), from the options.
+  // With --blocks-per-rank 0 the count comes from the GPU, so only the run can check it.
+  if (blocks > 0) {
+    using mok::kernel::BlockCountProblem;
+    const std::string given = "--blocks-per-rank " + std::to_string(blocks);
+    switch (mok::kernel::check_block_counts(blocks, comm, fwd_comm)) {
+      case BlockCountProblem::kNone: break;
+      case BlockCountProblem::kTooFewBlocks:
+        return usage_error(given + ": each rank needs at least 2 blocks (1 communication + 1 compute); give 2 or "
+                           "more, or 0 to fill the GPU");
+      case BlockCountProblem::kCommNotBelowBlocks:
+        return usage_error("--comm-sms " + std::to_string(comm) + " with " + given +
+                           ": the communication blocks must be fewer than the blocks per rank; give --comm-sms 1 to " +
+                           std::to_string(blocks - 1) + " (0: blocks per rank - 1) or raise --blocks-per-rank");
+      case BlockCountProblem::kForwardCommNotBelowBlocks:
+        return usage_error("--fwd-comm-sms " + std::to_string(fwd_comm) + " with " + given +
+                           ": the forward's communication blocks must be fewer than the blocks per rank; give "
+                           "--fwd-comm-sms 1 to " + std::to_string(blocks - 1) + " (0: derived) or raise "
+                           "--blocks-per-rank");
+    }
+  }
   {
     const mok::spec::LayerConfig& c = cfg_opts;
     char line[256];
-    std::snprintf(line, sizeof line, "H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld (G=%lld tokens)",
+    std::snprintf(line, sizeof line, "H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld",
                   (long long)c.hidden, (long long)c.intermediate, (long long)c.shared_intermediate,
-                  (long long)c.num_experts, (long long)c.top_k, (long long)c.num_ranks, (long long)c.tokens_per_rank,
-                  (long long)c.num_tokens());
-    const mok::spec::Status st = c.validate();
+                  (long long)c.num_experts, (long long)c.top_k, (long long)c.num_ranks, (long long)c.tokens_per_rank);
+    const mok::spec::Status st = c.validate();  // bounds R and T, so R * T below cannot overflow
     if (!st.ok)
       return usage_error(std::string("the options describe ") + line + ", which is not a valid layer: " + st.message);
     if (show_config) {
-      std::printf("%s\n", line);
+      std::printf("%s (G=%lld tokens)\n", line, (long long)c.num_tokens());
+      if (!stdout_written()) return usage_error("cannot write to standard output; check where it goes");
       return 0;
     }
   }
-  if (!torch_script.empty() && torch_script != "auto" && !std::filesystem::is_regular_file(torch_script))
-    return usage_error("--torch " + torch_script + ": no such file; give the PyTorch baseline script "
-                       "(tools/moe_torch_baseline.py) or \"\" to skip it");
+  // Whether the PyTorch baseline would run (as decided after the fused passes), so that its script
+  // and interpreter are checked before the GPU.
+  const bool torch_runs = !torch_script.empty() && !no_baseline && file.empty() && (!nccl || cfg_opts.num_ranks == 1) &&
+                          torch_routing(routing);
+  if (torch_runs && torch_script != "auto")
+    if (const std::string why = file_problem(torch_script, false); !why.empty())
+      return usage_error("--torch " + torch_script + ": " + why + "; give the PyTorch baseline script "
+                         "(tools/moe_torch_baseline.py) or \"\" to skip it");
   if (std::string why; nccl && !mok::kernel::nccl_available(&why)) {  // environment missing: 3, as mok-verify
-    std::fprintf(stderr, "mok-bench: --transport nccl: %s; or use --transport virtual (all ranks on one GPU)\n",
+    std::fprintf(stderr, "%s: --transport nccl: %s; or use --transport virtual (all ranks on one GPU)\n", kProgram,
                  why.c_str());
     return 3;
   }
@@ -408,19 +484,26 @@ int main(int argc, char** argv) {
   const int my_rank = per_process ? std::atoi(std::getenv("MOK_RANK")) : 0;
   if (torch_script == "auto") {
     const char* env = std::getenv("MOK_TORCH_BASELINE");
-    if (env && *env)
+    if (env && *env) {
       torch_script = env;
-    else if (FILE* f = std::fopen("tools/moe_torch_baseline.py", "r")) {
+      if (const std::string why = file_problem(torch_script, false); torch_runs && !why.empty())
+        return usage_error("MOK_TORCH_BASELINE=" + torch_script + ": " + why + "; point it at " +
+                           "tools/moe_torch_baseline.py, unset it, or give --torch \"\" to skip the PyTorch baseline");
+    } else if (FILE* f = std::fopen("tools/moe_torch_baseline.py", "r")) {
       std::fclose(f);
       torch_script = "tools/moe_torch_baseline.py";
     } else {
       torch_script = MOK_TORCH_BASELINE;
     }
   }
+  // The default interpreter is left to the run (a machine without it gets a note, as before).
+  if (const std::string why = program_problem(python); torch_runs && python_opt->count() > 0 && !why.empty())
+    return usage_error("--python '" + python + "': " + why + "; give an interpreter with PyTorch, or --torch \"\" to skip "
+                       "the PyTorch baseline");
   try {
     std::string why;
     if (!mok::kernel::gpu_available(&why)) {
-      std::fprintf(stderr, "mok-bench: %s\n", why.c_str());
+      std::fprintf(stderr, "%s: %s\n", kProgram, why.c_str());
       return 3;
     }
     // With nccl, R ranks need R GPUs: one per thread here, or one per mok-launch process.
@@ -821,19 +904,20 @@ int main(int argc, char** argv) {
     if (torch_f > 0)
       std::printf("# fused / PyTorch speed: forward %.2fx, forward+backward %s\n", torch_f / f_ms,
                   figure(backward && torch_fb > 0 && b_ms > 0, "%.2fx", torch_fb / (f_ms + b_ms)).c_str());
+    if (!stdout_written()) return usage_error("cannot write the report to standard output; check where it goes");
     return 0;
   } catch (const mok::Error& e) {
-    std::fprintf(stderr, "mok-bench: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
     // What this machine lacks (too few GPUs, no NVLink team or symmetric memory for NCCL) is an
     // environment problem, 3 as in mok-verify; a CUDA or kernel failure while running is 1; the
     // rest is bad input, 2.
     return e.kind() == mok::ErrorKind::kUnsupported ? 3 : e.kind() == mok::ErrorKind::kInternal ? 1 : 2;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "mok-bench: out of host memory while running (the layer's inputs and baselines live in "
-                         "host memory too); use a smaller --T or --case\n");
+    std::fprintf(stderr, "%s: out of host memory while running (the layer's inputs and baselines live in "
+                         "host memory too); use a smaller --T or --case\n", kProgram);
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mok-bench: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
     return 1;
   }
 }

@@ -1089,11 +1089,14 @@ int main(int argc, char** argv) {
   int reps = 10, warmup = 3;
   double stagger_us = 0;
   std::string modes = "fwd1,fwd2,bwd1,wgrad", epi = "store", fwd1_stores = "all";
-  app.add_option("--M", M, "rows of the routed GEMMs (tokens x top-k of a rank's experts)")->check(CLI::Range(128, 1 << 22));
-  app.add_option("--H", H, "hidden size (a multiple of 256)")->check(CLI::Range(256, 1 << 16));
-  app.add_option("--I", I, "expert intermediate size (a multiple of 128)")->check(CLI::Range(128, 1 << 16));
+  app.add_option("--M", M, "rows of the routed GEMMs (tokens x top-k of a rank's experts)")
+      ->check(CLI::Range(128, 1 << 22))
+      ->capture_default_str();
+  app.add_option("--H", H, "hidden size (a multiple of 256)")->check(CLI::Range(256, 1 << 16))->capture_default_str();
+  app.add_option("--I", I, "expert intermediate size (a multiple of 128)")->check(CLI::Range(128, 1 << 16))->capture_default_str();
   app.add_option("--wgrad-rows", wrows, "rows summed by a weight-gradient GEMM (one expert's rows)")
-      ->check(CLI::Range(64, 1 << 22));
+      ->check(CLI::Range(64, 1 << 22))
+      ->capture_default_str();
   app.add_option("--modes", modes, "comma-separated subset of fwd1,fwd2,bwd1,wgrad")->capture_default_str();
   app.add_option("--epilogue", epi,
                  "store (what the layer writes), none (main loop only), or layer (bwd1 only: also reads the forward's "
@@ -1113,8 +1116,8 @@ int main(int argc, char** argv) {
                  "Tests whether the epilogues of blocks running in step are bound by DRAM writes")
       ->check(mok::cli::finite_range(0.0, 1000.0, "a number of microseconds from 0 to 1000"))
       ->capture_default_str();
-  app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000));
-  app.add_option("--warmup", warmup, "untimed repetitions first")->check(CLI::Range(0, 100));
+  app.add_option("--reps", reps, "timed repetitions (median reported)")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed repetitions first")->check(CLI::Range(0, 100))->capture_default_str();
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   {
     // Every name of --modes must be one of the four, each once; an empty list measures nothing.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <sys/types.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -24,6 +25,21 @@ namespace {
 volatile sig_atomic_t g_signal = 0;
 extern "C" void note_signal(int sig) { g_signal = sig; }
 
+// Each rank runs in its own process group (its id is the rank's pid), so that a signal reaches
+// the processes a rank started too.
+void signal_ranks(const std::vector<pid_t>& pids, int sig) {
+  for (pid_t p : pids) kill(-p, sig);
+}
+
+// Why an entry of CUDA_VISIBLE_DEVICES names no GPU, or empty: a GPU index (digits) or a UUID
+// (GPU-..., MIG-...). CUDA reads an invalid entry, such as -1, as the end of the list.
+std::string visible_entry_problem(const std::string& e) {
+  if (e.empty()) return "an empty entry";
+  if (e.find_first_not_of("0123456789") == std::string::npos) return {};
+  if (e.rfind("GPU-", 0) == 0 || e.rfind("MIG-", 0) == 0) return {};
+  return "'" + e + "', which is not a GPU index or UUID";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -34,7 +50,9 @@ int main(int argc, char** argv) {
       "NVLink multicast stays off (NCCL_NVLS_ENABLE=0). The launcher waits for all, stops the rest when\n"
       "one fails, and exits with the first failure's code (0 when all succeed).\n\n"
       "  mok-launch -n 8 -- build/verify/mok-verify run fixtures/dsv3-micro-zipf.h5 --backend cuda --transport nccl\n\n"
-      "SIGINT, SIGTERM and SIGHUP to the launcher are passed on to every rank; it then waits for them.\n"
+      "Each rank runs in its own process group: a signal to a rank reaches the processes it started.\n"
+      "SIGINT, SIGTERM and SIGHUP to the launcher are passed on to every rank; when a rank fails, the others\n"
+      "get SIGTERM. Ranks still running --kill-after seconds after either get SIGKILL.\n"
       "Exit codes: 0 all ranks succeeded; the first failing rank's code (128 + signal when a signal\n"
       "ended it); 124 timeout; 127 the program could not be started; 2 bad usage; 3 NCCL not usable.",
       "mok-launch"};
@@ -44,7 +62,27 @@ int main(int argc, char** argv) {
   app.add_option("-n,--np", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 72));
   app.add_option("--timeout", timeout_s, "seconds before every process is stopped (0 = none)")
       ->check(CLI::Range(0.0, 1e7));
+  double kill_after_s = 10;
+  app.add_option("--kill-after", kill_after_s,
+                 "seconds the ranks get to end after a SIGTERM (a rank failed) or a passed-on signal before SIGKILL")
+      ->check(mok::cli::finite_range(0.0, 1e6, "a number of seconds from 0 to 1e6"))
+      ->capture_default_str();
   app.add_option("command", command, "program and its arguments (after --)")->required();
+  // An unknown option before "--" would be reported with the command ("-- --bogus"): name it alone.
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
+    const std::string a = argv[i];
+    if (a == "-n" || a == "--np" || a == "--timeout" || a == "--kill-after") {
+      ++i;  // its value
+      continue;
+    }
+    const bool known = a == "-h" || a == "--help" || a.rfind("--np=", 0) == 0 || a.rfind("--timeout=", 0) == 0 ||
+                       a.rfind("--kill-after=", 0) == 0 || (a.rfind("-n", 0) == 0 && a.size() > 2);
+    if (a.size() > 1 && a[0] == '-' && !known) {
+      std::fprintf(stderr, "The following argument was not expected: %s\nRun with --help for more information.\n",
+                   a.c_str());
+      return 2;
+    }
+  }
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   if (!std::isfinite(timeout_s)) {  // CLI::Range lets NaN through
     std::fprintf(stderr, "--timeout: must be a number of seconds from 0 (none) to 1e7\nRun with --help for more information.\n");
@@ -55,14 +93,24 @@ int main(int argc, char** argv) {
   std::vector<std::string> gpus;
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   if (visible) {
-    std::string s = visible, cur;
-    for (char ch : s + ",") {
-      if (ch == ',') {
-        if (!cur.empty()) gpus.push_back(cur);
-        cur.clear();
-      } else {
+    const std::string s = visible;
+    std::string cur;
+    for (char ch : s.empty() ? s : s + ",") {  // set but empty: no GPU
+      if (ch != ',') {
         cur += ch;
+        continue;
       }
+      std::string why = visible_entry_problem(cur);
+      if (why.empty() && std::find(gpus.begin(), gpus.end(), cur) != gpus.end()) why = "'" + cur + "' twice";
+      if (!why.empty()) {
+        std::fprintf(stderr,
+                     "mok-launch: CUDA_VISIBLE_DEVICES='%s' has %s; list each GPU once, by index or UUID, separated "
+                     "by commas (or unset it to use GPUs 0..%d)\n",
+                     visible, why.c_str(), n - 1);
+        return 2;
+      }
+      gpus.push_back(cur);
+      cur.clear();
     }
     if (static_cast<int>(gpus.size()) < n) {
       std::fprintf(stderr,
@@ -100,10 +148,11 @@ int main(int argc, char** argv) {
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("mok-launch: fork");
-      for (pid_t p : pids) kill(p, SIGTERM);
+      signal_ranks(pids, SIGTERM);
       return 2;
     }
     if (pid == 0) {
+      setpgid(0, 0);
       for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_actions[i], nullptr);  // as the launcher found them
       setenv("MOK_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -117,27 +166,33 @@ int main(int argc, char** argv) {
       std::perror(("mok-launch: cannot run " + command[0]).c_str());
       _exit(127);
     }
+    setpgid(pid, pid);  // here too, so that the group exists before the launcher signals it
     pids.push_back(pid);
   }
   const std::vector<pid_t> rank_pids = pids;  // rank r's pid at r (pids loses the reaped ones)
   int first_failure = 0, remaining = n;
   const auto start = std::chrono::steady_clock::now();
-  bool passed_on = false, killed = false;
-  std::chrono::steady_clock::time_point passed_on_at;
+  bool passed_on = false, stopping = false, killed = false;
+  std::chrono::steady_clock::time_point stop_sent_at;  // the first signal to stop the ranks
+  auto start_stopping = [&] {
+    if (!stopping) stop_sent_at = std::chrono::steady_clock::now();
+    stopping = true;
+  };
   while (remaining > 0) {
     if (g_signal != 0 && !passed_on) {
       std::fprintf(stderr, "mok-launch: got signal %d; passing it to every rank and waiting for them\n",
                    static_cast<int>(g_signal));
-      for (pid_t p : pids) kill(p, g_signal);
+      signal_ranks(pids, g_signal);
       if (first_failure == 0) first_failure = 128 + g_signal;
       passed_on = true;
-      passed_on_at = std::chrono::steady_clock::now();
+      start_stopping();
     }
-    // A rank that ignores the signal for 10 s is killed.
-    if (passed_on && !killed &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - passed_on_at).count() > 10.0) {
-      std::fprintf(stderr, "mok-launch: ranks still running 10 s after the signal; killing them\n");
-      for (pid_t p : pids) kill(p, SIGKILL);
+    // A rank that ignores the signal or the failure's SIGTERM for --kill-after seconds is killed.
+    if (stopping && !killed &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_sent_at).count() > kill_after_s) {
+      std::fprintf(stderr, "mok-launch: ranks still running %g s after they were told to stop; killing them\n",
+                   kill_after_s);
+      signal_ranks(pids, SIGKILL);
       killed = true;
     }
     int status = 0;
@@ -151,13 +206,14 @@ int main(int argc, char** argv) {
       if (code != 0 && first_failure == 0) {
         first_failure = code;
         std::fprintf(stderr, "mok-launch: rank %d exited with %d; stopping the others\n", rank, code);
-        for (pid_t p : pids) kill(p, SIGTERM);
+        signal_ranks(pids, SIGTERM);
+        start_stopping();
       }
       continue;
     }
     if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
       std::fprintf(stderr, "mok-launch: timeout after %g s; stopping every rank\n", timeout_s);
-      for (pid_t p : pids) kill(p, SIGKILL);
+      signal_ranks(pids, SIGKILL);
       if (first_failure == 0) first_failure = 124;
       timeout_s = 0;
     }

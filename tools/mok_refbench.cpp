@@ -34,12 +34,14 @@ int main(int argc, char** argv) {
                "emulator's intermediates (every output and gradient element, stage by stage); the end-to-end\n"
                "row times oracle_end_to_end (the same elements from the inputs alone).\n\n"
                "  mok-refbench --preset small -j 2 --reps 5\n\n"
-               "Exit codes: 0 measured, 2 bad input or usage.",
+               "Exit codes: 0 measured, 2 bad input or usage, or output that cannot be written.",
                "mok-refbench"};
   std::string preset = "dsv3-mini";
   int threads = 0, reps = 3;
   uint64_t seed = 1;
-  app.add_option("--preset,-p", preset, "configuration preset")->capture_default_str();
+  std::string names;
+  for (const mok::ref::Preset& p : mok::ref::presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
+  app.add_option("--preset,-p", preset, "configuration preset: " + names)->capture_default_str();
   app.add_option("--threads,-j", threads, "threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 4096));
   app.add_option("--reps,-r", reps, "repetitions (median reported)")->capture_default_str()->check(CLI::Range(1, 100));
   app.add_option("--seed,-s", seed, "input seed")->capture_default_str()->check(mok::cli::seed());
@@ -71,6 +73,10 @@ int main(int argc, char** argv) {
     std::printf("%-28s %12.3f %14.1f\n", "emulate forward+backward", t_both, G / t_both);
     std::printf("%-28s %12.3f %14.1f\n", "oracle (all bounds)", t_oracle, G / t_oracle);
     std::printf("%-28s %12.3f %14.1f\n", "oracle end to end (all)", t_e2e, G / t_e2e);
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::fprintf(stderr, "mok-refbench: cannot write the report to standard output; check where it goes\n");
+      return 2;
+    }
     return 0;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "mok-refbench: %s\n", e.what());

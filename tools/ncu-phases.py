@@ -30,7 +30,8 @@ cmake --build build-profile`, or -DCMAKE_CUDA_FLAGS=-lineinfo; paths below as fo
   nvdisasm -gi -c layer.sm_90a.cubin > layer.sass   # the cubin holding the kernels
   tools/ncu-phases.py --csv rep.csv --sass layer.sass
 
-Exit status: 0 on success, 2 on bad input (the message names the file and the fix).
+Exit status: 0 on success, 2 on bad input (the message names the file and the fix) or output that
+cannot be written.
 """
 
 import argparse
@@ -38,8 +39,11 @@ import collections
 import csv
 import os
 import re
-import signal
+import stat
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree for the module below
+import checked_stdout  # noqa: E402
 
 STALL_PREFIX = "stall_"
 SAMPLES_COLUMN = "Warp Stall Sampling (All Samples)"
@@ -90,58 +94,73 @@ def parse_sass(path):
     return funcs
 
 
+def sample_count(path, line, addr, column, text):
+    """A sample count of the CSV: a whole number, 0 or more."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise InputError(f"{path}: address {addr}: a sample count that is not an integer ({text!r} at line {line}, "
+                         f"column '{column}'); export the CSV again without --print-units or number formatting")
+    if v < 0:
+        raise InputError(f"{path}: address {addr}: a negative sample count ({v} at line {line}, column '{column}'); "
+                         "export the CSV again from the ncu report")
+    return v
+
+
+def add_row(path, line, r, kernels):
+    """Files one CSV row into kernels: a kernel's name, its column header, or an instruction."""
+    if not r:
+        return
+    if r[0] == "Kernel Name":
+        kernels.append([r[1] if len(r) > 1 else "?", [], None, None])  # name, records, header, first address
+        return
+    if not kernels:
+        return
+    k = kernels[-1]
+    if r[0] == "Address":
+        k[2] = r
+        if SAMPLES_COLUMN not in r:
+            raise InputError(f"{path}: no '{SAMPLES_COLUMN}' column: profile with --section SourceCounters")
+        return
+    if k[2] is None:
+        return
+    try:
+        addr = int(r[0], 16)
+    except ValueError:
+        return
+    if k[3] is None:
+        k[3] = addr
+    rec = dict(zip(k[2], r))
+    samples = sample_count(path, line, r[0], SAMPLES_COLUMN, rec.get(SAMPLES_COLUMN, "0") or "0")
+    reasons = {}
+    for h, v in rec.items():
+        if h.startswith(STALL_PREFIX) and "(Not Issued)" not in h and v not in ("", "-"):
+            n = sample_count(path, line, r[0], h, v)
+            if n:
+                reasons[h[len(STALL_PREFIX):]] = n
+    k[1].append((addr - k[3], samples, reasons))
+
+
 def parse_csv(path):
     """Returns [(kernel display name, [(offset, samples, {reason: samples})])] in file order."""
     # Source lines can be long (inlined templates): no field limit.
     csv.field_size_limit(sys.maxsize)
+    kernels = []
     try:
-        rows = list(csv.reader(open(path, encoding="utf-8", errors="replace")))
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            reader = csv.reader(fh)
+            for r in reader:
+                add_row(path, reader.line_num, r, kernels)
     except csv.Error as e:
         raise InputError(f"{path}: not a CSV export of ncu ({e}); export it with "
                          "ncu -i REPORT --page source --csv --print-source sass")
     except OSError as e:
         raise InputError(f"{path}: cannot read the CSV file ({e.strerror}); export it with "
                          "ncu -i REPORT --page source --csv --print-source sass")
-    kernels = []
-    header = None
-    base = None
-    for r in rows:
-        if not r:
-            continue
-        if r[0] == "Kernel Name":
-            kernels.append((r[1] if len(r) > 1 else "?", []))
-            header, base = None, None
-            continue
-        if r[0] == "Address":
-            if not kernels:
-                continue
-            header = r
-            if SAMPLES_COLUMN not in header:
-                raise InputError(f"{path}: no '{SAMPLES_COLUMN}' column: profile with --section SourceCounters")
-            continue
-        if header is None or not kernels:
-            continue
-        try:
-            addr = int(r[0], 16)
-        except ValueError:
-            continue
-        if base is None:
-            base = addr
-        rec = dict(zip(header, r))
-        reasons = {}
-        try:
-            samples = int(rec.get(SAMPLES_COLUMN, "0") or 0)
-            for h, v in rec.items():
-                if h.startswith(STALL_PREFIX) and "(Not Issued)" not in h and v not in ("", "-") and int(v):
-                    reasons[h[len(STALL_PREFIX):]] = int(v)
-        except ValueError:
-            raise InputError(f"{path}: address {r[0]}: a sample count that is not an integer; export the CSV "
-                             "again without --print-units or number formatting")
-        kernels[-1][1].append((addr - base, samples, reasons))
     if not kernels:
         raise InputError(f"{path}: no 'Kernel Name' row: export the source page with "
                          "ncu -i REPORT --page source --csv --print-source sass")
-    return kernels
+    return [(name, records) for name, records, _, _ in kernels]
 
 
 def match_function(display, funcs):
@@ -187,8 +206,14 @@ def body_of(chains, base):
 
 
 def read_lines(path):
+    """A source file the line information names, or None where it does not exist here. Only
+    regular files are read (a FIFO would block, /dev/zero never end)."""
     try:
-        return open(path, encoding="utf-8", errors="replace").read().splitlines()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise InputError(f"{path}: named by the SASS's line information but not a regular file; run the tool "
+                             "where the build's sources are")
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().splitlines()
     except OSError:
         return None
 
@@ -380,5 +405,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
-    sys.exit(main(sys.argv[1:]))
+    checked_stdout.run("ncu-phases", main, sys.argv[1:])

@@ -8,11 +8,15 @@
 bf16 tensors are stored as uint16 bit patterns with a `dtype` attribute of "bfloat16". With
 PyTorch: torch.from_numpy(a.view("int16")).view(torch.bfloat16). Without it, the float32
 value of a bf16 pattern is (bits << 16) viewed as float32, as done below.
-Exit codes: 0 ok, 1 check failed, 2 bad file, 77 h5py/numpy missing.
+Exit codes: 0 ok, 1 check failed, 2 bad file (not the schema; the message names the attribute or
+dataset) or output that cannot be written, 77 h5py/numpy missing.
 """
 import argparse
 import os
 import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree for the module below
+import checked_stdout  # noqa: E402
 
 try:
     import h5py
@@ -21,13 +25,50 @@ except ImportError as e:  # pragma: no cover
     print(f"read_golden.py: skipped: {e}", file=sys.stderr)
     sys.exit(77)
 
+# /config's sizes: (lowest, highest), as mok::spec::LayerConfig::validate allows them.
+CONFIG_RANGES = {"H": (1, 1 << 24), "I": (1, 1 << 24), "Is": (0, 1 << 24), "E": (1, 1 << 20), "K": (1, 64),
+                 "R": (1, 4096), "T": (1, 1 << 24)}
+REGENERATE = "regenerate the file with mok-golden"
 
-def load(ds):
-    """A dataset as numpy; bf16 comes back as float32 (exact)."""
-    a = ds[()]
-    if ds.attrs.get("dtype") in (b"bfloat16", "bfloat16"):
-        a = (a.astype(np.uint32) << 16).view(np.float32)
-    return a
+
+class BadFile(Exception):
+    pass
+
+
+def text_attr(v):
+    """An attribute's value as text, or None when it is not one string."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return v if isinstance(v, str) else None
+
+
+def dataset(f, name):
+    """f[name], which must be a dataset (not a group)."""
+    obj = f[name]
+    if not isinstance(obj, h5py.Dataset):
+        raise BadFile(f"/{name} is a group, not a dataset; {REGENERATE}")
+    return obj
+
+
+def read(ds):
+    try:
+        return ds[()]
+    except (OSError, TypeError, ValueError) as e:
+        raise BadFile(f"{ds.name}: cannot read it ({e}); {REGENERATE}")
+
+
+def load_bf16(ds):
+    """A bf16 dataset (uint16 bit patterns, dtype attribute "bfloat16") as float32 (exact)."""
+    if ds.dtype != np.uint16 or text_attr(ds.attrs.get("dtype")) != "bfloat16":
+        raise BadFile(f"{ds.name} must be bf16 (uint16 bit patterns with dtype = \"bfloat16\"), but it is "
+                      f"{ds.dtype} with dtype = {ds.attrs.get('dtype')!r}; {REGENERATE}")
+    return (read(ds).astype(np.uint32) << 16).view(np.float32)
+
+
+def load_float(ds):
+    if ds.dtype.kind != "f":
+        raise BadFile(f"{ds.name} must hold floating-point numbers, but it is {ds.dtype}; {REGENERATE}")
+    return read(ds)
 
 
 def fail(msg):
@@ -53,71 +94,103 @@ def main(argv):
         f = h5py.File(a.file, "r")
     except OSError as e:
         return fail(f"{a.file}: not an HDF5 file or truncated ({e}); make goldens with mok-golden")
-    with f:
-        if f.attrs.get("format") not in (b"mok-golden", "mok-golden"):
-            return fail(f"{a.file}: not a mok golden file (no format = \"mok-golden\" attribute)")
-        if "config" not in f:
-            return fail(f"{a.file}: group /config is missing; regenerate the file with mok-golden")
-        cfg = {}
-        for k, v in f["config"].attrs.items():
-            if k not in ("H", "I", "Is", "E", "K", "R", "T"):
-                continue
-            try:
+    try:
+        with f:
+            return inspect(f, a.check)
+    except BadFile as e:
+        return fail(f"{a.file}: {e}")
+    except (OSError, TypeError, ValueError, KeyError) as e:  # what h5py cannot read
+        return fail(f"{a.file}: not readable as a mok golden file ({type(e).__name__}: {e}); {REGENERATE}")
+
+
+def inspect(f, check):
+    if text_attr(f.attrs.get("format")) != "mok-golden":
+        raise BadFile("not a mok golden file (no format = \"mok-golden\" attribute)")
+    if "config" not in f or not isinstance(f["config"], h5py.Group):
+        raise BadFile(f"group /config is missing; {REGENERATE}")
+    cfg = {}
+    for k, v in f["config"].attrs.items():
+        if k not in CONFIG_RANGES:
+            continue
+        try:
+            if isinstance(v, (int, np.integer)):
+                cfg[k] = int(v)
+            else:
                 as_float = float(v)
                 if not as_float.is_integer():
                     raise ValueError(v)
                 cfg[k] = int(as_float)
-            except (TypeError, ValueError, OverflowError):
-                return fail(f"{a.file}: /config attribute {k} is {v!r}, not an integer; regenerate the file with "
-                            f"mok-golden")
-        missing = [k for k in ("H", "I", "Is", "E", "K", "R", "T") if k not in cfg]
-        if missing:
-            return fail(f"{a.file}: /config lacks {', '.join(missing)}; regenerate the file with mok-golden")
-        print("config:", cfg, "routing:", f.attrs.get("routing"), "seed:", int(f.attrs.get("seed", -1)))
+        except (TypeError, ValueError, OverflowError):
+            raise BadFile(f"/config attribute {k} is {v!r}, not an integer; {REGENERATE}")
+        lo, hi = CONFIG_RANGES[k]
+        if not lo <= cfg[k] <= hi:
+            raise BadFile(f"/config attribute {k} is {cfg[k]}, outside [{lo}, {hi}]; {REGENERATE}")
+    missing = [k for k in CONFIG_RANGES if k not in cfg]
+    if missing:
+        raise BadFile(f"/config lacks {', '.join(missing)}; {REGENERATE}")
+    if cfg["K"] > cfg["E"]:
+        raise BadFile(f"/config has K = {cfg['K']} above E = {cfg['E']}; {REGENERATE}")
+    seed = f.attrs.get("seed", -1)
+    if "seed" in f.attrs:
+        if not (np.ndim(seed) == 0 and isinstance(seed, (int, np.integer)) and 0 <= int(seed) < 1 << 64):
+            raise BadFile(f"root attribute seed is {seed!r}, not a whole number from 0 to 2^64 - 1; {REGENERATE}")
+    print("config:", cfg, "routing:", f.attrs.get("routing"), "seed:", int(seed))
 
-        def show(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                d = obj.attrs.get("dtype", "?")
-                print(f"  /{name:32s} {str(obj.shape):18s} {d.decode() if isinstance(d, bytes) else d}")
-        f.visititems(show)
-        if a.check:
-            # Recompute one combined output element from the stored expert outputs y, the router
-            # weights and the shared expert's output: acc = s; acc = fma(w, y, acc); bf16.
-            need = ["inputs/topk_experts", "inputs/router_weights", "intermediates/y", "outputs/output"]
-            lacking = [n for n in need if n not in f]
-            if lacking:
-                return fail(f"{a.file}: --check needs /{', /'.join(lacking)} (a file made without "
-                            f"--no-intermediates)")
-            topk, w = f["inputs/topk_experts"][()], f["inputs/router_weights"][()]
-            y = load(f["intermediates/y"])
-            s = f["intermediates/shared_out"][()] if "intermediates/shared_out" in f else None
-            out = load(f["outputs/output"])
-            # The shapes the check indexes: [G, K], [G, K], [G, K, H], [G, H] (and [G, H]).
-            G, K, H = cfg["R"] * cfg["T"], cfg["K"], cfg["H"]
-            want_shapes = {"inputs/topk_experts": (G, K), "inputs/router_weights": (G, K),
-                           "intermediates/y": (G, K, H), "outputs/output": (G, H)}
-            if s is not None:
-                want_shapes["intermediates/shared_out"] = (G, H)
-            for name, shape in want_shapes.items():
-                if f[name].shape != shape:
-                    return fail(f"{a.file}: /{name} has shape {f[name].shape}, expected {shape} from /config "
-                                f"(G = R*T = {G}, K = {K}, H = {H}); regenerate the file with mok-golden")
-            t, h = min(3, out.shape[0] - 1), min(5, out.shape[1] - 1)
-            acc = np.float64(s[t, h]) if s is not None else 0.0
-            for k in range(cfg["K"]):
-                if topk[t, k] >= 0:
-                    # w*y is exact in float64; the float64 sum then float32 equals fma(w, y, acc)
-                    # except in rare double-rounding cases (not this element of the fixtures)
-                    acc = np.float32(acc + np.float64(w[t, k]) * np.float64(y[t, k, h]))
-            bits = np.array([acc], dtype=np.float32).view(np.uint32)[0]
-            rne = ((int(bits) + 0x7FFF + ((int(bits) >> 16) & 1)) >> 16) << 16
-            want = np.array([rne], dtype=np.uint32).view(np.float32)[0]
-            if want != out[t, h]:
-                print(f"check failed: output[{t},{h}] = {out[t, h]}, recomputed {want}", file=sys.stderr)
-                return 1
-            print(f"check ok: output[{t},{h}] = {out[t, h]} recomputed from y, w and s")
+    def show(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            d = obj.attrs.get("dtype", "?")
+            print(f"  /{name:32s} {str(obj.shape):18s} {d.decode() if isinstance(d, bytes) else d}")
+    f.visititems(show)
+    if check:
+        return check_one(f, cfg)
+    return 0
+
+
+def check_one(f, cfg):
+    """Recomputes one combined output element from the stored expert outputs y, the router weights
+    and the shared expert's output: acc = s; acc = fma(w, y, acc); bf16."""
+    need = ["inputs/topk_experts", "inputs/router_weights", "intermediates/y", "outputs/output"]
+    lacking = [n for n in need if n not in f]
+    if lacking:
+        raise BadFile(f"--check needs /{', /'.join(lacking)} (a file made without --no-intermediates)")
+    # The shapes the check indexes: [G, K], [G, K], [G, K, H], [G, H] (and [G, H]).
+    G, K, H = cfg["R"] * cfg["T"], cfg["K"], cfg["H"]
+    want_shapes = {"inputs/topk_experts": (G, K), "inputs/router_weights": (G, K),
+                   "intermediates/y": (G, K, H), "outputs/output": (G, H)}
+    if "intermediates/shared_out" in f:
+        want_shapes["intermediates/shared_out"] = (G, H)
+    ds = {name: dataset(f, name) for name in want_shapes}
+    for name, shape in want_shapes.items():
+        if ds[name].shape != shape:
+            raise BadFile(f"/{name} has shape {ds[name].shape}, expected {shape} from /config "
+                          f"(G = R*T = {G}, K = {K}, H = {H}); {REGENERATE}")
+    if ds["inputs/topk_experts"].dtype.kind not in "iu":
+        raise BadFile(f"/inputs/topk_experts must hold integers (expert indices, -1 for none), but it is "
+                      f"{ds['inputs/topk_experts'].dtype}; {REGENERATE}")
+    topk = read(ds["inputs/topk_experts"])
+    if topk.size and (topk.max() >= cfg["E"] or topk.min() < -1):
+        raise BadFile(f"/inputs/topk_experts holds {topk.max() if topk.max() >= cfg['E'] else topk.min()}, "
+                      f"outside [-1, E) with E = {cfg['E']}; {REGENERATE}")
+    w = load_float(ds["inputs/router_weights"])
+    y = load_bf16(ds["intermediates/y"])
+    out = load_bf16(ds["outputs/output"])
+    s = load_float(ds["intermediates/shared_out"]) if "intermediates/shared_out" in ds else None
+    t, h = min(3, G - 1), min(5, H - 1)
+    acc = np.float64(s[t, h]) if s is not None else 0.0
+    for k in range(K):
+        if topk[t, k] >= 0:
+            # w*y is exact in float64; the float64 sum then float32 equals fma(w, y, acc)
+            # except in rare double-rounding cases (not this element of the fixtures)
+            acc = np.float32(acc + np.float64(w[t, k]) * np.float64(y[t, k, h]))
+    bits = np.array([acc], dtype=np.float32).view(np.uint32)[0]
+    rne = ((int(bits) + 0x7FFF + ((int(bits) >> 16) & 1)) >> 16) << 16
+    want = np.array([rne], dtype=np.uint32).view(np.float32)[0]
+    if want != out[t, h]:
+        print(f"check failed: output[{t},{h}] = {out[t, h]}, recomputed {want}", file=sys.stderr)
+        return 1
+    print(f"check ok: output[{t},{h}] = {out[t, h]} recomputed from y, w and s")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    checked_stdout.run("read_golden.py", main, sys.argv)

@@ -28,13 +28,16 @@ Typical use, from a CUDA build directory (kernel/README.md, "Build", has the ful
   tools/sass-spills.py /tmp/l.sass --list       # every spill access, with its loop
 
 Exit status: 0 on success, 1 with --fail-main-loop when a spill sits in a main loop, 2 on bad
-input (the message names the file and the fix).
+input (the message names the file and the fix) or output that cannot be written.
 """
 
 import argparse
 import re
 import sys
 from dataclasses import dataclass, field
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree for the module below
+import checked_stdout  # noqa: E402
 
 SECTION = re.compile(r"^\.text\.(\S+):\s*$")
 LABEL = re.compile(r"^(\.L_x_\d+):")
@@ -132,11 +135,13 @@ def classify(k):
 
 
 KINDS = ("main loop", "inner loop", "item loop", "straight")
+LOOP_KINDS = __doc__[__doc__.index("  main loop"):__doc__.index("Loops are found")].rstrip() + "\n"
 
 
 def main():
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0] + " (see the top of this file for the loop kinds).",
+        description=__doc__.split("\n\n")[0] + "\nEach spill store and reload is counted in the smallest loop "
+        "holding it:\n\n" + LOOP_KINDS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: nvdisasm -c /tmp/l.cubin > /tmp/l.sass && tools/sass-spills.py /tmp/l.sass --kernel moe_")
     ap.add_argument("sass", help="nvdisasm listing of a cubin (nvdisasm -c FILE.cubin > FILE.sass)")
@@ -180,4 +185,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    checked_stdout.run("sass-spills", main)

@@ -12,6 +12,12 @@
 # a build without NCCL
 # exits 3 (environment missing), and nccl with more ranks than GPUs exits 2 naming the fix where
 # a GPU is usable, 3 naming the missing GPU where none is (this last case initialises CUDA).
+# Also checked before the GPU (exit 2, the option named): block counts the kernel would refuse,
+# an empty --file, an unknown --preset, a missing --python or MOK_TORCH_BASELINE, a --torch that
+# is a directory, sizes whose product overflows; --help lists the presets (mok-refbench's too),
+# and a report that cannot be written (/dev/full) exits 2. With MOK_BENCH_ATOMICS=PATH, that
+# program calls itself mok-bench-atomics; with MOK_REFBENCH=PATH, its report to /dev/full exits 2.
+# The PyTorch script's ranges and help, and mok-setup --help to /dev/full, are checked too.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/expect_exit.sh"
 for spec in "$@"; do
@@ -77,6 +83,22 @@ if command -v python3 > /dev/null; then
   expect_exit python3 2 "--routing must be uniform or zipf:S" "$torch_script" --routing zipf:abc
   expect_exit python3 2 "--routing must be uniform or zipf:S" "$torch_script" --routing zipf:-1
   expect_exit python3 2 "--reps must be at least 1" "$torch_script" --reps 0
+  expect_exit python3 2 "--Is must be from 0" "$torch_script" --Is -1
+  expect_exit python3 2 "--H must be from 1 to 16777216" "$torch_script" --H 1000000000000000000000000000000
+  expect_exit python3 2 "--seed must be from 0 to 2^64 - 1" "$torch_script" --seed 18446744073709551616
+  expect_exit python3 2 "--seed must be from 0 to 2^64 - 1" "$torch_script" --seed -1
+  expect_exit python3 2 "--K must be at most --E" "$torch_script" --K 9 --E 8
+  expect_exit python3 0 "hidden size, 1 to 16777216" "$torch_script" --help
+  expect_unwritable python3 "$torch_script" --help
+fi
+expect_unwritable "$(dirname "${BASH_SOURCE[0]}")/mok-setup" --help
+if [[ -n ${MOK_REFBENCH:-} ]]; then
+  expect_exit "$MOK_REFBENCH" 0 "tiny, small, dsv3-mini, qwen3-mini" --help
+  expect_unwritable "$MOK_REFBENCH" --preset tiny -r 1
+fi
+if [[ -n ${MOK_BENCH_ATOMICS:-} ]]; then
+  expect_exit "$MOK_BENCH_ATOMICS" 0 "mok-bench-atomics: time the fused" --help
+  expect_exit "$MOK_BENCH_ATOMICS" 2 "mok-bench-atomics: --blocks-per-rank 1" --blocks-per-rank 1
 fi
 if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--transport" --transport bogus
@@ -115,8 +137,30 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "not in range" --case dsv3 --R 0 --show-config
   expect_exit "$MOK_BENCH" 2 "excludes" --file fixtures/tiny-uniform.h5 --H 256 --show-config
   expect_exit "$MOK_BENCH" 2 "hot experts but the layer has 64" --routing hot:100 --show-config
-  # A golden of another numerics profile is "not supported here" (3), as in mok-verify and mok-sim.
   src_h5=$(dirname "${BASH_SOURCE[0]}")/../fixtures/tiny-uniform.h5
+  # Block counts the kernel refuses (kernel/src/layer.cu), checked from the options (found by audit,
+  # 2026-12: they reached the GPU check, and --show-config took them).
+  expect_exit "$MOK_BENCH" 2 "--blocks-per-rank 1: each rank needs at least 2 blocks" --blocks-per-rank 1
+  expect_exit "$MOK_BENCH" 2 "--blocks-per-rank 1: each rank needs at least 2 blocks" --blocks-per-rank 1 --show-config
+  expect_exit "$MOK_BENCH" 2 "--comm-sms 100 with --blocks-per-rank 10" --comm-sms 100 --blocks-per-rank 10
+  expect_exit "$MOK_BENCH" 2 "--fwd-comm-sms 100 with --blocks-per-rank 10" --fwd-comm-sms 100 --blocks-per-rank 10 --show-config
+  expect_exit "$MOK_BENCH" 0 "R=8 T=64" --blocks-per-rank 10 --comm-sms 9 --fwd-comm-sms 9 --show-config
+  expect_exit "$MOK_BENCH" 2 "--file is empty" --file ''
+  expect_exit "$MOK_BENCH" 2 "--preset" --preset bogus --file "$src_h5" --show-config
+  expect_exit "$MOK_BENCH" 0 "tiny, small, dsv3-mini, qwen3-mini" --help
+  # The PyTorch baseline's interpreter and script, before the GPU; a directory is no script.
+  expect_exit "$MOK_BENCH" 2 "--python '/nonexistent/python': no such file" --python /nonexistent/python
+  expect_exit "$MOK_BENCH" 2 "--python '': is empty" --python ''
+  expect_exit "$MOK_BENCH" 2 "--torch /tmp: is a directory" --torch /tmp
+  MOK_TORCH_BASELINE=/nonexistent/baseline.py expect_exit "$MOK_BENCH" 2 "MOK_TORCH_BASELINE=/nonexistent/baseline.py: no such file"
+  # Sizes whose product overflows are refused as they are, not shown as G=0.
+  out=$("$MOK_BENCH" --T 1099511627776 --R 1099511627776 --E 1099511627776 --show-config 2>&1)
+  code=$?
+  if [[ $code != 2 || $out != *"not a valid layer"* || $out == *"G=0"* ]]; then
+    echo "mok-bench with R*T past 2^63: expected exit 2 without a wrapped G, got $code: $out"; expect_failed=1
+  fi
+  expect_unwritable "$MOK_BENCH" --show-config
+  # A golden of another numerics profile is "not supported here" (3), as in mok-verify and mok-sim.
   if python3 -c 'import h5py' 2> /dev/null; then
     other_h5=$(mktemp -u "${TMPDIR:-/tmp}/mok-bad-args-XXXXXX.h5")
     cp "$src_h5" "$other_h5"

@@ -2,8 +2,9 @@
 # test_bench_ab.sh BENCH_AB: tools/bench-ab.sh against a stand-in for mok-bench (no GPU needed):
 # alternation (and -x's reversed even rounds), per-round figures, medians over rounds (odd and even counts), candidates against
 # their bases round by round (two labels, or -p pairs), a failing variant (exit 1, named), bad
-# usage (exit 2, nothing run), the nvidia-smi columns from busy samples only, and an interrupted
-# A/B (no sampler left; the finished runs' summary after a SIGTERM).
+# usage (exit 2, nothing run; also an output folder it cannot write in, and a fused figure that is
+# not a number), the nvidia-smi columns from busy samples only, an interrupted A/B (no sampler
+# left; the finished runs' summary after a SIGTERM), and --help to a full disk (exit 2).
 set -u
 ab=$1
 work=$(mktemp -d)
@@ -81,6 +82,20 @@ for args in "A x" "-n 0 A x B y" "-n A x B y" "-q A x B y" "a%b x B y" "A x B ''
   [[ $rc -eq 2 ]] || fail "bad usage '$args' should give exit 2, got $rc: $out"
   [[ ! -e $work/o3 ]] || fail "bad usage '$args' should run nothing (created $work/o3)"
 done
+# An output folder that exists but takes no files: exit 2 naming it, before any run.
+if [[ -d /proc ]] && ! : 2> /dev/null > /proc/bench-ab-probe; then
+  out=$("$ab" -n 1 -o /proc A "touch $w/ran" B "touch $w/ran" 2>&1)
+  rc=$?
+  [[ $rc -eq 2 && $out == *"cannot write '/proc/summary.tsv'"* ]] || fail "-o /proc: expected exit 2 naming the folder, got $rc: $out"
+  [[ ! -e $work/ran ]] || fail "-o /proc: a run started before the folder was checked"
+fi
+# A fused figure that is not a number is no time: the run is named, not shown as +inf%.
+out=$("$ab" -n 1 -o "$work/o10" A "$w/fake $w/k 2.0 3.0" B "$w/fake $w/l abc 3.0" 2>&1)
+rc=$?
+[[ $rc -eq 2 ]] || fail "a non-numeric figure: expected exit 2, got $rc: $out"
+grep -q "^round 1 B: FAILED: its fused figures ('abc', '3.0') are not times in ms" <<< "$out" ||
+  fail "a non-numeric figure should be named: $out"
+grep -q "inf" <<< "$out" && fail "a non-numeric figure compared as a number: $out"
 # With an nvidia-smi on PATH (a stand-in printing four samples: two busy, two idle), the clock,
 # power and temperature columns come from the busy samples only.
 mkdir -p "$work/bin"
@@ -150,4 +165,9 @@ grep -q "^B against A: fwd -50.0%, faster in 1 of 1; bwd +0.0%, faster in 0 of 1
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"
+if [[ -w /dev/full ]]; then
+  msg=$("$ab" --help 2>&1 > /dev/full)
+  rc=$?
+  [[ $rc -eq 2 && $msg == *"cannot write the help"* ]] || fail "--help > /dev/full: expected exit 2 and a message, got $rc: $msg"
+fi
 echo "bench-ab.sh: OK"

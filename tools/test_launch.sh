@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_launch.sh MOK_LAUNCH: mok-launch gives every rank its environment (its GPU from the
-# launcher's CUDA_VISIBLE_DEVICES, or r when unset), refuses more ranks than listed GPUs, and
-# propagates failures, timeouts and signals.
+# launcher's CUDA_VISIBLE_DEVICES, or r when unset), refuses more ranks than listed GPUs and lists
+# with a repeated, empty or invalid entry, and propagates failures, timeouts and signals; a rank
+# that ignores the SIGTERM after another's failure is killed, with the processes it started.
 set -u
 launch=$1
 unset CUDA_VISIBLE_DEVICES  # the caller's list (a CI runner's) must not change what is expected
@@ -17,10 +18,36 @@ for list in "4,5" ""; do
   [[ $code == 2 && $msg == *"CUDA_VISIBLE_DEVICES"* ]] ||
     { echo "CUDA_VISIBLE_DEVICES='$list' -n 3: expected exit 2 naming CUDA_VISIBLE_DEVICES, got $code: $msg"; exit 1; }
 done
+for list in 0,0 0,,1 -1; do
+  msg=$(CUDA_VISIBLE_DEVICES=$list "$launch" -n 1 -- true 2>&1)
+  code=$?
+  [[ $code == 2 && $msg == *"CUDA_VISIBLE_DEVICES='$list' has "* ]] ||
+    { echo "CUDA_VISIBLE_DEVICES='$list': expected exit 2 naming the list and its bad entry, got $code: $msg"; exit 1; }
+done
+# An unknown option before -- is named alone (not with the command after --).
+msg=$("$launch" -n 2 --bogus -- true 2>&1)
+code=$?
+[[ $code == 2 && $msg == *"not expected: --bogus"$'\n'* ]] || { echo "-n 2 --bogus -- true: expected exit 2 naming --bogus, got $code: $msg"; exit 1; }
 msg=$("$launch" -n 2 -- bash -c 'exit $((MOK_RANK == 1 ? 7 : 0))' 2>&1)
 code=$?
 [[ $code == 7 ]] || { echo "expected exit 7 from the failing rank, got $code"; exit 1; }
 [[ $msg == *"rank 1 exited with 7"* ]] || { echo "the failure message does not name rank 1: $msg"; exit 1; }
+# A failed rank stops the others; one that ignores SIGTERM is killed --kill-after seconds later,
+# with its whole process group (the sleep it started in the background too).
+dir=$(mktemp -d)
+alive() { local st; st=$(awk '{ print $3 }' "/proc/$1/stat" 2> /dev/null) && [[ -n $st && $st != Z ]]; }
+start=$SECONDS
+RANK_DIR=$dir timeout 20 "$launch" -n 2 --kill-after 1 -- sh -c 'if [ "$MOK_RANK" = 0 ]; then sleep 1; exit 5; fi
+  trap "" TERM; sleep 30 & echo $! > "$RANK_DIR/child"; wait' > /dev/null 2> "$dir/err"
+code=$?
+elapsed=$((SECONDS - start))
+child=$(cat "$dir/child" 2> /dev/null)
+for _ in $(seq 40); do [[ -n $child ]] && alive "$child" || break; sleep 0.05; done  # a moment to be reaped
+if [[ -n $child ]] && alive "$child"; then kill -9 "$child"; echo "the sleep a rank started outlived the launcher"; exit 1; fi
+[[ $code == 5 && $elapsed -le 8 ]] ||
+  { echo "a failed rank, a peer ignoring SIGTERM: expected exit 5 within 8 s, got $code after $elapsed s: $(cat "$dir/err")"; exit 1; }
+grep -q "killing them" "$dir/err" || { echo "the kill after SIGTERM is not reported: $(cat "$dir/err")"; exit 1; }
+rm -rf "$dir"
 "$launch" -n 1 --timeout 1 -- sleep 30
 code=$?
 [[ $code == 124 ]] || { echo "expected 124 on timeout, got $code"; exit 1; }
@@ -44,8 +71,10 @@ for f in "$dir"/rank0 "$dir"/rank1; do
 done
 rm -rf "$dir"
 for bad in -1 nan; do
-  "$launch" -n 1 --timeout "$bad" -- true 2>/dev/null
-  code=$?
-  [[ $code == 2 ]] || { echo "--timeout $bad: expected exit 2, got $code"; exit 1; }
+  for opt in --timeout --kill-after; do
+    "$launch" -n 1 "$opt" "$bad" -- true 2>/dev/null
+    code=$?
+    [[ $code == 2 ]] || { echo "$opt $bad: expected exit 2, got $code"; exit 1; }
+  done
 done
-echo "mok-launch: environments, GPU lists, failure propagation, timeout, signals and bad timeouts OK"
+echo "mok-launch: environments, GPU lists, failure propagation and escalation, timeout, signals and bad times OK"

@@ -4,7 +4,8 @@
 # with inlining line info (chains of //## lines per instruction, a non-inlined helper outside the
 # body), and ncu's CSV source page for it and a second kernel. Checks the segment and call shares,
 # the stall reasons, the per-line listing, the kernel filter and the comparison with a base
-# profile (--base); then bad inputs: exit 2, the file named.
+# profile (--base); then bad inputs: exit 2, the file named (a negative count; a source path that
+# is a FIFO or a device); standard output that cannot be written: exit 2.
 tool=$1
 source "$(dirname "$0")/script_test_lib.sh"  # $work, fail, run_ok, run_rc
 
@@ -100,7 +101,7 @@ segs=$(grep -E "^ +[0-9]+ +[0-9]+ +[-+][0-9]+  [A-Za-z]" <<< "$out" | awk '{prin
 expect2() {  # expect2 WHAT PATTERN ARGS...
   local what=$1 pat=$2; shift 2
   local o rc
-  o=$(python3 "$tool" "$@" 2>&1); rc=$?
+  o=$(timeout 20 python3 "$tool" "$@" 2>&1); rc=$?
   [[ $rc -eq 2 ]] || fail "$what: exit $rc, expected 2: $o"
   grep -q -- "$pat" <<< "$o" || fail "$what: message should match '$pat': $o"
 }
@@ -122,6 +123,21 @@ cat "$work/k.csv" "$work/k.csv" > "$work/twice.csv"
 expect2 "--base with a kernel twice" "twice.csv: kernel .* appears more than once" --csv "$work/k.csv" --base "$work/twice.csv" --sass "$work/k.sass"
 sed 's/"0x7f0000001040","      STG.E desc\[UR4\]\[R2.64\], R6 ;","10"/"0x7f0000001040","      STG.E desc[UR4][R2.64], R6 ;","1,5"/' "$work/k.csv" > "$work/comma.csv"
 expect2 "non-integer samples" "comma.csv: address 0x7f0000001040: a sample count that is not an integer" --csv "$work/comma.csv" --sass "$work/k.sass"
+sed 's/"0x7f0000001020","      IMAD R5, R4, R2, RZ ;","20","20","20","0","10"/"0x7f0000001020","      IMAD R5, R4, R2, RZ ;","20","20","20","0","-10"/' "$work/k.csv" > "$work/negative.csv"
+expect2 "negative sample count" "negative.csv: address 0x7f0000001020: a negative sample count (-10 at line 6, column 'stall_wait')" --csv "$work/negative.csv" --sass "$work/k.sass"
+# Source paths come from the line information: only regular files are read (a FIFO would block).
+mkfifo "$work/fifo.cuh"
+for src in "$work/fifo.cuh" /dev/zero; do
+  sed "s|$f|$src|" "$work/k.sass" > "$work/special.sass"
+  expect2 "source path $src" "$src: named by the SASS's line information but not a regular file" --csv "$work/k.csv" --sass "$work/special.sass"
+done
+if [[ -w /dev/full ]]; then
+  for args in "--csv $work/k.csv --sass $work/k.sass" --help; do
+    o=$(python3 "$tool" $args 2>&1 > /dev/full); rc=$?
+    [[ $rc == 2 && $o == *"cannot write to standard output"* && $o != *Traceback* ]] ||
+      fail "$args > /dev/full: expected exit 2 and a message, got $rc: $o"
+  done
+fi
 sed "s|$f|$work/moved/k.cuh|" "$work/k.sass" > "$work/moved.sass"
 expect2 "sources not where the line info says" "__global__ definition is in none of the files.*moved/k.cuh.*build machine" --csv "$work/k.csv" --sass "$work/moved.sass"
 # a declaration before the definition is not taken for the body

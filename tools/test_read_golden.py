@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """test_read_golden.py FIXTURE: read_golden.py refuses malformed goldens with exit 2 and a message
-naming the attribute or dataset (not a traceback): a /config attribute that is not an integer,
-and --check on intermediates/y or outputs/output of the wrong shape. The unmodified copy passes.
-Exit 77 (skipped) without h5py/numpy."""
+naming the attribute or dataset (not a traceback): a /config attribute that is not an integer or
+out of range (also without --check), a root format or seed of the wrong type, and, for --check,
+datasets of the wrong shape or type, or groups in their place. The unmodified copy passes; output
+that cannot be written (/dev/full), the help's too, exits 2. Exit 77 (skipped) without h5py/numpy."""
 import os
 import shutil
 import subprocess
@@ -20,10 +21,15 @@ here = os.path.dirname(os.path.abspath(__file__))
 fixture = sys.argv[1]
 
 
-def run(path):
-    p = subprocess.run([sys.executable, os.path.join(here, "read_golden.py"), path, "--check"],
-                       capture_output=True, text=True)
+def run(path, *args, check=True, stdout=subprocess.DEVNULL):
+    p = subprocess.run([sys.executable, os.path.join(here, "read_golden.py"), path, *args] + (["--check"] if check else []),
+                       stdout=stdout, stderr=subprocess.PIPE, text=True)
     return p.returncode, p.stderr
+
+
+def regroup(f, name):
+    del f[name]
+    f.create_group(name)
 
 
 def replace(f, name, data):
@@ -47,15 +53,43 @@ with tempfile.TemporaryDirectory() as tmp:
         "config_H_fraction": (lambda f: f["config"].attrs.__setitem__("H", np.float64(64.7)), "attribute H"),
         "y_shape": (lambda f: replace(f, "intermediates/y", np.zeros((2, 1, 3), np.uint16)), "/intermediates/y"),
         "output_1d": (lambda f: replace(f, "outputs/output", np.zeros((7,), np.uint16)), "/outputs/output"),
+        "format_ints": (lambda f: f.attrs.__setitem__("format", np.array([1, 2])), "format"),
+        "seed_text": (lambda f: f.attrs.__setitem__("seed", "abc"), "seed is 'abc'"),
+        "seed_array": (lambda f: f.attrs.__setitem__("seed", np.array([1, 2])), "attribute seed"),
+        "y_group": (lambda f: regroup(f, "intermediates/y"), "/intermediates/y is a group"),
+        "shared_group": (lambda f: regroup(f, "intermediates/shared_out"), "/intermediates/shared_out is a group"),
+        "y_text": (lambda f: replace(f, "intermediates/y", np.full(f["intermediates/y"].shape, b"x", "S1")),
+                   "/intermediates/y must be bf16"),
+        "y_float32": (lambda f: (replace(f, "intermediates/y", np.zeros(f["intermediates/y"].shape, np.float32)),
+                                 f["intermediates/y"].attrs.__delitem__("dtype")), "/intermediates/y must be bf16"),
+        "output_dtype_ints": (lambda f: f["outputs/output"].attrs.__setitem__("dtype", np.array([1, 2, 3])),
+                              "/outputs/output must be bf16"),
+        "weights_compound": (lambda f: replace(f, "inputs/router_weights", np.zeros(
+            f["inputs/router_weights"].shape, [("a", "f4"), ("b", "i4")])), "/inputs/router_weights must hold floating"),
+        "topk_nan": (lambda f: replace(f, "inputs/topk_experts", np.full(f["inputs/topk_experts"].shape, np.nan)),
+                     "/inputs/topk_experts must hold integers"),
+        "topk_past_E": (lambda f: replace(f, "inputs/topk_experts", np.full(f["inputs/topk_experts"].shape, 99, np.int32)),
+                        "/inputs/topk_experts holds 99"),
+        # without --check too
+        "config_R_negative": (lambda f: f["config"].attrs.__setitem__("R", np.int64(-2)), "attribute R is -2", False),
+        "config_T_zero": (lambda f: f["config"].attrs.__setitem__("T", np.int64(0)), "attribute T is 0", False),
     }
-    for name, (mutate, needle) in cases.items():
+    for name, (mutate, needle, *check) in cases.items():
         path = os.path.join(tmp, name + ".h5")
         shutil.copy(fixture, path)
         with h5py.File(path, "r+") as f:
             mutate(f)
-        code, err = run(path)
+        code, err = run(path, check=check[0] if check else True)
         if code != 2 or needle not in err or "Traceback" in err:
             print(f"{name}: expected exit 2 naming {needle}, got exit {code}: {err}")
             failures += 1
+    # Standard output that cannot be written is an error, not a traceback or a silent 0.
+    if os.path.exists("/dev/full"):
+        for args in ((good,), ("--help",)):
+            with open("/dev/full", "w") as full:
+                code, err = run(*args, check=False, stdout=full)
+            if code != 2 or "cannot write to standard output" not in err or "Traceback" in err:
+                print(f"{' '.join(args)} > /dev/full: expected exit 2 and a message, got exit {code}: {err}")
+                failures += 1
 print("read_golden.py: bad files refused" if failures == 0 else f"{failures} case(s) failed")
 sys.exit(1 if failures else 0)

@@ -3,7 +3,8 @@
 # nvdisasm): a kernel with an item loop around a K-chunk loop that issues HGMMA, an epilogue row
 # loop without HGMMA, one spill access in each and one outside every loop; an indexed
 # local load that is not a spill; a second kernel without spills. Checks the counts per loop kind,
-# the listing, the kernel filter and --fail-main-loop; then bad inputs: exit 2, the file named.
+# the listing, the kernel filter and --fail-main-loop; then bad inputs: exit 2, the file named;
+# standard output that cannot be written (/dev/full): exit 2 with a message.
 tool=$1
 source "$(dirname "$0")/script_test_lib.sh"  # $work, fail, run_rc
 
@@ -64,4 +65,14 @@ run_rc 2 "bad regex" "$work/k.sass" --kernel "("
 grep -q "not a regular expression" <<<"$out" || fail "bad regex message: $out"
 run_rc 0 "--help" --help
 grep -q "main loop" <<<"$out" || fail "--help does not explain the loop kinds: $out"
+grep -q "item loop   a loop that holds a main loop" <<<"$out" || fail "--help should describe each loop kind: $out"
+grep -q "see the top of this file" <<<"$out" && fail "--help should not send the reader to the source: $out"
+if [[ -w /dev/full ]]; then
+  for args in "$work/k.sass" --help; do
+    out=$(python3 "$tool" "$args" 2>&1 > /dev/full)
+    rc=$?
+    [[ $rc == 2 && $out == *"cannot write to standard output"* && $out != *Traceback* ]] ||
+      fail "$args > /dev/full: expected exit 2 and a message, got $rc: $out"
+  done
+fi
 echo "PASS"

@@ -141,7 +141,8 @@ int main(int argc, char** argv) {
                        " K=" + std::to_string(cfg.top_k) + " R=" + std::to_string(cfg.num_ranks) +
                        " T=" + std::to_string(cfg.tokens_per_rank) + " needs at least " +
                        mok::ref::format_bytes(static_cast<uint64_t>(need)) + " of memory for its inputs, results and " +
-                       "bounds, but only " + mok::ref::format_bytes(*available) + " is available; " + kSmallerLayer);
+                       "bounds, but only " + mok::ref::format_bytes(*available) +
+                       " can be allocated here (memory limits, the machine's memory and swap); " + kSmallerLayer);
 
     const auto t0 = std::chrono::steady_clock::now();
     // The preset's name alone only where it still describes the layer. One word either way:

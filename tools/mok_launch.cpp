@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <thread>
@@ -144,16 +145,30 @@ int main(int argc, char** argv) {
     sigaction(kSignals[i], nullptr, &old_actions[i]);
     if (old_actions[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
   }
+  // The three signals stay blocked while the ranks start: a child restores the launcher's
+  // original handlers before it unblocks them, so a signal passed on to a rank that has not yet
+  // exec'd is not caught by its copy of note_signal and lost.
+  sigset_t blocked, unblocked;
+  sigemptyset(&blocked);
+  for (int sig : kSignals) sigaddset(&blocked, sig);
+  sigprocmask(SIG_BLOCK, &blocked, &unblocked);
+  const pid_t launcher = getpid();
   for (int r = 0; r < n; ++r) {
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("mok-launch: fork");
       signal_ranks(pids, SIGTERM);
+      sigprocmask(SIG_SETMASK, &unblocked, nullptr);
       return 2;
     }
     if (pid == 0) {
       setpgid(0, 0);
+      // A rank dies with the launcher (killed with -9, or by the OOM killer): its own process group
+      // no longer gets the terminal's signals, so nothing else would stop it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(128 + SIGKILL);  // the launcher died before prctl
       for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_actions[i], nullptr);  // as the launcher found them
+      sigprocmask(SIG_SETMASK, &unblocked, nullptr);
       setenv("MOK_RANK", std::to_string(r).c_str(), 1);
       setenv("MOK_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MOK_NCCL_ID", hex.c_str(), 1);
@@ -169,6 +184,7 @@ int main(int argc, char** argv) {
     setpgid(pid, pid);  // here too, so that the group exists before the launcher signals it
     pids.push_back(pid);
   }
+  sigprocmask(SIG_SETMASK, &unblocked, nullptr);  // a signal that came meanwhile is handled now
   const std::vector<pid_t> rank_pids = pids;  // rank r's pid at r (pids loses the reaped ones)
   int first_failure = 0, remaining = n;
   const auto start = std::chrono::steady_clock::now();
@@ -219,5 +235,10 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // A stopped run leaves nothing behind: what a rank started outlives it in the rank's process
+  // group (a background job that ignored SIGTERM, say), so every rank's group gets SIGKILL once,
+  // right after the last rank was reaped (an empty group's id is not reused within milliseconds).
+  if (stopping)
+    for (pid_t p : rank_pids) kill(-p, SIGKILL);
   return first_failure;
 }

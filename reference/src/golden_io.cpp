@@ -821,7 +821,8 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
     ctx.fail("", "loading its datasets takes " + format_bytes(static_cast<uint64_t>(need)) +
                      " of memory (the largest, /" + largest_path + ", " + format_bytes(static_cast<uint64_t>(largest)) +
                      "), but only " + format_bytes(*available) +
-                     " is available; run on a machine with more memory, or use a golden of a smaller layer");
+                     " can be allocated here (memory limits, the machine's memory and swap); run on a machine with more "
+                     "memory, or use a golden of a smaller layer");
   }
   for (const auto& [path, spec] : to_load) golden.tensors.emplace(path, read_dataset(ctx, file, path, *spec, golden.cfg));
 }

@@ -72,6 +72,9 @@ std::string read_text(const char* path) {
 }  // namespace
 
 std::optional<uint64_t> available_memory_bytes() {
+  // Hard limits only: what a process could never get, however much cache the kernel reclaims.
+  // (MemAvailable or a cgroup's limit less its use count reclaimable page cache as used, and
+  // would refuse runs that fit.)
   std::optional<uint64_t> best;
   auto consider = [&](uint64_t v) { best = best ? std::min(*best, v) : v; };
   // Address-space and data-segment limits, less what this process has mapped (all of it for the
@@ -86,16 +89,13 @@ std::optional<uint64_t> available_memory_bytes() {
     const uint64_t used = have_statm ? used_pages * page : 0;
     consider(lim.rlim_cur > used ? lim.rlim_cur - used : 0);
   }
-  // A cgroup (v2) memory limit, as containers and batch schedulers set.
-  const std::string max = read_text("/sys/fs/cgroup/memory.max");
-  unsigned long long limit = 0, current = 0;
-  if (std::sscanf(max.c_str(), "%llu", &limit) == 1 &&
-      std::sscanf(read_text("/sys/fs/cgroup/memory.current").c_str(), "%llu", &current) == 1)
-    consider(limit > current ? limit - current : 0);
-  // Memory the kernel can hand out without swapping out others, plus free swap.
+  // A cgroup (v2) memory limit, as containers and batch schedulers set ("max": none).
+  unsigned long long limit = 0;
+  if (std::sscanf(read_text("/sys/fs/cgroup/memory.max").c_str(), "%llu", &limit) == 1) consider(limit);
+  // The machine's memory and swap.
   const std::string meminfo = read_text("/proc/meminfo");
-  if (const auto avail = meminfo_kib(meminfo, "MemAvailable:"))
-    consider((*avail + meminfo_kib(meminfo, "SwapFree:").value_or(0)) * 1024);
+  if (const auto total = meminfo_kib(meminfo, "MemTotal:"))
+    consider((*total + meminfo_kib(meminfo, "SwapTotal:").value_or(0)) * 1024);
   return best;
 }
 

@@ -485,12 +485,13 @@ TEST(GoldenIo, SignalDuringWriteLeavesNoTemporaryFile) {
   }
   // An ignored signal stays ignored while the writer runs (nohup): SIGHUPs do not end the
   // child, the SIGTERM after them does.
+  // Ignored before the fork (the child inherits it), so no SIGHUP can come before it is ignored.
+  const auto old_hup = std::signal(SIGHUP, SIG_IGN);
   const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    std::signal(SIGHUP, SIG_IGN);
+  if (child == 0)
     for (;;) write_golden(target, golden);
-  }
+  std::signal(SIGHUP, old_hup);
+  ASSERT_GE(child, 0);
   for (int i = 0; i < 10; ++i) {
     ::usleep(5000);
     ::kill(child, SIGHUP);

@@ -262,32 +262,46 @@ struct PendingFiles {
       undo();
       throw;
     }
-    // (3) Each existing target is first moved aside (its backup), then the temporary renamed into
-    // place; a failed rename puts every target already replaced back as it was, so the outputs
+    // (3) Each existing target is first linked to a backup name (a hard link: the target stays in
+    // place), then the temporary is renamed over it in one step; a failed rename puts every target
+    // already replaced back from its backup (and removes the ones that were new), so the outputs
     // change all together or not at all. The backups go once every rename succeeded.
     std::vector<std::pair<fs::path, std::optional<fs::path>>> placed;  // (target, its backup)
+    auto roll_back = [&](const std::optional<fs::path>& own_backup) {
+      std::vector<std::string> lost;  // targets that could not be put back
+      std::error_code ec2;
+      if (own_backup) fs::remove(*own_backup, ec2);  // its target was never replaced
+      for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
+        ec2.clear();
+        if (it->second)
+          fs::rename(*it->second, it->first, ec2);
+        else
+          fs::remove(it->first, ec2);
+        if (ec2) lost.push_back(it->first.string() + " (" + ec2.message() + ")");
+      }
+      undo();
+      return lost;
+    };
     for (const auto& [tmp, target] : renames) {
       std::error_code ec, ec_exists;  // (symlink_status sets ec_exists for a missing target)
       std::optional<fs::path> backup;
       if (fs::exists(fs::symlink_status(target, ec_exists))) {
         backup = fs::path(target.string() + ".mok-sim-" + std::to_string(::getpid()) + ".old");
-        fs::rename(target, *backup, ec);
+        std::error_code stale;
+        fs::remove(*backup, stale);  // one left by an earlier run that had this pid
+        fs::create_hard_link(target, *backup, ec);
       }
       if (!ec) fs::rename(tmp, target, ec);
       if (ec) {
-        std::error_code ec2;
-        if (backup && !fs::exists(fs::symlink_status(*backup, ec2))) backup.reset();  // never moved aside
-        ec2.clear();
-        if (backup) fs::rename(*backup, target, ec2);
-        for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
-          if (it->second)
-            fs::rename(*it->second, it->first, ec2);
-          else
-            fs::remove(it->first, ec2);
+        const std::vector<std::string> lost = roll_back(backup);
+        std::string message = "cannot move the finished file into place at '" + target.string() + "': " + ec.message();
+        if (lost.empty()) {
+          message += "; no output file was changed";
+        } else {
+          message += "; these could not be put back as they were:";
+          for (const auto& l : lost) message += " " + l;
         }
-        undo();
-        throw Error("cannot move the finished file into place at '" + target.string() + "': " + ec.message() +
-                    "; no output file was changed" + (stdout_text ? " (ignore the line printed above)" : ""));
+        throw Error(message + (stdout_text ? " (ignore the line printed above)" : ""));
       }
       placed.emplace_back(target, backup);
     }

@@ -129,12 +129,8 @@ void validate_topology(const Topology& topo, const std::string& origin) {
       throw Error(os.str());
     }
   }
-  // A layer has at most 4096 ranks (spec::LayerConfig), one per GPU by default: a larger
-  // topology could never run, so it is refused here, where the two fields are named.
-  if (static_cast<long long>(topo.gpus_per_domain) * topo.num_domains > 4096)
-    throw Error(origin + ": scale_up.gpus_per_domain * scale_out.num_domains is " +
-                std::to_string(static_cast<long long>(topo.gpus_per_domain) * topo.num_domains) +
-                " GPUs; at most 4096 (a layer's rank limit): lower one of them");
+  if (static_cast<long long>(topo.gpus_per_domain) * topo.num_domains > 65536)
+    throw Error(origin + ": scale_up.gpus_per_domain * scale_out.num_domains must be at most 65536");
 }
 
 Topology topology_from_json(const nlohmann::json& doc, const std::string& origin) {

@@ -275,7 +275,7 @@ expect_bad(first_point_named "\\[/protocol/chunk_tokens=\"a\"\\]: protocol.chunk
 expect_bad(plots_single_run "\"plots\" needs a sweep or trials > 1"
            run ${tiny} --set "/plots=[{\"file\":\"x.svg\",\"x\":\"/workload/exponent\",\"y\":\"layer_us\"}]")
 expect_bad(plots_not_list "\"plots\" must be a list" run ${tiny} --set /plots=7)
-expect_bad(too_many_gpus "scale_up.gpus_per_domain \\* scale_out.num_domains is 32768 GPUs; at most 4096"
+expect_bad(too_many_gpus "the topology has 32768 GPUs and layer.num_ranks defaults to all of them, but a layer has at most 4096"
            run ${tiny} --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"scale_out.num_domains\":4096}}")
 file(MAKE_DIRECTORY ${WORK}/out_dir_file/result.txt)
 expect_bad(out_file_directory "--out '.*out_dir_file': '.*result.txt', a file it writes, is a directory"

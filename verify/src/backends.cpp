@@ -56,7 +56,8 @@ void check_memory(const ref::Golden& golden, Backend backend, const std::string&
               std::to_string(c.shared_intermediate) + " E=" + std::to_string(c.num_experts) + " K=" +
               std::to_string(c.top_k) + " R=" + std::to_string(c.num_ranks) + " T=" + std::to_string(c.tokens_per_rank) +
               "), but only " + ref::format_bytes(*available) +
-              " is available after loading the golden; run on a machine with more memory, or use a smaller layer");
+              " more can be allocated here after loading the golden (memory limits, the machine's memory and swap); "
+              "run on a machine with more memory, or use a smaller layer");
 }
 
 }  // namespace

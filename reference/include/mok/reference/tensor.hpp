@@ -71,9 +71,10 @@ class AllocationError : public Error {
   size_t bytes_;
 };
 
-// Bytes this process can still allocate, as far as the system tells: the smallest of the
-// address-space and data limits (ulimit -v, -d) less what is mapped, the cgroup's memory limit
-// less its use, and the available memory plus free swap. nullopt when none can be read.
+// An upper bound on the bytes this process can allocate, from hard limits only: the smallest of
+// the address-space and data limits (ulimit -v, -d) less what is mapped, the cgroup's memory
+// limit, and the machine's memory plus swap. A need above it can never be met; one below it may
+// still fail (other processes, page cache). nullopt when none can be read.
 std::optional<uint64_t> available_memory_bytes();
 
 // A byte count for messages: "1.5 GiB", "320 MiB", "12 KiB", "100 bytes".

@@ -148,10 +148,6 @@ void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per
   }
 }
 
-// Standard output after the report: one that could not be written (a full disk, a closed pipe)
-// is an error, not a result.
-bool stdout_written() { return std::fflush(stdout) == 0 && !std::ferror(stdout); }
-
 // Empty when `path` is a regular file (executable too, when asked), else why not.
 std::string file_problem(const std::string& path, bool executable) {
   struct stat st {};
@@ -462,7 +458,7 @@ int main(int argc, char** argv) {
       return usage_error(std::string("the options describe ") + line + ", which is not a valid layer: " + st.message);
     if (show_config) {
       std::printf("%s (G=%lld tokens)\n", line, (long long)c.num_tokens());
-      if (!stdout_written()) return usage_error("cannot write to standard output; check where it goes");
+      if (!mok::cli::stdout_ok()) return usage_error("cannot write to standard output; check where it goes");
       return 0;
     }
   }
@@ -904,7 +900,7 @@ int main(int argc, char** argv) {
     if (torch_f > 0)
       std::printf("# fused / PyTorch speed: forward %.2fx, forward+backward %s\n", torch_f / f_ms,
                   figure(backward && torch_fb > 0 && b_ms > 0, "%.2fx", torch_fb / (f_ms + b_ms)).c_str());
-    if (!stdout_written()) return usage_error("cannot write the report to standard output; check where it goes");
+    if (!mok::cli::stdout_ok()) return usage_error("cannot write the report to standard output; check where it goes");
     return 0;
   } catch (const mok::Error& e) {
     std::fprintf(stderr, "%s: %s\n", kProgram, e.what());

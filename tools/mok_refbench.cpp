@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     std::printf("%-28s %12.3f %14.1f\n", "emulate forward+backward", t_both, G / t_both);
     std::printf("%-28s %12.3f %14.1f\n", "oracle (all bounds)", t_oracle, G / t_oracle);
     std::printf("%-28s %12.3f %14.1f\n", "oracle end to end (all)", t_e2e, G / t_e2e);
-    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    if (!mok::cli::stdout_ok()) {
       std::fprintf(stderr, "mok-refbench: cannot write the report to standard output; check where it goes\n");
       return 2;
     }

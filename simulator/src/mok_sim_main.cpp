@@ -131,9 +131,7 @@ fs::path existing_ancestor(fs::path p) {
 // Callers set errno to 0 before they write, so that the message can give the write's reason.
 // `out_helps`: the text is a run's result, which --out DIR would write to files instead.
 void flush_stdout(const std::string& what, bool out_helps = false) {
-  std::cout.flush();
-  const bool flushed = std::fflush(stdout) == 0;
-  if (!std::cout || !flushed || std::ferror(stdout))
+  if (!mok::cli::stdout_ok())
     throw Error("cannot write " + what + " to standard output (" + (errno != 0 ? std::strerror(errno) : "write failed") +
                 "); check where standard output goes (free space, a closed pipe)" +
                 (out_helps ? " or give --out DIR" : ""));

@@ -20,6 +20,13 @@ inline constexpr int kExitBadInput = 2;
 // Parses the command line. Returns the exit code when the program should stop here (after
 // --help, or a bad argument), nothing when it should go on. Usage:
 //   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
+// Whether everything written to standard output (iostream and stdio) reached it: flushes both
+// and reports a failed write (a full disk, a closed pipe). Programs check it after their report.
+inline bool stdout_ok() {
+  std::cout.flush();
+  return static_cast<bool>(std::cout) && std::fflush(stdout) == 0 && !std::ferror(stdout);
+}
+
 // The help goes to standard output and is checked like any output: one that cannot be written
 // (a full disk, a closed pipe) exits 2 with a message, not 0. Where a subcommand is missing, the
 // message names the word given in its place (CLI11 says only "A subcommand is required").
@@ -28,8 +35,7 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     const int rc = app.exit(e);
-    std::cout.flush();
-    if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    if (!stdout_ok()) {
       std::cerr << app.get_name() << ": error: cannot write the help to standard output; check where it goes\n";
       return kExitBadInput;
     }

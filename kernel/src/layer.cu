@@ -1,6 +1,8 @@
 // Host side of the fused MoE kernel: workspace, virtual-rack peer table, cooperative launches.
 #include "mok/kernel/layer.hpp"
 
+#include "mok/kernel/block_counts.hpp"
+
 #include "../device/moe.cuh"
 #include "layer_core.cuh"
 #include "mok/reference/emulate.hpp"
@@ -135,16 +137,28 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   if (int64_t{blocks_per_rank_} * L > resident)
     throw Error("kernel: " + std::to_string(blocks_per_rank_) + " blocks per rank x " + std::to_string(L) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
-  if (blocks_per_rank_ < 2)
-    throw Error("kernel: each rank needs at least 2 blocks (1 communication + 1 compute); " +
-                std::to_string(L) + " ranks leave " + std::to_string(blocks_per_rank_) +
-                " each on this GPU: use fewer ranks per GPU or set blocks_per_rank");
+  // The three rules live in block_counts.hpp (mok-bench applies them before it has a GPU); the
+  // counts as given are checked, and the defaults derived from them always fit.
+  switch (check_block_counts(blocks_per_rank_, options_.comm_blocks_per_rank,
+                             options_.forward_comm_blocks_per_rank)) {
+    case BlockCountProblem::kNone: break;
+    case BlockCountProblem::kTooFewBlocks:
+      throw Error("kernel: each rank needs at least 2 blocks (1 communication + 1 compute); " +
+                  std::to_string(L) + " ranks leave " + std::to_string(blocks_per_rank_) +
+                  " each on this GPU: use fewer ranks per GPU or set blocks_per_rank");
+    case BlockCountProblem::kCommNotBelowBlocks:
+      throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
+                  std::to_string(blocks_per_rank_) + "); 0 picks blocks_per_rank - 1, got " +
+                  std::to_string(options_.comm_blocks_per_rank));
+    case BlockCountProblem::kForwardCommNotBelowBlocks:
+      throw Error("kernel: forward_comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
+                  std::to_string(blocks_per_rank_) + "); 0 picks min(" + std::to_string(kDefaultBulkGatherBlocks) +
+                  ", comm_blocks_per_rank) with the bulk gather, comm_blocks_per_rank without; got " +
+                  std::to_string(options_.forward_comm_blocks_per_rank));
+  }
   // Default: every block but one gathers first (measured fastest on the H200 for dsv3 and qwen3:
   // BENCHMARKS.md), then all of them take GEMM items.
-  if (options_.comm_blocks_per_rank == 0) options_.comm_blocks_per_rank = std::max(1, blocks_per_rank_ - 1);
-  if (options_.comm_blocks_per_rank < 1 || options_.comm_blocks_per_rank >= blocks_per_rank_)
-    throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
-                std::to_string(blocks_per_rank_) + "); 0 picks blocks_per_rank - 1");
+  if (options_.comm_blocks_per_rank == 0) options_.comm_blocks_per_rank = blocks_per_rank_ - 1;
   // The forward's: with the bulk gather, 16 blocks move the rows as fast as 131 and leave the
   // others to the GEMMs (BENCHMARKS.md, twelfth session); with threads (as across GPUs, where
   // the bulk gather is off: launch()), every block is needed.
@@ -173,10 +187,6 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     options_.forward_comm_blocks_per_rank = host_.bulk_gather
                                                 ? std::min(kDefaultBulkGatherBlocks, options_.comm_blocks_per_rank)
                                                 : options_.comm_blocks_per_rank;
-  if (options_.forward_comm_blocks_per_rank < 1 || options_.forward_comm_blocks_per_rank >= blocks_per_rank_)
-    throw Error("kernel: forward_comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +
-                std::to_string(blocks_per_rank_) + "); 0 picks min(" + std::to_string(kDefaultBulkGatherBlocks) +
-                ", comm_blocks_per_rank) with the bulk gather, comm_blocks_per_rank without");
 
   const int64_t T = cfg.tokens_per_rank, H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
                 K = cfg.top_k, G = cfg.num_tokens(), El = cfg.experts_per_rank();

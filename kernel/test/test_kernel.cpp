@@ -567,17 +567,30 @@ TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {
   ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 6);
   in.at("inputs/topk_experts").data<int32_t>()[3] = 8;  // out of range
   EXPECT_THROW(kernel::run_layer(cfg, in, false), Error);
+  // Each block-count rule (block_counts.hpp) names the option it refuses.
+  const auto expect_refused = [&cfg](const kernel::KernelOptions& opts, const std::string& names) {
+    try {
+      kernel::Layer layer(cfg, opts);
+      ADD_FAILURE() << "accepted; expected an error naming " << names;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+    }
+  };
   kernel::KernelOptions o;
   o.comm_blocks_per_rank = -1;
-  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  expect_refused(o, "kernel: comm_blocks_per_rank must be");
   o.comm_blocks_per_rank = 4;
   o.blocks_per_rank = 4;  // no block left to compute
-  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  expect_refused(o, "kernel: comm_blocks_per_rank must be");
+  o.blocks_per_rank = 1;
+  o.comm_blocks_per_rank = 0;
+  expect_refused(o, "at least 2 blocks");
+  o.blocks_per_rank = 4;
   o.comm_blocks_per_rank = 1;
   o.forward_comm_blocks_per_rank = 4;  // the forward's count, likewise
-  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  expect_refused(o, "forward_comm_blocks_per_rank must be");
   o.forward_comm_blocks_per_rank = -2;
-  EXPECT_THROW(kernel::Layer(cfg, o), Error);
+  expect_refused(o, "forward_comm_blocks_per_rank must be");
   o.forward_comm_blocks_per_rank = 0;
   for (int bad : {0, -1, 65}) {  // row tiles per item group
     o.group_rows = bad;

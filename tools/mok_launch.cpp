@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> command;
   app.add_option("-n,--np", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 72));
   app.add_option("--timeout", timeout_s, "seconds before every process is stopped (0 = none)")
-      ->check(CLI::Range(0.0, 1e7));
+      ->check(mok::cli::finite_range(0.0, 1e7, "a number of seconds from 0 (none) to 1e7"));
   double kill_after_s = 10;
   app.add_option("--kill-after", kill_after_s,
                  "seconds the ranks get to end after a SIGTERM (a rank failed) or a passed-on signal before SIGKILL")
@@ -70,25 +70,29 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("command", command, "program and its arguments (after --)")->required();
   // An unknown option before "--" would be reported with the command ("-- --bogus"): name it alone.
+  // What is known, and which options take a value, is read from the app's own option list.
+  const auto option_of = [&app](const std::string& a) -> const CLI::Option* {
+    for (const CLI::Option* opt : app.get_options()) {
+      for (const std::string& l : opt->get_lnames())
+        if (a == "--" + l || a.rfind("--" + l + "=", 0) == 0) return opt;
+      for (const std::string& sn : opt->get_snames())
+        if (a.rfind("-" + sn, 0) == 0) return opt;  // -n8 as well as -n 8
+    }
+    return nullptr;
+  };
   for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
     const std::string a = argv[i];
-    if (a == "-n" || a == "--np" || a == "--timeout" || a == "--kill-after") {
-      ++i;  // its value
-      continue;
-    }
-    const bool known = a == "-h" || a == "--help" || a.rfind("--np=", 0) == 0 || a.rfind("--timeout=", 0) == 0 ||
-                       a.rfind("--kill-after=", 0) == 0 || (a.rfind("-n", 0) == 0 && a.size() > 2);
-    if (a.size() > 1 && a[0] == '-' && !known) {
+    if (a.size() < 2 || a[0] != '-') continue;
+    const CLI::Option* opt = option_of(a);
+    if (opt == nullptr) {
       std::fprintf(stderr, "The following argument was not expected: %s\nRun with --help for more information.\n",
                    a.c_str());
       return 2;
     }
+    const bool value_attached = a.find('=') != std::string::npos || (a[1] != '-' && a.size() > 2);
+    if (opt->get_type_size() != 0 && !value_attached) ++i;  // its value is the next argument
   }
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
-  if (!std::isfinite(timeout_s)) {  // CLI::Range lets NaN through
-    std::fprintf(stderr, "--timeout: must be a number of seconds from 0 (none) to 1e7\nRun with --help for more information.\n");
-    return 2;
-  }
   // GPU of rank r: the r-th entry of the launcher's CUDA_VISIBLE_DEVICES when it is set (a rank
   // never gets a GPU the caller hid), else r.
   std::vector<std::string> gpus;

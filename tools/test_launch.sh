@@ -25,9 +25,16 @@ for list in 0,0 0,,1 -1; do
     { echo "CUDA_VISIBLE_DEVICES='$list': expected exit 2 naming the list and its bad entry, got $code: $msg"; exit 1; }
 done
 # An unknown option before -- is named alone (not with the command after --).
-msg=$("$launch" -n 2 --bogus -- true 2>&1)
-code=$?
-[[ $code == 2 && $msg == *"not expected: --bogus"$'\n'* ]] || { echo "-n 2 --bogus -- true: expected exit 2 naming --bogus, got $code: $msg"; exit 1; }
+# Every spelling of the launcher's own options is read past, values attached or not.
+for pre in "-n 2" "-n2" "--np=2" "--np 2 --timeout 30" "-n 2 --timeout=30 --kill-after 2" "-n2 --kill-after=2"; do
+  # shellcheck disable=SC2086
+  msg=$("$launch" $pre --bogus -- true 2>&1)
+  code=$?
+  [[ $code == 2 && $msg == *"not expected: --bogus"$'\n'* ]] ||
+    { echo "$pre --bogus -- true: expected exit 2 naming --bogus, got $code: $msg"; exit 1; }
+done
+msg=$("$launch" -n 2 -x -- true 2>&1)
+[[ $? == 2 && $msg == *"not expected: -x"$'\n'* ]] || { echo "-n 2 -x -- true: expected exit 2 naming -x: $msg"; exit 1; }
 msg=$("$launch" -n 2 -- bash -c 'exit $((MOK_RANK == 1 ? 7 : 0))' 2>&1)
 code=$?
 [[ $code == 7 ]] || { echo "expected exit 7 from the failing rank, got $code"; exit 1; }

@@ -1,8 +1,6 @@
 // Host side of the fused MoE kernel: workspace, virtual-rack peer table, cooperative launches.
 #include "mok/kernel/layer.hpp"
 
-#include "mok/kernel/block_counts.hpp"
-
 #include "../device/moe.cuh"
 #include "layer_core.cuh"
 #include "mok/reference/emulate.hpp"
@@ -156,12 +154,8 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
                   ", comm_blocks_per_rank) with the bulk gather, comm_blocks_per_rank without; got " +
                   std::to_string(options_.forward_comm_blocks_per_rank));
   }
-  // Default: every block but one gathers first (measured fastest on the H200 for dsv3 and qwen3:
-  // BENCHMARKS.md), then all of them take GEMM items.
-  if (options_.comm_blocks_per_rank == 0) options_.comm_blocks_per_rank = blocks_per_rank_ - 1;
-  // The forward's: with the bulk gather, 16 blocks move the rows as fast as 131 and leave the
-  // others to the GEMMs (BENCHMARKS.md, twelfth session); with threads (as across GPUs, where
-  // the bulk gather is off: launch()), every block is needed.
+  // Default: every block but one gathers first, then all of them take GEMM items.
+  options_.comm_blocks_per_rank = resolve_comm_blocks(blocks_per_rank_, options_.comm_blocks_per_rank);
   // The launch-invariant flags are resolved here, once. Bulk copies of peer rows are checked on
   // one GPU only (the virtual rack); the NCCL transport (system scope) keeps the thread gather
   // until it runs on several GPUs.
@@ -183,10 +177,8 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
                 std::to_string(options_.group_rows));
   host_.group_rows = options_.group_rows;
   host_.shared_items = options_.shared_items && options_.silent_rank < 0 && local_ranks > 1 ? 1 : 0;
-  if (options_.forward_comm_blocks_per_rank == 0)
-    options_.forward_comm_blocks_per_rank = host_.bulk_gather
-                                                ? std::min(kDefaultBulkGatherBlocks, options_.comm_blocks_per_rank)
-                                                : options_.comm_blocks_per_rank;
+  options_.forward_comm_blocks_per_rank = resolve_forward_comm_blocks(
+      options_.comm_blocks_per_rank, options_.forward_comm_blocks_per_rank, host_.bulk_gather != 0);
 
   const int64_t T = cfg.tokens_per_rank, H = cfg.hidden, I = cfg.intermediate, Is = cfg.shared_intermediate,
                 K = cfg.top_k, G = cfg.num_tokens(), El = cfg.experts_per_rank();

@@ -2,17 +2,23 @@
 // random expert row counts, some experts empty, is found in the expert that a walk over the
 // experts in order finds, the way the kernel mapped row tiles before its shared-memory table; and
 // the grouped item order (grouped_tile) visits every (row tile, column tile) once, with its 32-bit
-// form giving the 64-bit form's answers.
+// form giving the 64-bit form's answers. Also the block-count rules (mok/kernel/block_counts.hpp),
+// which Layer's constructor and mok-bench share: what they refuse, and that the counts derived
+// from a 0 always fit.
+#include "mok/kernel/block_counts.hpp"
 #include "mok/kernel/row_tiles.hpp"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace {
 
+using mok::kernel::BlockCountProblem;
+using mok::kernel::check_block_counts;
 using mok::kernel::expert_of_row_tile;
 using mok::kernel::grouped_tile;
 using mok::kernel::grouped_tile_wide;
@@ -99,6 +105,51 @@ TEST(RowTiles, GroupedOrderIsColumnMajorInsideAGroup) {
   grouped_tile(int64_t{1} << 33, int64_t{1} << 30, 64, 8, rt, col);
   EXPECT_EQ(rt, ((int64_t{1} << 33) / (8 * 64)) * 8 + ((int64_t{1} << 33) % (8 * 64)) % 8);
   EXPECT_EQ(col, ((int64_t{1} << 33) % (8 * 64)) / 8);
+}
+
+// Each count the constructor is given: 0 (derived) or a value that may lie anywhere around the
+// valid range [1, blocks).
+RC_GTEST_PROP(BlockCounts, RefusesWhatDoesNotFitAndDerivedCountsFit, ()) {
+  const int blocks = *rc::gen::inRange(-2, 300);
+  const int top = std::max(blocks, 2);  // inRange's upper bound is exclusive and above its lower one
+  const auto count = [top] {
+    return *rc::gen::oneOf(rc::gen::just(0), rc::gen::inRange(-3, top + 4), rc::gen::inRange(1, top));
+  };
+  const int comm = count(), fwd = count();
+  const bool bulk = *rc::gen::arbitrary<bool>();
+  const BlockCountProblem got = check_block_counts(blocks, comm, fwd);
+  const auto fits = [blocks](int n) { return n >= 1 && n < blocks; };
+  // The first rule broken is the one named, in the constructor's order.
+  if (blocks < 2) {
+    RC_ASSERT(got == BlockCountProblem::kTooFewBlocks);
+  } else if (comm != 0 && !fits(comm)) {
+    RC_ASSERT(got == BlockCountProblem::kCommNotBelowBlocks);
+  } else if (fwd != 0 && !fits(fwd)) {
+    RC_ASSERT(got == BlockCountProblem::kForwardCommNotBelowBlocks);
+  } else {
+    RC_ASSERT(got == BlockCountProblem::kNone);
+    // Accepted counts resolve to counts that fit: what the constructor no longer re-checks.
+    const int c = mok::kernel::resolve_comm_blocks(blocks, comm);
+    const int f = mok::kernel::resolve_forward_comm_blocks(c, fwd, bulk);
+    RC_ASSERT(fits(c));
+    RC_ASSERT(fits(f));
+    if (comm != 0) RC_ASSERT(c == comm);
+    if (fwd != 0) RC_ASSERT(f == fwd);
+    if (fwd == 0) RC_ASSERT(f == (bulk ? std::min(mok::kernel::kDefaultBulkGatherBlocks, c) : c));
+  }
+}
+
+TEST(BlockCounts, Examples) {
+  EXPECT_EQ(check_block_counts(1, 0, 0), BlockCountProblem::kTooFewBlocks);
+  EXPECT_EQ(check_block_counts(2, 0, 0), BlockCountProblem::kNone);
+  EXPECT_EQ(check_block_counts(4, 4, 0), BlockCountProblem::kCommNotBelowBlocks);
+  EXPECT_EQ(check_block_counts(4, -1, 0), BlockCountProblem::kCommNotBelowBlocks);
+  EXPECT_EQ(check_block_counts(4, 1, 4), BlockCountProblem::kForwardCommNotBelowBlocks);
+  EXPECT_EQ(check_block_counts(132, 0, 0), BlockCountProblem::kNone);
+  EXPECT_EQ(mok::kernel::resolve_comm_blocks(132, 0), 131);
+  EXPECT_EQ(mok::kernel::resolve_forward_comm_blocks(131, 0, true), 16);
+  EXPECT_EQ(mok::kernel::resolve_forward_comm_blocks(131, 0, false), 131);
+  EXPECT_EQ(mok::kernel::resolve_forward_comm_blocks(3, 0, true), 3);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Host API of the fused MoE kernel: a workspace for one layer config, forward and backward on device pointers.
 #pragma once
 
+#include "mok/kernel/block_counts.hpp"  // kDefaultBulkGatherBlocks, the block-count rules
 #include "mok/kernel/params.hpp"
 #include "mok/reference/tensor.hpp"
 #include "mok/spec/config.hpp"
@@ -11,10 +12,6 @@
 #include <vector>
 
 namespace mok::kernel {
-
-// The forward's gathering blocks per rank when the bulk gather runs and
-// KernelOptions::forward_comm_blocks_per_rank is 0 (measured on the H200: BENCHMARKS.md).
-inline constexpr int kDefaultBulkGatherBlocks = 16;
 
 // The forward's gate/up epilogue (SwiGLU, silu' and the stores; the same bits either way):
 // kFragments: each thread on its accumulator fragments; kStaged: the tile goes to shared memory

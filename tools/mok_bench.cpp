@@ -182,8 +182,12 @@ void* zeros(size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::vector<std::string> preset_list;
   std::string preset_names;
-  for (const mok::ref::Preset& p : mok::ref::presets()) preset_names += (preset_names.empty() ? "" : ", ") + std::string(p.name);
+  for (const mok::ref::Preset& p : mok::ref::presets()) {
+    preset_names += (preset_list.empty() ? "" : ", ") + std::string(p.name);
+    preset_list.emplace_back(p.name);
+  }
   const std::string prog = kProgram;
   CLI::App app{prog + ": time the fused MoE kernel (forward, backward) against the unfused cuBLAS pipeline, with the\n"
                "bf16 matrix peak (an 8192^3 cublasGemmEx) and the copy bandwidth measured in the same run;\n"
@@ -210,8 +214,6 @@ int main(int argc, char** argv) {
   std::string preset = "dsv3-mini", file, routing = "uniform", transport = "virtual";
   int reps = 20, warmup = 3, comm = 0, blocks = 0;
   int64_t R = 0, T = 0, H = 0, I = 0, Is = -1, E = 0, K = 0;
-  std::vector<std::string> preset_list;
-  for (const mok::ref::Preset& p : mok::ref::presets()) preset_list.emplace_back(p.name);
   auto* preset_opt = app.add_option("--preset,-p", preset, "configuration preset: " + preset_names + " (ignored with --file)")
                          ->check(CLI::IsMember(preset_list))
                          ->capture_default_str();
@@ -482,7 +484,7 @@ int main(int argc, char** argv) {
     const char* env = std::getenv("MOK_TORCH_BASELINE");
     if (env && *env) {
       torch_script = env;
-      if (const std::string why = file_problem(torch_script, false); torch_runs && !why.empty())
+      if (const std::string why = torch_runs ? file_problem(torch_script, false) : ""; !why.empty())
         return usage_error("MOK_TORCH_BASELINE=" + torch_script + ": " + why + "; point it at " +
                            "tools/moe_torch_baseline.py, unset it, or give --torch \"\" to skip the PyTorch baseline");
     } else if (FILE* f = std::fopen("tools/moe_torch_baseline.py", "r")) {
@@ -493,9 +495,10 @@ int main(int argc, char** argv) {
     }
   }
   // The default interpreter is left to the run (a machine without it gets a note, as before).
-  if (const std::string why = program_problem(python); torch_runs && python_opt->count() > 0 && !why.empty())
-    return usage_error("--python '" + python + "': " + why + "; give an interpreter with PyTorch, or --torch \"\" to skip "
-                       "the PyTorch baseline");
+  if (torch_runs && python_opt->count() > 0)
+    if (const std::string why = program_problem(python); !why.empty())
+      return usage_error("--python '" + python + "': " + why + "; give an interpreter with PyTorch, or --torch \"\" to "
+                         "skip the PyTorch baseline");
   try {
     std::string why;
     if (!mok::kernel::gpu_available(&why)) {

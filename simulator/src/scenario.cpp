@@ -48,10 +48,10 @@ spec::LayerConfig layer_from_json(const nlohmann::json& j, const Topology& topo,
     cfg.num_experts = experts_per_rank * cfg.num_ranks;
   }
   if (cfg.num_ranks < 1) throw Error(origin + ": layer.num_ranks must be at least 1 (default: every GPU of the topology)");
-  if (!j.contains("num_ranks") && cfg.num_ranks > 4096)
+  if (!j.contains("num_ranks") && cfg.num_ranks > spec::kMaxRanks)
     throw Error(origin + ": the topology has " + std::to_string(cfg.num_ranks) +
-                " GPUs and layer.num_ranks defaults to all of them, but a layer has at most 4096 ranks: set "
-                "layer.num_ranks, or use a smaller topology");
+                " GPUs and layer.num_ranks defaults to all of them, but a layer has at most " +
+                std::to_string(spec::kMaxRanks) + " ranks: set layer.num_ranks, or use a smaller topology");
   const spec::Status st = cfg.validate();
   if (!st.ok)
     throw Error(origin + ": " + st.message +

@@ -17,9 +17,6 @@ namespace mok::cli {
 
 inline constexpr int kExitBadInput = 2;
 
-// Parses the command line. Returns the exit code when the program should stop here (after
-// --help, or a bad argument), nothing when it should go on. Usage:
-//   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
 // Whether everything written to standard output (iostream and stdio) reached it: flushes both
 // and reports a failed write (a full disk, a closed pipe). Programs check it after their report.
 inline bool stdout_ok() {
@@ -27,6 +24,9 @@ inline bool stdout_ok() {
   return static_cast<bool>(std::cout) && std::fflush(stdout) == 0 && !std::ferror(stdout);
 }
 
+// Parses the command line. Returns the exit code when the program should stop here (after
+// --help, or a bad argument), nothing when it should go on. Usage:
+//   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
 // The help goes to standard output and is checked like any output: one that cannot be written
 // (a full disk, a closed pipe) exits 2 with a message, not 0. Where a subcommand is missing, the
 // message names the word given in its place (CLI11 says only "A subcommand is required").

@@ -9,6 +9,8 @@ namespace mok::spec {
 inline constexpr int kMmaK = 16;
 // Largest accepted dimension, so that every index product fits in int64 and row ids in int32.
 inline constexpr int64_t kMaxDim = int64_t{1} << 24;
+// Largest accepted rank count R.
+inline constexpr int64_t kMaxRanks = 4096;
 
 struct LayerConfig {
   int64_t hidden = 0;              // H
@@ -47,7 +49,7 @@ struct LayerConfig {
     if (top_k <= 0 || top_k > num_experts)
       return Status::fail("config.K (top-k) must be in [1, E]");
     if (top_k > 64) return Status::fail("config.K (top-k) must be at most 64");
-    if (num_ranks <= 0 || num_ranks > 4096) return Status::fail("config.R (ranks) must be in [1, 4096]");
+    if (num_ranks <= 0 || num_ranks > kMaxRanks) return Status::fail("config.R (ranks) must be in [1, 4096]");
     if (num_experts % num_ranks != 0)
       return Status::fail("config.E (experts) must be divisible by config.R (ranks): experts are placed in equal contiguous blocks");
     if (tokens_per_rank <= 0 || tokens_per_rank > kMaxDim)

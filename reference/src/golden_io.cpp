@@ -1082,7 +1082,8 @@ void write_golden(const std::string& path, const Golden& golden) {
     throw Error(path + ": meta says profile \"" + golden.meta.profile + "\" and MMA model \"" + golden.meta.mma_model +
                 "\"; this build writes \"" + ours.profile + "\" / \"" + ours.mma_model + "\" only",
                 ErrorKind::kUnsupported);
-  // Structure only: a writer may record non-finite or badly routed inputs (the reader flags them).
+  // Structure, and stored bounds: a writer may record non-finite or badly routed inputs (the
+  // reader flags them), but a bound the reader would refuse is a writer's bug, not a recording.
   ReadOptions structure_only;
   structure_only.check_values = false;
   validate_golden(golden, path, structure_only);
@@ -1090,6 +1091,7 @@ void write_golden(const std::string& path, const Golden& golden) {
   const std::string target = check_output_path(path);
   const SilenceHdf5 silence;
   const Context ctx(path, Context::Mode::kWrite);
+  check_bound_values(ctx, golden);
   const std::string tmp_path = target + ".tmp." + std::to_string(static_cast<long>(::getpid()));
   const TmpFileGuard guard(tmp_path);
   try {

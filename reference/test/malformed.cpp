@@ -263,6 +263,21 @@ void write_placeholder_golden(const std::string& path, const spec::LayerConfig& 
   check(H5Fclose(file) >= 0, "H5Fclose " + path);
 }
 
+void set_f32_element(const std::string& path, const std::string& dataset, int64_t index, float value) {
+  File f(path);
+  const hid_t dset = H5Dopen2(f.get(), ("/" + dataset).c_str(), H5P_DEFAULT);
+  check(dset >= 0, "H5Dopen2 " + dataset);
+  const hid_t space = H5Dget_space(dset);
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  H5Sclose(space);
+  check(n > index && index >= 0, dataset + ": element " + std::to_string(index) + " out of range");
+  std::vector<float> data(static_cast<size_t>(n));
+  check(H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0, "H5Dread " + dataset);
+  data[static_cast<size_t>(index)] = value;
+  check(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0, "H5Dwrite " + dataset);
+  H5Dclose(dset);
+}
+
 std::string malformed_expected_text(const std::string& case_name) {
   const auto it = expected_texts().find(case_name);
   return it == expected_texts().end() ? std::string() : it->second;
@@ -479,17 +494,16 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
         std::numeric_limits<float>::quiet_NaN();
   });
   // Stored bounds that cannot be right (found by audit, 2026-12: the oracle backend dropped them
-  // unchecked, exit 0).
+  // unchecked, exit 0). write_golden refuses them, so the good file's dataset is edited in place.
   if (good.tensors.count("bounds/output_bound") && good.tensors.count("bounds/d_x_bound")) {
-    write_variant("negative_radius", [&cfg](Golden& g) {
-      at(g.tensors, "bounds/output_bound").data<float>()[1 * cfg.hidden + 1] = -1.0f;
-    });
-    write_variant("infinite_radius", [](Golden& g) {
-      at(g.tensors, "bounds/d_x_bound").data<float>()[2] = std::numeric_limits<float>::infinity();
-    });
-    write_variant("nan_exact", [](Golden& g) {
-      at(g.tensors, "bounds/output_exact").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-    });
+    const auto patch_bound = [&](const std::string& name, const std::string& dataset, int64_t index, float value) {
+      const std::string path = copy_of(good_path, dir, name);
+      set_f32_element(path, dataset, index, value);
+      cases.emplace_back(name, path);
+    };
+    patch_bound("negative_radius", "bounds/output_bound", 1 * cfg.hidden + 1, -1.0f);
+    patch_bound("infinite_radius", "bounds/d_x_bound", 2, std::numeric_limits<float>::infinity());
+    patch_bound("nan_exact", "bounds/output_exact", 0, std::numeric_limits<float>::quiet_NaN());
   }
   write_variant("expert_out_of_range", [&cfg](Golden& g) {
     Tensor& topk = at(g.tensors, "inputs/topk_experts");

@@ -28,6 +28,10 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
 // tests of layers too large to load.
 void write_placeholder_golden(const std::string& path, const spec::LayerConfig& cfg, bool bounds);
 
+// Sets one element of an fp32 dataset of an existing file (e.g. "bounds/d_x_bound"), in place:
+// how tests make files with values write_golden refuses to write (a negative radius, say).
+void set_f32_element(const std::string& path, const std::string& dataset, int64_t index, float value);
+
 // A piece of text that the reader's message for this case must contain (a dataset path or
 // the kind of problem).
 std::string malformed_expected_text(const std::string& case_name);

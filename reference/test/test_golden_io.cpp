@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -363,6 +364,37 @@ TEST(GoldenIo, WriterRejectsStructuralErrorsAndLeavesNoFile) {
     EXPECT_THROW(write_golden(dir.file("a.h5"), bad), mok::Error);
   }
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 0);
+}
+
+// A stored bound the reader would refuse is refused by the writer too (inputs, by contrast, may
+// be recorded as they are: the reader flags them).
+TEST(GoldenIo, WriterRejectsBoundsTheReaderRefusesAndLeavesNoFile) {
+  const spec::LayerConfig cfg = make_config(32, 16, 0, 4, 2, 2, 3);
+  ScratchDir dir;
+  const Golden good = test::make_random_golden(cfg, 5);
+  ASSERT_TRUE(good.tensors.count("bounds/output_bound")) << "the random golden has no bounds to spoil";
+  const struct {
+    const char* dataset;
+    float value;
+    const char* says;
+  } spoiled[] = {{"bounds/output_bound", -1.0f, "a radius must be a finite number >= 0"},
+                 {"bounds/output_bound", std::numeric_limits<float>::infinity(), "a radius must be"},
+                 {"bounds/output_exact", std::numeric_limits<float>::quiet_NaN(), "a value with a radius must be finite"}};
+  for (const auto& s : spoiled) {
+    Golden bad = good;
+    at(bad.tensors, s.dataset).data<float>()[3] = s.value;
+    try {
+      write_golden(dir.file("a.h5"), bad);
+      ADD_FAILURE() << s.dataset << " = " << s.value << " was written";
+    } catch (const mok::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(s.says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(s.dataset), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 0);
+  Golden nan_radius = good;  // NaN: not sampled, which the reader accepts
+  at(nan_radius.tensors, "bounds/output_bound").data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NO_THROW(write_golden(dir.file("ok.h5"), nan_radius));
 }
 
 TEST(GoldenIo, FailedWriteRemovesTheTemporaryFile) {

@@ -28,7 +28,7 @@ struct Golden {
 struct ReadOptions {
   bool load_intermediates = true;
   bool load_bounds = true;
-  bool check_values = true;   // finite inputs, valid routing
+  bool check_values = true;   // finite inputs, valid routing, stored bounds in range
   bool require_inputs = true; // false for candidate files that hold only outputs/grads
 };
 

@@ -31,8 +31,10 @@ CASES = {  # H, I, Is, E (local experts on this GPU), K, T (tokens)
 }
 
 
-# Per size option: (lowest, highest, what it is), as mok-bench's layers allow (LayerConfig::validate;
-# T here is the whole layer's tokens, R * T there, so its routed slots T * K must fit in int32).
+# Per size option: (lowest, highest, what it is): the ranges of mok-bench's layers
+# (LayerConfig::validate; T here is the whole layer's tokens, R * T there, so its routed slots
+# T * K must fit in int32). Only the ranges: the multiple-of-16 rule for H, I and Is is not
+# restated, since this script needs none of it (mok-bench starts it only for layers it accepts).
 SIZES = {"H": (1, 1 << 24, "hidden size"), "I": (1, 1 << 24, "routed experts' intermediate size"),
          "Is": (0, 1 << 24, "shared expert's intermediate size (0: none)"), "E": (1, 1 << 20, "experts"),
          "K": (1, 64, "experts per token (top-k), at most E"), "T": (1, (1 << 31) - 1, "tokens")}

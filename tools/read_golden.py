@@ -25,7 +25,8 @@ except ImportError as e:  # pragma: no cover
     print(f"read_golden.py: skipped: {e}", file=sys.stderr)
     sys.exit(77)
 
-# /config's sizes: (lowest, highest), as mok::spec::LayerConfig::validate allows them.
+# /config's sizes: (lowest, highest), the ranges of mok::spec::LayerConfig::validate (its other
+# rules, multiples of 16, E divisible by R, R*T*K in int32, are left to mok-verify's reader).
 CONFIG_RANGES = {"H": (1, 1 << 24), "I": (1, 1 << 24), "Is": (0, 1 << 24), "E": (1, 1 << 20), "K": (1, 64),
                  "R": (1, 4096), "T": (1, 1 << 24)}
 REGENERATE = "regenerate the file with mok-golden"

@@ -33,8 +33,9 @@ ref::TensorMap inputs_of(const ref::Golden& g) {
   return in;
 }
 
-// Refuses, before any work, a run whose results cannot fit in the memory left after loading the
-// golden. The estimate is a lower bound (a copy of the inputs and the results the backend
+// Refuses, before any work, a run whose results cannot fit in the memory available
+// (ref::available_memory_bytes(): after loading the golden where a process limit binds, else a
+// machine or container total). The estimate is a lower bound (a copy of the inputs and the results the backend
 // returns: its outputs, gradients and intermediates; for the oracle, two fp32 bounds and a
 // rounded value per element too), so a run that would fit is never refused.
 void check_memory(const ref::Golden& golden, Backend backend, const std::string& golden_name) {
@@ -55,9 +56,10 @@ void check_memory(const ref::Golden& golden, Backend backend, const std::string&
               std::to_string(c.hidden) + " I=" + std::to_string(c.intermediate) + " Is=" +
               std::to_string(c.shared_intermediate) + " E=" + std::to_string(c.num_experts) + " K=" +
               std::to_string(c.top_k) + " R=" + std::to_string(c.num_ranks) + " T=" + std::to_string(c.tokens_per_rank) +
-              "), but only " + ref::format_bytes(*available) +
-              " more can be allocated here after loading the golden (memory limits, the machine's memory and swap); "
-              "run on a machine with more memory, or use a smaller layer");
+              "), but at most " + ref::format_bytes(*available) +
+              " is available here (the tightest of: this process's memory limits less what it already uses, the "
+              "container's limit, the machine's memory and swap); run on a machine with more memory, or use a "
+              "smaller layer");
 }
 
 }  // namespace

@@ -162,14 +162,7 @@ std::string write_fix(int err) {
   }
 }
 
-std::string format_dims(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(dims[i]);
-  }
-  return s + "]";
-}
+std::string format_dims(const std::vector<int64_t>& dims) { return format_shape(dims); }
 
 std::string format_dims(const std::vector<hsize_t>& dims) {
   std::string s = "[";

@@ -40,8 +40,6 @@ size_t dtype_size(DType dtype) {
   return 0;
 }
 
-namespace {
-
 std::string format_shape(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -50,6 +48,8 @@ std::string format_shape(const std::vector<int64_t>& shape) {
   }
   return s + "]";
 }
+
+namespace {
 
 // The number on the line of /proc/meminfo that starts with `key` (in kB), or nullopt.
 std::optional<uint64_t> meminfo_kib(const std::string& text, const std::string& key) {

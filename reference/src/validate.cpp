@@ -21,13 +21,6 @@ std::string dims_string(const TensorSpec& s) {
   return out + ")";
 }
 
-// "[2, 3]", as Tensor::shape_string() prints it, without allocating a tensor of that shape.
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 }  // namespace
 
 void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool need_backward,
@@ -48,7 +41,7 @@ void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool
       throw Error(origin + ": dataset /" + path + ": expected dtype " + dtype_name(s.dtype) +
                   " but found " + dtype_name(t.dtype()));
     if (t.shape() != want) {
-      throw Error(origin + ": dataset /" + path + ": expected shape " + shape_text(want) + " " +
+      throw Error(origin + ": dataset /" + path + ": expected shape " + format_shape(want) + " " +
                   dims_string(s) + " but found " + t.shape_string());
     }
   }
@@ -66,7 +59,7 @@ void check_shape(const spec::LayerConfig& cfg, const std::string& path, const Te
     throw Error(origin + ": dataset /" + path + ": expected dtype " + dtype_name(s->dtype) + " but found " +
                 dtype_name(t.dtype()));
   if (t.shape() != want) {
-    throw Error(origin + ": dataset /" + path + ": expected shape " + shape_text(want) + " " + dims_string(*s) +
+    throw Error(origin + ": dataset /" + path + ": expected shape " + format_shape(want) + " " + dims_string(*s) +
                 " but found " + t.shape_string());
   }
 }

@@ -79,6 +79,8 @@ std::optional<uint64_t> available_memory_bytes();
 
 // A byte count for messages: "1.5 GiB", "320 MiB", "12 KiB", "100 bytes".
 std::string format_bytes(uint64_t bytes);
+// A shape for messages: "[2, 3]" (Tensor::shape_string() of a tensor of that shape).
+std::string format_shape(const std::vector<int64_t>& shape);
 
 // Keys are schema paths such as "inputs/x", "grads/d_w_routed_gate", "bounds/output_exact".
 using TensorMap = std::map<std::string, Tensor>;

@@ -17,21 +17,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The reference layer: DeepSeek-V3 shapes, 8192 tokens per GPU, top-8, 4 experts per GPU
-// (the spec places E/R experts per GPU, so 256 experts cannot be spread over 72 GPUs: 288 is
-// the nearest multiple), 128-token chunks.
-mok::spec::LayerConfig layer(int gpus) {
-  mok::spec::LayerConfig cfg;
-  cfg.hidden = 7168;
-  cfg.intermediate = 2048;
-  cfg.shared_intermediate = 2048;
-  cfg.num_ranks = gpus;
-  cfg.num_experts = 4 * gpus;
-  cfg.top_k = 8;
-  cfg.tokens_per_rank = 8192;
-  return cfg;
-}
-
 int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns, bool full, int threads) {
   const auto topo = mok::sim::resolve_topology(topo_name);
   mok::sim::RoutingSpec routing;
@@ -42,7 +27,7 @@ int one_layer(const std::string& topo_name, int gpus, int64_t quantum_ns, bool f
   opt.full_rate_recompute = full;
   opt.threads = threads;
   auto t0 = std::chrono::steady_clock::now();
-  const auto work = mok::sim::generate_workload(layer(gpus), routing, threads);
+  const auto work = mok::sim::generate_workload(mok::sim::speed_reference_layer(gpus), routing, threads);
   const double t_gen = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   const auto r = mok::sim::simulate_layer(topo, work, proto, opt);

@@ -1,6 +1,8 @@
 // Shared helpers for simulator tests: a simple topology with round numbers and small layers.
 #pragma once
 
+#include <vector>
+
 #include "mok/sim/layer_sim.hpp"
 #include "mok/sim/topology.hpp"
 #include "mok/sim/workload.hpp"
@@ -66,6 +68,19 @@ inline spec::LayerConfig layer(int64_t ranks, int64_t tokens, int64_t experts_pe
   cfg.num_ranks = ranks;
   cfg.tokens_per_rank = tokens;
   return cfg;
+}
+
+// All-to-all routing on n ranks with one expert each (E = R = n, K = n - 1): token t of rank r
+// goes to every other rank's expert, in ascending expert order.
+inline std::vector<int32_t> all_to_all_topk(int n, int64_t tokens) {
+  std::vector<int32_t> topk(static_cast<size_t>(n * tokens * (n - 1)));
+  for (int r = 0; r < n; ++r)
+    for (int64_t t = 0; t < tokens; ++t) {
+      int k = 0;
+      for (int e = 0; e < n; ++e)
+        if (e != r) topk[static_cast<size_t>((r * tokens + t) * (n - 1) + k++)] = e;
+    }
+  return topk;
 }
 
 }  // namespace mok::sim::testing

@@ -13,6 +13,7 @@ using testing::layer;
 using testing::simple_topology;
 using testing::push_dispatch;
 using testing::rank0_to_expert;
+using testing::all_to_all_topk;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -55,14 +56,7 @@ TEST(LayerSim, AllToAllOnANonBlockingSwitchIsPortBound) {
   // Token t of rank r goes to every other rank (E = R, K = R-1): each GPU sends T rows to each peer.
   const int n = 6;
   const auto cfg = layer(n, 128, 1, n - 1);
-  std::vector<int32_t> topk(cfg.num_slots());
-  for (int r = 0; r < n; ++r)
-    for (int t = 0; t < 128; ++t) {
-      int k = 0;
-      for (int e = 0; e < n; ++e)
-        if (e != r) topk[(r * 128 + t) * (n - 1) + k++] = e;
-    }
-  const Workload w = Workload::from_topk(cfg, topk, "all-to-all");
+  const Workload w = Workload::from_topk(cfg, all_to_all_topk(n, 128), "all-to-all");
   ProtocolConfig p = push_dispatch(Signaling::kFlagInData, n);  // one SM per peer, all concurrent
   const LayerResult r = simulate_layer(simple_topology(n), w, p);
   const int64_t per_pair = ceil_div(int64_t{128} * 1024 * 2 * 128, 120);
@@ -701,14 +695,7 @@ TEST(LayerSim, PeerFenceFlagSerialisesOneRoundTripPerPeerPerSignalThread) {
   // rounding. With 7 threads every peer gets the first slot.
   const int n = 8;
   const auto cfg = layer(n, 128, 1, n - 1);
-  std::vector<int32_t> topk(cfg.num_slots());
-  for (int r = 0; r < n; ++r)
-    for (int t = 0; t < 128; ++t) {
-      int k = 0;
-      for (int e = 0; e < n; ++e)
-        if (e != r) topk[(r * 128 + t) * (n - 1) + k++] = e;
-    }
-  const Workload w = Workload::from_topk(cfg, topk, "all-to-all");
+  const Workload w = Workload::from_topk(cfg, all_to_all_topk(n, 128), "all-to-all");
   ProtocolConfig p = push_dispatch(Signaling::kPeerFenceFlag, n);
   const Topology topo = simple_topology(n);
   auto observe = [](int64_t v) { return ceil_div(v, 100) * 100 + 100; };

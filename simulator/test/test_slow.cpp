@@ -13,24 +13,12 @@
 namespace mok::sim {
 namespace {
 
-spec::LayerConfig nvl72_layer(int64_t tokens, int64_t gpus = 72) {
-  spec::LayerConfig cfg;
-  cfg.hidden = 7168;
-  cfg.intermediate = 2048;
-  cfg.shared_intermediate = 2048;
-  cfg.num_ranks = gpus;
-  cfg.num_experts = 4 * gpus;
-  cfg.top_k = 8;
-  cfg.tokens_per_rank = tokens;
-  return cfg;
-}
-
 TEST(SlowLayerSim, RateQuantumStaysWithinOnePercentOnNvl72) {
   const Topology topo = resolve_topology("gb200-nvl72");
   for (RoutingKind kind : {RoutingKind::kUniform, RoutingKind::kPowerLaw}) {
     RoutingSpec routing;
     routing.kind = kind;
-    const Workload w = generate_workload(nvl72_layer(4096), routing);
+    const Workload w = generate_workload(speed_reference_layer(72, 4096), routing);
     for (Direction dir : {Direction::kPull, Direction::kPush}) {
       ProtocolConfig p;
       p.dispatch = dir;
@@ -54,7 +42,7 @@ TEST(SlowLayerSim, IncrementalRatesEqualFullRecomputesOnTwoAndFourRacks) {
     const Topology topo = resolve_topology("multi-rack:" + std::to_string(racks));
     RoutingSpec routing;
     routing.kind = RoutingKind::kUniform;
-    const Workload w = generate_workload(nvl72_layer(tokens, 72 * racks), routing);
+    const Workload w = generate_workload(speed_reference_layer(72 * racks, tokens), routing);
     SimOptions inc, full;
     full.full_rate_recompute = true;
     const LayerResult a = simulate_layer(topo, w, {}, inc);

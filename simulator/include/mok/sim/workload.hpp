@@ -70,6 +70,21 @@ struct WorkloadBuffers {
 const Workload& generate_workload(const spec::LayerConfig& cfg, const RoutingSpec& spec, WorkloadBuffers& buffers,
                                   int threads = 1);
 
+// The layer of the simulator's speed targets (mok-sim-bench, the slow tests): DeepSeek-V3 shapes
+// (H 7168, I 2048, one shared expert of 2048), top-8, 4 experts per GPU (the spec places E/R
+// experts per GPU, so 256 experts cannot be spread over 72 GPUs; 288 is the nearest multiple).
+inline spec::LayerConfig speed_reference_layer(int64_t gpus, int64_t tokens_per_gpu = 8192) {
+  spec::LayerConfig cfg;
+  cfg.hidden = 7168;
+  cfg.intermediate = 2048;
+  cfg.shared_intermediate = 2048;
+  cfg.num_ranks = gpus;
+  cfg.num_experts = 4 * gpus;
+  cfg.top_k = 8;
+  cfg.tokens_per_rank = tokens_per_gpu;
+  return cfg;
+}
+
 // Load statistics of a set of non-negative counts.
 struct LoadStats {
   double mean = 0, max = 0, p99 = 0, gini = 0, max_over_mean = 0;

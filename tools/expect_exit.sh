@@ -27,3 +27,23 @@ expect_unwritable() {
     echo "$(basename "$prog") $* > /dev/full: exit $code, expected 2 and a message"; echo "$out" | head -5; expect_failed=1
   fi
 }
+# expect_closed_pipe PROGRAM ARGS...: with standard output a pipe whose reader has gone (as in
+# `PROGRAM ARGS | head -1` once head has ended) and SIGPIPE at its default (Python's subprocess
+# restores it, whatever this shell inherited), PROGRAM ARGS must exit 2 with one line saying it
+# cannot write, not end by SIGPIPE without a word (141). Skipped where there is no python3.
+expect_closed_pipe() {
+  command -v python3 > /dev/null || return 0
+  local prog=$1
+  shift
+  local out code
+  out=$(python3 -c 'import os, subprocess, sys
+r, w = os.pipe()
+os.close(r)
+rc = subprocess.run(sys.argv[1:], stdout=w).returncode
+sys.exit(128 - rc if rc < 0 else rc)' "$prog" "$@" 2>&1)
+  code=$?
+  if [[ $code != 2 || $out != *"cannot write"* || $out == *$'\n'* ]]; then
+    echo "$(basename "$prog") $* > a closed pipe: exit $code, expected 2 and one line saying it cannot write"
+    echo "$out" | head -5; expect_failed=1
+  fi
+}

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <vector>
 
@@ -29,6 +30,11 @@ double median_seconds(int reps, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A pipe whose reader has gone (`mok-refbench | head -1` once head has ended) makes the
+  // report's write fail with EPIPE, which stdout_ok reports (exit 2), instead of SIGPIPE ending the
+  // process without a word (exit 141). Ignored here, not in mok::cli::parse: an ignored signal
+  // stays ignored across exec, and the ranks mok-launch starts must not inherit that.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"mok-refbench: tokens per second of the CPU emulator and oracle on a preset (median of --reps runs).\n"
                "Backward time = (forward+backward) - forward. The oracle row times oracle_bounds on the\n"
                "emulator's intermediates (every output and gradient element, stage by stage); the end-to-end\n"

@@ -15,8 +15,9 @@
 # Also checked before the GPU (exit 2, the option named): block counts the kernel would refuse,
 # an empty --file, an unknown --preset, a missing --python or MOK_TORCH_BASELINE, a --torch that
 # is a directory, sizes whose product overflows; --help lists the presets (mok-refbench's too),
-# and a report that cannot be written (/dev/full) exits 2. With MOK_BENCH_ATOMICS=PATH, that
-# program calls itself mok-bench-atomics; with MOK_REFBENCH=PATH, its report to /dev/full exits 2.
+# and a report that cannot be written (/dev/full, or a pipe whose reader has gone) exits 2. With
+# MOK_BENCH_ATOMICS=PATH, that program calls itself mok-bench-atomics; with MOK_REFBENCH=PATH, its
+# report to /dev/full or a closed pipe exits 2.
 # The PyTorch script's ranges and help, and mok-setup --help to /dev/full, are checked too.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/expect_exit.sh"
@@ -100,6 +101,7 @@ expect_unwritable "$(dirname "${BASH_SOURCE[0]}")/mok-setup" --help
 if [[ -n ${MOK_REFBENCH:-} ]]; then
   expect_exit "$MOK_REFBENCH" 0 "tiny, small, dsv3-mini, qwen3-mini" --help
   expect_unwritable "$MOK_REFBENCH" --preset tiny -r 1
+  expect_closed_pipe "$MOK_REFBENCH" --preset tiny -r 1
 fi
 if [[ -n ${MOK_BENCH_ATOMICS:-} ]]; then
   expect_exit "$MOK_BENCH_ATOMICS" 0 "mok-bench-atomics: time the fused" --help
@@ -165,6 +167,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
     echo "mok-bench with R*T past 2^63: expected exit 2 without a wrapped G, got $code: $out"; expect_failed=1
   fi
   expect_unwritable "$MOK_BENCH" --show-config
+  expect_closed_pipe "$MOK_BENCH" --show-config
   # A golden of another numerics profile is "not supported here" (3), as in mok-verify and mok-sim.
   if python3 -c 'import h5py' 2> /dev/null; then
     other_h5=$(mktemp -u "${TMPDIR:-/tmp}/mok-bad-args-XXXXXX.h5")

@@ -1,5 +1,6 @@
 // mok-sim: the command-line front end of the simulator (run scenarios, sweeps, presets).
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -555,6 +556,11 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A pipe whose reader has gone (`mok-sim example | head -1` once head has ended) makes a write
+  // to standard output fail with EPIPE, which flush_stdout reports (exit 2), instead of SIGPIPE
+  // ending the process without a word (exit 141). Ignored here, not in mok::cli::parse: an ignored
+  // signal stays ignored across exec, and the ranks mok-launch starts must not inherit that.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{kDescription, "mok-sim"};
   app.require_subcommand(1);
   app.get_formatter()->column_width(34);

@@ -206,6 +206,18 @@ if(EXISTS /dev/full)
   endif()
 endif()
 
+# A pipe whose reader has gone (`mok-sim example | head -1`): exit 2 and one line, not death by
+# SIGPIPE without a word (exit 141; found by review, 2026-12-07: only mok-verify ignored SIGPIPE).
+# tools/expect_exit.sh's expect_closed_pipe runs each with SIGPIPE at its default.
+foreach(args "example" "topology;list" "run;${tiny}" "--help")
+  execute_process(COMMAND bash -c "source \"$0\"; expect_closed_pipe \"$@\"; exit $expect_failed"
+                          ${SRC}/../tools/expect_exit.sh ${MOK_SIM} ${args}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "standard output a closed pipe: ${out}")
+  endif()
+endforeach()
+
 # An exception other than mok::Error (here std::bad_alloc under a 3 GB address-space limit) is
 # reported and exits 1 (a failure while running), not an abort (exit 134).
 execute_process(COMMAND sh -c "ulimit -v 3000000 && exec \"$0\" run --set /layer/tokens_per_rank=16777216" ${MOK_SIM}

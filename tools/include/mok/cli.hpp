@@ -19,6 +19,9 @@ inline constexpr int kExitBadInput = 2;
 
 // Whether everything written to standard output (iostream and stdio) reached it: flushes both
 // and reports a failed write (a full disk, a closed pipe). Programs check it after their report.
+// A closed pipe gets here only where SIGPIPE is ignored, which each program's main does for
+// itself (mok-verify, mok-sim, mok-bench, mok-refbench), not parse: an ignored signal stays
+// ignored across exec, and mok-launch's ranks would inherit it.
 inline bool stdout_ok() {
   std::cout.flush();
   return static_cast<bool>(std::cout) && std::fflush(stdout) == 0 && !std::ferror(stdout);

@@ -165,9 +165,7 @@ grep -q "^B against A: fwd -50.0%, faster in 1 of 1; bwd +0.0%, faster in 0 of 1
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"
-if [[ -w /dev/full ]]; then
-  msg=$("$ab" --help 2>&1 > /dev/full)
-  rc=$?
-  [[ $rc -eq 2 && $msg == *"cannot write the help"* ]] || fail "--help > /dev/full: expected exit 2 and a message, got $rc: $msg"
-fi
+source "$(dirname "$0")/expect_exit.sh"  # expect_unwritable
+expect_unwritable "$ab" --help
+[[ $expect_failed == 0 ]] || fail "--help > /dev/full (above)"
 echo "bench-ab.sh: OK"

@@ -37,10 +37,12 @@ cannot be written.
 import argparse
 import collections
 import csv
+import dataclasses
 import os
 import re
 import stat
 import sys
+import typing
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree for the module below
 import checked_stdout  # noqa: E402
@@ -53,8 +55,36 @@ class InputError(Exception):
     pass
 
 
+class Frame(typing.NamedTuple):
+    """A source line: one frame of an instruction's chain of inlined calls."""
+    file: str
+    line: int
+
+
+class Record(typing.NamedTuple):
+    """One instruction's row of the CSV."""
+    offset: int  # bytes from the kernel's first instruction in the CSV (the SASS's offsets)
+    samples: int  # warps found at the instruction
+    reasons: dict  # {stall reason without the stall_ prefix: samples}, nonzero counts only
+
+
+@dataclasses.dataclass
+class KernelRows:
+    """One kernel's part of the CSV, as add_row files it."""
+    name: str  # ncu's display name, e.g. "toy_kernel(const int *)"
+    records: list = dataclasses.field(default_factory=list)  # [Record]
+    header: typing.Optional[list] = None  # the column names of its "Address" row, once read
+    first_address: typing.Optional[int] = None  # its first instruction's address, once read
+
+
+class CallKey(typing.NamedTuple):
+    """A call the body makes (the innermost frame that is a line of the body) in a segment."""
+    segment: str
+    call: Frame
+
+
 def parse_sass(path):
-    """Returns {function name: {offset: chain}}, chain = ((file, line), ...) innermost first."""
+    """Returns {function name: {offset: chain}}, chain = (Frame, ...) innermost first."""
     try:
         text = open(path, encoding="utf-8", errors="replace").read().splitlines()
     except OSError as e:
@@ -79,7 +109,7 @@ def parse_sass(path):
             any_line_info = True
             if closed:
                 chain, closed = [], False
-            chain.append((m.group(1), int(m.group(2))))
+            chain.append(Frame(m.group(1), int(m.group(2))))
             continue
         m = insn_re.match(raw)
         if m and cur is not None:
@@ -108,29 +138,30 @@ def sample_count(path, line, addr, column, text):
 
 
 def add_row(path, line, r, kernels):
-    """Files one CSV row into kernels: a kernel's name, its column header, or an instruction."""
+    """Files one CSV row into kernels ([KernelRows]): a kernel's name, its column header, or an
+    instruction."""
     if not r:
         return
     if r[0] == "Kernel Name":
-        kernels.append([r[1] if len(r) > 1 else "?", [], None, None])  # name, records, header, first address
+        kernels.append(KernelRows(r[1] if len(r) > 1 else "?"))
         return
     if not kernels:
         return
     k = kernels[-1]
     if r[0] == "Address":
-        k[2] = r
+        k.header = r
         if SAMPLES_COLUMN not in r:
             raise InputError(f"{path}: no '{SAMPLES_COLUMN}' column: profile with --section SourceCounters")
         return
-    if k[2] is None:
+    if k.header is None:
         return
     try:
         addr = int(r[0], 16)
     except ValueError:
         return
-    if k[3] is None:
-        k[3] = addr
-    rec = dict(zip(k[2], r))
+    if k.first_address is None:
+        k.first_address = addr
+    rec = dict(zip(k.header, r))
     samples = sample_count(path, line, r[0], SAMPLES_COLUMN, rec.get(SAMPLES_COLUMN, "0") or "0")
     reasons = {}
     for h, v in rec.items():
@@ -138,11 +169,11 @@ def add_row(path, line, r, kernels):
             n = sample_count(path, line, r[0], h, v)
             if n:
                 reasons[h[len(STALL_PREFIX):]] = n
-    k[1].append((addr - k[3], samples, reasons))
+    k.records.append(Record(addr - k.first_address, samples, reasons))
 
 
 def parse_csv(path):
-    """Returns [(kernel display name, [(offset, samples, {reason: samples})])] in file order."""
+    """Returns [(kernel display name, [Record])] in file order."""
     # Source lines can be long (inlined templates): no field limit.
     csv.field_size_limit(sys.maxsize)
     kernels = []
@@ -160,7 +191,7 @@ def parse_csv(path):
     if not kernels:
         raise InputError(f"{path}: no 'Kernel Name' row: export the source page with "
                          "ncu -i REPORT --page source --csv --print-source sass")
-    return [(name, records) for name, records, _, _ in kernels]
+    return [(k.name, k.records) for k in kernels]
 
 
 def match_function(display, funcs):
@@ -181,7 +212,7 @@ def kernel_base(display):
 def body_of(chains, base):
     """The kernel's body: (file, first line, last line) of its __global__ definition, found in the
     files the outermost frames name (the definition line, then matching braces)."""
-    files = collections.Counter(c[-1][0] for c in chains if c)
+    files = collections.Counter(c[-1].file for c in chains if c)
     for f, _ in files.most_common():
         src = read_lines(f)
         if src is None:
@@ -246,8 +277,8 @@ def snippet(src_lines, line, width=70):
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
-def short(fl):
-    return f"{os.path.basename(fl[0])}:{fl[1]}"
+def short(frame):
+    return f"{os.path.basename(frame.file)}:{frame.line}"
 
 
 def top_reasons(counter, total, n=3):
@@ -261,44 +292,48 @@ class Fold:
         if not records:
             raise InputError(f"kernel '{kernel}': the CSV holds no instruction rows with a hex address for it; "
                              "export it with ncu -i REPORT --page source --csv --print-source sass")
-        chains = [fmap.get(off, ()) for off, _, _ in records]
+        chains = [fmap.get(r.offset, ()) for r in records]
         if not any(chains):
             raise InputError(f"kernel '{kernel}': no sampled address matches the SASS's line information; give the "
                              "SASS of the binary that was profiled (nvdisasm -gi -c of a build with line info)")
         self.body_file, self.first, self.last = body_of(chains, kernel_base(kernel))
         if self.body_file is None:
-            files = sorted({c[-1][0] for c in chains if c})
+            files = sorted({c[-1].file for c in chains if c})
             raise InputError(f"kernel '{kernel}': its __global__ definition is in none of the files its line "
                              f"information names ({', '.join(files[:4]) or 'none'}): run the tool where those "
                              "paths exist (the build machine)")
         self.src = read_lines(self.body_file)
         marks = segments(self.src, self.first, self.last)
-        self.total = sum(s for _, s, _ in records)
+        self.total = sum(r.samples for r in records)
         self.seg = collections.Counter()
         self.seg_reasons = collections.defaultdict(collections.Counter)
-        self.call = collections.Counter()
-        self.call_reasons = collections.defaultdict(collections.Counter)
-        self.line = collections.defaultdict(collections.Counter)
+        self.call = collections.Counter()  # {CallKey: samples}
+        self.call_reasons = collections.defaultdict(collections.Counter)  # {CallKey: {reason: samples}}
+        self.line = collections.defaultdict(collections.Counter)  # {CallKey: {innermost Frame: samples}}
         self.unplaced = 0
-        for (off, s, reasons), chain in zip(records, chains):
+        for rec, chain in zip(records, chains):
+            s = rec.samples
             if not s:
                 continue
             if not chain:
                 self.unplaced += s
                 continue
             outer = chain[-1]
-            in_body = outer[0] == self.body_file and self.first <= outer[1] <= self.last
-            seg = segment_name(outer[1], marks) if in_body else "outside the body (no inlining chain back to it)"
+            seg = (segment_name(outer.line, marks) if self.in_body(outer)
+                   else "outside the body (no inlining chain back to it)")
             # the innermost frame that is a line of the body: the call the segment makes
-            call = next((fl for fl in chain if fl[0] == self.body_file and self.first <= fl[1] <= self.last), outer)
+            key = CallKey(seg, next((fl for fl in chain if self.in_body(fl)), outer))
             self.seg[seg] += s
-            self.seg_reasons[seg].update(reasons)
-            self.call[(seg, call)] += s
-            self.call_reasons[(seg, call)].update(reasons)
-            self.line[(seg, call)][chain[0]] += s
+            self.seg_reasons[seg].update(rec.reasons)
+            self.call[key] += s
+            self.call_reasons[key].update(rec.reasons)
+            self.line[key][chain[0]] += s
+
+    def in_body(self, frame):
+        return frame.file == self.body_file and self.first <= frame.line <= self.last
 
     def label(self, call):
-        return f"{short(call)}  {snippet(self.src, call[1]) if call[0] == self.body_file else ''}"
+        return f"{short(call)}  {snippet(self.src, call.line) if call.file == self.body_file else ''}"
 
 
 def header(kernel, f, out):
@@ -318,14 +353,14 @@ def analyse(kernel, f, top_lines, out):
           file=out)
     for seg, v in f.seg.most_common():
         print(f"  {100 * v / f.total:5.1f}%  {seg:78s} {top_reasons(f.seg_reasons[seg], v)}", file=out)
-        calls = sorted(((k, c) for k, c in f.call.items() if k[0] == seg), key=lambda kc: -kc[1])
-        for (sg, call), c in calls:
+        calls = sorted(((k, c) for k, c in f.call.items() if k.segment == seg), key=lambda kc: -kc[1])
+        for key, c in calls:
             if c < 0.005 * f.total:
                 continue
-            print(f"  {100 * c / f.total:5.1f}%    {f.label(call):76s} {top_reasons(f.call_reasons[(sg, call)], c)}",
+            print(f"  {100 * c / f.total:5.1f}%    {f.label(key.call):76s} {top_reasons(f.call_reasons[key], c)}",
                   file=out)
             if top_lines:
-                for fl, lv in f.line[(sg, call)].most_common(top_lines):
+                for fl, lv in f.line[key].most_common(top_lines):
                     print(f"  {100 * lv / f.total:5.1f}%        {short(fl)}", file=out)
 
 
@@ -339,13 +374,13 @@ def compare(kernel, base, f, top_lines, out):
     # largest difference first; ties by the larger count, then by name (the same order every run)
     for seg in sorted(set(base.seg) | set(f.seg), key=lambda k: (-abs(f.seg[k] - base.seg[k]), -f.seg[k], k)):
         print(f"  {base.seg[seg]:9d} {f.seg[seg]:9d} {f.seg[seg] - base.seg[seg]:+9d}  {seg}", file=out)
-        calls = sorted({k for k in set(base.call) | set(f.call) if k[0] == seg},
-                       key=lambda k: (-abs(f.call[k] - base.call[k]), -f.call[k], k[1]))
+        calls = sorted({k for k in set(base.call) | set(f.call) if k.segment == seg},
+                       key=lambda k: (-abs(f.call[k] - base.call[k]), -f.call[k], k.call))
         for key in calls:
             d = f.call[key] - base.call[key]
             if abs(d) < 0.002 * max(f.total, 1):
                 continue
-            print(f"  {base.call[key]:9d} {f.call[key]:9d} {d:+9d}    {f.label(key[1])}", file=out)
+            print(f"  {base.call[key]:9d} {f.call[key]:9d} {d:+9d}    {f.label(key.call)}", file=out)
             if top_lines:
                 lines = set(base.line[key]) | set(f.line[key])
                 for fl in sorted(lines, key=lambda x: (-abs(f.line[key][x] - base.line[key][x]), -f.line[key][x], x))[:top_lines]:

@@ -5,7 +5,7 @@
 # body), and ncu's CSV source page for it and a second kernel. Checks the segment and call shares,
 # the stall reasons, the per-line listing, the kernel filter and the comparison with a base
 # profile (--base); then bad inputs: exit 2, the file named (a negative count; a source path that
-# is a FIFO or a device); standard output that cannot be written: exit 2.
+# is a FIFO or a device); standard output that cannot be written (a full disk, a closed pipe): exit 2.
 tool=$1
 source "$(dirname "$0")/script_test_lib.sh"  # $work, fail, run_ok, run_rc
 
@@ -131,10 +131,12 @@ for src in "$work/fifo.cuh" /dev/zero; do
   sed "s|$f|$src|" "$work/k.sass" > "$work/special.sass"
   expect2 "source path $src" "$src: named by the SASS's line information but not a regular file" --csv "$work/k.csv" --sass "$work/special.sass"
 done
-source "$(dirname "$0")/expect_exit.sh"  # expect_unwritable
+source "$(dirname "$0")/expect_exit.sh"  # expect_unwritable, expect_closed_pipe
 expect_unwritable python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass"
 expect_unwritable python3 "$tool" --help
-[[ $expect_failed == 0 ]] || fail "standard output on /dev/full (above)"
+# A reader that has gone (`| head` once head has ended): exit 2 too, as tools/README.md says.
+expect_closed_pipe python3 "$tool" --csv "$work/k.csv" --sass "$work/k.sass"
+[[ $expect_failed == 0 ]] || fail "standard output on /dev/full or a closed pipe (above)"
 sed "s|$f|$work/moved/k.cuh|" "$work/k.sass" > "$work/moved.sass"
 expect2 "sources not where the line info says" "__global__ definition is in none of the files.*moved/k.cuh.*build machine" --csv "$work/k.csv" --sass "$work/moved.sass"
 # a declaration before the definition is not taken for the body

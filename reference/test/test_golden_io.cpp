@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -115,15 +117,69 @@ std::string compare_goldens(const Golden& a, const Golden& b) {
   return "";
 }
 
-// Overwrites every tensor that the reader does not value-check (outputs, gradients,
-// intermediates; not inputs or bounds) with arbitrary bit patterns (NaN payloads, infinities,
-// subnormals, -0), which must survive the round trip bit for bit.
-void scramble_unchecked(Golden& golden, uint64_t seed) {
+// A float's bits, often a special one: +-0, a subnormal, +-infinity or a NaN with a random
+// payload, else any pattern at all (mostly normal numbers).
+uint32_t special_float_bits(std::mt19937_64& rng) {
+  const uint32_t sign = static_cast<uint32_t>(rng()) & 0x80000000u;
+  const uint32_t mantissa = (static_cast<uint32_t>(rng()) & 0x7fffffu) | 1u;  // nonzero
+  switch (rng() % 5) {
+    case 0: return sign;                             // +-0
+    case 1: return sign | mantissa;                  // subnormal
+    case 2: return sign | 0x7f800000u;               // +-infinity
+    case 3: return sign | 0x7f800000u | mantissa;    // NaN
+    default: return static_cast<uint32_t>(rng());
+  }
+}
+
+// Bits drawn by special_float_bits until `accepted` takes the value they hold.
+template <class Accepted>
+uint32_t float_bits_where(std::mt19937_64& rng, Accepted&& accepted) {
+  for (;;) {
+    const uint32_t bits = special_float_bits(rng);
+    if (accepted(std::bit_cast<float>(bits))) return bits;
+  }
+}
+
+// Overwrites every tensor but the inputs (which the reader refuses unless finite and routed in
+// range) with bit patterns that must survive the round trip bit for bit. Outputs, gradients
+// and intermediates get arbitrary bytes (NaN payloads, infinities, subnormals, -0). Stored bounds
+// get what the reader's check_bound_values accepts, specials included: a radius or sum of |terms|
+// is NaN (not sampled; any sign and payload) or finite and >= 0 (-0 and subnormals too); an
+// oracle value is finite where its radius is a number, anything where its radius is NaN.
+void scramble_all_but_inputs(Golden& golden, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  for (auto& [path, t] : golden.tensors) {
-    if (path.rfind("inputs/", 0) == 0 || path.rfind("bounds/", 0) == 0) continue;
-    auto* bytes = static_cast<unsigned char*>(t.raw());
-    for (size_t i = 0; i < t.size_bytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+  const auto radius_accepted = [](float x) { return std::isnan(x) || (x >= 0 && std::isfinite(x)); };
+  const auto finite = [](float x) { return std::isfinite(x); };
+  // Oracle values in a second pass: what one may hold depends on its radius.
+  for (const bool oracle_values : {false, true}) {
+    for (auto& [path, t] : golden.tensors) {
+      if (path.rfind("inputs/", 0) == 0) continue;
+      const Role role = find_spec(path)->role;
+      const bool oracle_value = role == Role::kBoundExact || role == Role::kEndToEndExact;
+      if (oracle_value != oracle_values) continue;
+      if (!is_bound_role(role)) {
+        auto* bytes = static_cast<unsigned char*>(t.raw());
+        for (size_t i = 0; i < t.size_bytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+        continue;
+      }
+      const float* radius = nullptr;
+      if (oracle_value) {
+        const std::string checked = checked_path_of_bound(path);
+        const bool e2e = role == Role::kEndToEndExact;
+        radius = golden.tensors.at(e2e ? end_to_end_radius_path(checked) : bound_radius_path(checked)).data<float>();
+      }
+      float* v = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        uint32_t bits;
+        if (!oracle_value)
+          bits = float_bits_where(rng, radius_accepted);  // a radius or a sum of |terms|
+        else if (std::isnan(radius[i]))
+          bits = special_float_bits(rng);  // not sampled: any value
+        else
+          bits = float_bits_where(rng, finite);
+        v[i] = std::bit_cast<float>(bits);
+      }
+    }
   }
 }
 
@@ -134,7 +190,7 @@ RC_GTEST_PROP(GoldenIo, RoundTripIsBitwise, ()) {
   RC_ASSERT(cfg.validate().ok);
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   Golden golden = test::make_random_golden(cfg, seed);
-  scramble_unchecked(golden, seed ^ 0x5eed);
+  scramble_all_but_inputs(golden, seed ^ 0x5eed);
   golden.meta.generator = *rc::gen::element<std::string>("mok-golden", "", "h5py script ü");
   golden.meta.generator_version = *rc::gen::element<std::string>("0.1.0 gen-v1", "x");
   golden.meta.routing = *rc::gen::element<std::string>("zipf:1.2,rank-skew:0.5", "");
@@ -162,7 +218,7 @@ RC_GTEST_PROP(GoldenIo, RoundTripIsBitwise, ()) {
 
 TEST(GoldenIo, ChunkedRoundTripIsBitwise) {
   Golden golden = test::make_random_golden(chunked_config(), 7);
-  scramble_unchecked(golden, 8);
+  scramble_all_but_inputs(golden, 8);
   ScratchDir dir;
   write_golden(dir.file("a.h5"), golden);
   const std::string diff = compare_goldens(golden, read_golden(dir.file("a.h5")));

@@ -2,10 +2,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 
+#include "mok/cli.hpp"
 #include "mok/sim/layer_sim.hpp"
 #include "mok/sim/scenario.hpp"
 #include "mok/sim/topology.hpp"
@@ -73,7 +76,17 @@ int monte_carlo(int trials, int threads, int64_t quantum_ns) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// Standard output is checked like the other tools': a report that cannot be written (a full disk,
+// a pipe whose reader has gone) is exit 2 with a message, never a silent 0.
+int finish(int rc) {
+  errno = 0;
+  if (mok::cli::stdout_ok()) return rc;
+  std::fprintf(stderr, "mok-sim-bench: cannot write to standard output (%s); check where it goes\n",
+               errno != 0 ? std::strerror(errno) : "write failed");
+  return 2;
+}
+
+int run(int argc, char** argv) {
   const char* usage =
       "usage: mok-sim-bench nvl72|racksN [RATE_QUANTUM_NS [full|THREADS]] | mc [TRIALS [THREADS [RATE_QUANTUM_NS]]]\n"
       "Times one forward layer (DeepSeek-V3 shapes, 8192 tokens per GPU) on gb200-nvl72 or N NVL72 racks, or\n"
@@ -81,7 +94,7 @@ int main(int argc, char** argv) {
       "  mok-sim-bench nvl72            exact rates, one thread\n"
       "  mok-sim-bench racks8 5000 2    576 GPUs, 5 us rate quantum, a helper thread\n"
       "  mok-sim-bench mc 1000 2        1,000 trials on two threads\n"
-      "Exit codes: 0 ran, 2 bad usage.\n";
+      "Exit codes: 0 ran, 1 a Monte-Carlo trial failed, 2 bad usage or output that cannot be written.\n";
   if (argc > 1 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::fputs(usage, stdout);
     return 0;
@@ -123,4 +136,11 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "mok-sim-bench: unknown case '%s'\n%s", what.c_str(), usage);
   return 2;
+}
+
+int main(int argc, char** argv) {
+  // A closed pipe then fails the write (EPIPE, reported by finish()) instead of ending the process
+  // with SIGPIPE and no word, as in mok-sim (mok_sim_main.cpp says why this is per program).
+  std::signal(SIGPIPE, SIG_IGN);
+  return finish(run(argc, argv));
 }

@@ -205,9 +205,8 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
   const bool need_backward = reference.count("grads/d_x") > 0 || reference.count("intermediates/dy") > 0;
   validate_inputs(cfg, inputs, need_backward, "oracle inputs");
   validate_shapes(cfg, reference, "oracle reference");
-  check_oracle_operands(cfg, reference, &at(inputs, "inputs/topk_experts"), need_backward, "oracle reference: ",
-                        "the oracle's bounds need finite operands (they do not cover overflow): give finite "
-                        "intermediates, or scale the inputs down where the emulator overflows");
+  check_oracle_operands(cfg, reference, &at(inputs, "inputs/topk_experts"), need_backward,
+                        options.origin + ": " + options.reference_name, options.reference_fix);
   if (options.sample) validate_sample(cfg, *options.sample, "oracle");
   if (options.num_threads < 0 || options.num_threads > 4096)
     throw Error("oracle: num_threads = " + std::to_string(options.num_threads) + "; use 0 (all cores) to 4096");

@@ -42,6 +42,21 @@ TEST(ApiChecks, OracleRejectsBadOperands) {
   bad_y["intermediates/y"] = ref::Tensor(ref::DType::kBf16, {8, 2, 16});
   EXPECT_NE(error_of([&] { ref::oracle_bounds(kCfg, in, bad_y); }).find("intermediates/y"), std::string::npos);
 
+  // A non-finite operand is named as the caller says where the reference came from.
+  ref::TensorMap nan_y = result;
+  nan_y.at("intermediates/y").data<uint16_t>()[0] = 0x7FC0;
+  const std::string nan_default = error_of([&] { ref::oracle_bounds(kCfg, in, nan_y); });
+  EXPECT_EQ(nan_default.rfind("oracle: reference intermediates/y: element token=0 slot=0", 0), 0u) << nan_default;
+  EXPECT_NE(nan_default.find("is NaN (bf16 bits 0x7fc0); the oracle's bounds need finite operands"), std::string::npos)
+      << nan_default;
+  ref::OracleOptions named;
+  named.origin = "case.h5";
+  named.reference_name = "the emulated ";
+  named.reference_fix = "scale the inputs down";
+  const std::string nan_named = error_of([&] { ref::oracle_bounds(kCfg, in, nan_y, named); });
+  EXPECT_EQ(nan_named.rfind("case.h5: the emulated intermediates/y: element token=0 slot=0", 0), 0u) << nan_named;
+  EXPECT_EQ(nan_named.substr(nan_named.size() - 23), "; scale the inputs down") << nan_named;
+
   ref::TensorMap bad_id = in;
   bad_id.at("inputs/topk_experts").data<int32_t>()[3] = 1000;
   EXPECT_NE(error_of([&] { ref::oracle_bounds(kCfg, bad_id, result); }).find("topk_experts"), std::string::npos);

@@ -4,7 +4,6 @@
 #include "mok/reference/emulate.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/oracle.hpp"
-#include "mok/reference/validate.hpp"
 #include "mok/spec/bf16.hpp"
 
 #if defined(MOK_HAVE_CUDA_KERNEL)
@@ -138,15 +137,21 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     eo.sample = options.sample;
     report = compare_bitwise(keep(ref::emulate(golden.cfg, inputs, eo)));
   } else if (backend == Backend::kOracle) {
+    ref::OracleOptions oo;
+    oo.num_threads = options.num_threads;
+    oo.sample = options.sample;
+    oo.intermediates = intermediates;
+    oo.rounded = true;
+    // The oracle's bounds do not cover overflow: it names a non-finite operand by the golden's
+    // dataset, or as emulated, with the fix that fits.
+    oo.origin = options.golden_name;
     ref::TensorMap reference;
-    const ref::Tensor* topk = &inputs.at("inputs/topk_experts");
     if (intermediates) {
-      // The oracle's bounds do not cover overflow: a non-finite operand is named here, by dataset.
-      ref::check_oracle_operands(
-          golden.cfg, golden.tensors, topk, backward, options.golden_name + ": dataset /",
+      oo.reference_name = "dataset /";
+      oo.reference_fix =
           "the oracle bounds the output and gradients from the golden's intermediates, and its bounds need finite "
           "operands (they do not cover overflow): regenerate the file with mok-golden; where the emulator is not "
-          "finite there either, the inputs overflow bf16-v1: scale them down");
+          "finite there either, the inputs overflow bf16-v1: scale them down";
       reference = golden.tensors;
     } else {
       say("the golden has no intermediates: emulating them for the oracle's operands");
@@ -155,20 +160,15 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
       eo.num_threads = options.num_threads;
       eo.sample = options.sample;
       reference = ref::emulate(golden.cfg, inputs, eo);
-      ref::check_oracle_operands(golden.cfg, reference, topk, backward, options.golden_name + ": the emulated ",
-                                 "the inputs overflow bf16-v1 there, and the oracle's bounds do not cover overflow: "
-                                 "scale the inputs down");
+      oo.reference_name = "the emulated ";
+      oo.reference_fix =
+          "the inputs overflow bf16-v1 there, and the oracle's bounds do not cover overflow: scale the inputs down";
     }
     // With the golden's own intermediates as operands, those intermediates are judged too (each
     // stage from the golden's earlier stages); emulated operands are not the golden's, so without
     // them there is nothing more to judge.
     say(std::string("oracle: exact sums and radii for every checked element") +
         (intermediates ? " and every intermediate" : ""));
-    ref::OracleOptions oo;
-    oo.num_threads = options.num_threads;
-    oo.sample = options.sample;
-    oo.intermediates = intermediates;
-    oo.rounded = true;
     const ref::TensorMap bounds = ref::oracle_bounds(golden.cfg, inputs, reference, oo);
     // Judge the golden's own tensors (the candidate) against freshly computed bounds. The
     // reference side of the bitwise columns is the oracle's value rounded to each tensor's dtype,

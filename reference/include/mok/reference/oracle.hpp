@@ -5,6 +5,8 @@
 #include "mok/reference/tensor.hpp"
 #include "mok/spec/config.hpp"
 
+#include <string>
+
 namespace mok::ref {
 
 struct OracleOptions {
@@ -28,6 +30,17 @@ struct OracleOptions {
   // bounded. mok-verify's oracle backend reports each tensor's elements equal to it and the
   // largest ULP distance from it.
   bool rounded = false;
+  // oracle_bounds only: how its errors about the reference's operands say where they came from.
+  // The bounds do not cover overflow, so an operand of the output or a gradient that is not finite
+  // (check_oracle_operands) is an error "<origin>: <reference_name>intermediates/act: element
+  // token=1 slot=1 expert=0 i=1 is NaN (bf16 bits 0x7fc0); <reference_fix>". mok-verify gives
+  // the golden's path, and "dataset /" for the golden's own intermediates or "the emulated " for
+  // ones it emulated, each with its own advice.
+  std::string origin = "oracle";
+  std::string reference_name = "reference ";
+  std::string reference_fix =
+      "the oracle's bounds need finite operands (they do not cover overflow): give finite intermediates, or scale "
+      "the inputs down where the emulator overflows";
 };
 
 // bounds/<name>_rounded: the OracleOptions::rounded tensor of a checked tensor or intermediate. Not a

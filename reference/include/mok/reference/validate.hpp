@@ -29,7 +29,8 @@ void validate_shapes(const spec::LayerConfig& cfg, const TensorMap& tensors, con
 // shared_act; with `backward` also act, dy, d_gate, d_up, dx_slot, shared_d_gate, shared_d_up),
 // those `reference` holds, are finite: the oracle's bounds do not cover overflow. Throws
 // mok::Error "<prefix>intermediates/act: element token=1 slot=1 expert=0 i=1 is NaN (bf16 bits
-// 0x7fc0); <fix>" at the first that is not.
+// 0x7fc0); <fix>" at the first that is not. oracle_bounds calls it (prefix and fix from
+// OracleOptions::origin, reference_name and reference_fix).
 void check_oracle_operands(const spec::LayerConfig& cfg, const TensorMap& reference, const Tensor* topk_experts,
                            bool backward, const std::string& prefix, const std::string& fix);
 

@@ -17,6 +17,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -107,10 +108,10 @@ class Element {
     const double v = std::fabs(sum_.to_double()) + radius_;
     radius_ += 0x1.0p-8 * v * kSlack + 0x1.0p-134;
   }
-  // exact rounded once to fp32, and the radius including that storage rounding, rounded up;
-  // with terms, Σ|terms| of the last stage rounded up too.
-  void finish(float* exact_out, float* bound_out, float* terms_out = nullptr) const {
-    const double exact = sum_.to_double();
+  // exact (this element's exact(), computed once by the caller) rounded once to fp32, and the
+  // radius including that storage rounding, rounded up; with terms, Σ|terms| of the last stage
+  // rounded up too.
+  void finish(double exact, float* exact_out, float* bound_out, float* terms_out = nullptr) const {
     const float e32 = static_cast<float>(exact);
     const double storage = std::fabs(static_cast<double>(e32) - exact) + 0x1.0p-52 * std::fabs(exact);
     *exact_out = e32;
@@ -143,24 +144,53 @@ float f32_of(double v) {
   return static_cast<float>(v);
 }
 
+// What an error about one of the oracle's own values says where it is: the caller's origin and the
+// element's coordinates.
+struct Naming {
+  const std::string* origin;
+  const spec::LayerConfig* cfg;
+  const Tensor* topk_experts;
+};
+
 struct Out {
-  float* exact;
-  float* bound;
-  float* terms;        // null unless OracleOptions::terms
-  void* rounded;       // null unless OracleOptions::rounded; the tensor's dtype (bf16 bits or fp32)
-  bool rounded_bf16;
+  float* exact = nullptr;
+  float* bound = nullptr;
+  float* terms = nullptr;    // null unless OracleOptions::terms
+  void* rounded = nullptr;   // null unless OracleOptions::rounded; the tensor's dtype (bf16 bits or fp32)
+  bool rounded_bf16 = false;
+  const TensorSpec* spec = nullptr;  // the tensor bounded
+  const Naming* naming = nullptr;
   void set_rounded(int64_t i, double v) const {
     if (!rounded) return;
     if (rounded_bf16) static_cast<uint16_t*>(rounded)[i] = bf16_bits_of(v);
     else static_cast<float*>(rounded)[i] = f32_of(v);
   }
+  // An element of the output or a gradient. The bounds do not cover fp32 overflow: where its
+  // value or radius reaches 2^127 the oracle stops with an error naming the element, rather than
+  // store a value or radius beyond fp32's range (or one an overflowing implementation would seem
+  // to break).
   void finish(const Element& el, int64_t i) const {
-    el.finish(exact + i, bound + i, terms ? terms + i : nullptr);
-    if (rounded) set_rounded(i, el.exact_odd());
+    const double v = el.exact();
+    if (!(std::fabs(v) + el.radius() < 0x1.0p127)) {
+      std::ostringstream os;
+      os << *naming->origin << ": " << spec->path << " at " << locate(*spec, *naming->cfg, i, naming->topk_experts)
+         << ": the oracle's value is " << v << " with radius " << el.radius()
+         << ", reaching fp32's range limit (|value| + radius >= 2^127), which the bounds do not cover: the "
+            "layer overflows there (its inputs, or the intermediates the oracle starts from, are too large); scale the "
+            "inputs down";
+      throw Error(os.str());
+    }
+    put(el, v, i);
   }
-  // An intermediate's element: as finish(), unless its value or radius reaches 2^127 (left NaN).
+  // An intermediate's element: as finish(), except that a value or radius reaching 2^127 is left
+  // NaN (not judged): its operands' own stage is where such a reference fails.
   void finish_in_range(const Element& el, int64_t i) const {
-    if (std::fabs(el.exact()) + el.radius() < 0x1.0p127) finish(el, i);
+    const double v = el.exact();
+    if (std::fabs(v) + el.radius() < 0x1.0p127) put(el, v, i);
+  }
+  void put(const Element& el, double v, int64_t i) const {
+    el.finish(v, exact + i, bound + i, terms ? terms + i : nullptr);
+    if (rounded) set_rounded(i, el.exact_odd());
   }
   // An elementwise intermediate's bounded value; the storage rounding of the exact value joins the
   // radius, which is rounded up (as the end-to-end oracle stores its values).
@@ -222,6 +252,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
   const int32_t* topk = at(inputs, "inputs/topk_experts").data<int32_t>();
   const float* rw = at(inputs, "inputs/router_weights").data<float>();
 
+  const Naming naming{&options.origin, &cfg, &at(inputs, "inputs/topk_experts")};
   TensorMap out;
   // The bound datasets of a checked tensor or intermediate, NaN-filled (not sampled); the terms
   // only for the checked tensors.
@@ -254,7 +285,7 @@ TensorMap oracle_bounds(const spec::LayerConfig& cfg, const TensorMap& inputs,
       out[pr] = std::move(rt);
       rounded = out[pr].raw();
     }
-    return {out[pe].data<float>(), out[pb].data<float>(), terms, rounded, s->dtype == DType::kBf16};
+    return {out[pe].data<float>(), out[pb].data<float>(), terms, rounded, s->dtype == DType::kBf16, s, &naming};
   };
   auto token_ok = [&](int64_t g) { return !sample || sample->token_mask[g]; };
 

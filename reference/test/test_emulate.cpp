@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -265,6 +266,65 @@ RC_GTEST_PROP(OracleBound, ChainsOfTinyValuesStayWithinTheRadius, ()) {
   const float got = spec::dot_chain_bf16(spec::kHopperBf16Mma, 0.0f, a.data(), 1, b.data(), 1, n);
   const ref::ChainBound cb = ref::dot_chain_bound(a.data(), 1, b.data(), 1, n);
   RC_ASSERT(std::fabs(got - cb.exact) <= cb.radius);
+}
+
+// The bounds do not cover fp32 overflow, so where the oracle's own value of the output reaches
+// fp32's range limit it stops with an error naming the origin, the tensor and the element (before
+// 2026-12 it stored an infinite value and radius, which mok-verify reworded after the fact). Fresh
+// random inputs, forward only, with the router weights and the routed down weights (so y) scaled
+// up by powers of two until the routed part of an output element, Σ w y, passes 2^129 (beyond
+// fp32's largest value) while y, shared_act and the inputs stay finite.
+RC_GTEST_PROP(OracleBound, AnOutputPastFp32sRangeIsAnErrorNamingIt, ()) {
+  Case c = gen_case();
+  c.inputs.erase("inputs/d_output");
+  ref::EmulateOptions forward;
+  forward.backward = false;
+  const int64_t G = c.cfg.num_tokens(), H = c.cfg.hidden, K = c.cfg.top_k;
+  const int32_t* topk = c.inputs.at("inputs/topk_experts").data<int32_t>();
+  float* w = c.inputs.at("inputs/router_weights").data<float>();
+  // The routed part of output element (g, h), Σ_k w y, in double.
+  auto routed = [&](const TensorMap& emu, int64_t g, int64_t h) {
+    const uint16_t* y = emu.at("intermediates/y").data<uint16_t>();
+    double sum = 0;
+    for (int64_t k = 0; k < K; ++k)
+      if (topk[g * K + k] >= 0) sum += static_cast<double>(w[g * K + k]) * spec::f32_from_bf16(y[(g * K + k) * H + h]);
+    return sum;
+  };
+  double largest = 0;
+  {
+    const TensorMap emu = ref::emulate(c.cfg, c.inputs, forward);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t h = 0; h < H; ++h) largest = std::max(largest, std::fabs(routed(emu, g, h)));
+  }
+  RC_PRE(largest > 0x1.0p-40);  // not every slot empty (nor a vanishing sum)
+  // w (at most 1) times 2^a, the down weights (so y, a chain of products by them) times 2^b.
+  const int shift = 129 - std::ilogb(largest);
+  const int a = std::min(shift, 100), b = shift - a;
+  for (int64_t i = 0; i < c.cfg.num_slots(); ++i) w[i] = std::ldexp(w[i], a);
+  Tensor& wrd = c.inputs.at("inputs/w_routed_down");
+  uint16_t* wv = wrd.data<uint16_t>();
+  for (int64_t i = 0; i < wrd.numel(); ++i) wv[i] = spec::bf16_from_f32_rne(std::ldexp(spec::f32_from_bf16(wv[i]), b));
+  const TensorMap emu = ref::emulate(c.cfg, c.inputs, forward);
+
+  ref::OracleOptions oo;
+  oo.origin = "case.h5";
+  std::string what;
+  try {
+    ref::oracle_bounds(c.cfg, c.inputs, emu, oo);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  RC_LOG() << "a=" << a << " b=" << b << ": " << what << "\n";
+  RC_ASSERT(what.rfind("case.h5: outputs/output at token=", 0) == 0);
+  RC_ASSERT(what.find(": the oracle's value is ") != std::string::npos);
+  RC_ASSERT(what.find("reaching fp32's range limit (|value| + radius >= 2^127)") != std::string::npos);
+  const std::string fix = "scale the inputs down";
+  RC_ASSERT(what.size() > fix.size() && what.compare(what.size() - fix.size(), fix.size(), fix) == 0);
+  // The element named is one whose value is that large (the shared expert's part is O(1)).
+  long long g = -1, h = -1;
+  RC_ASSERT(std::sscanf(what.c_str(), "case.h5: outputs/output at token=%lld h=%lld:", &g, &h) == 2);
+  RC_ASSERT(g >= 0 && g < G && h >= 0 && h < H);
+  RC_ASSERT(std::fabs(routed(emu, g, h)) >= 0x1.0p126);
 }
 
 // The bound material (OracleOptions::terms): Σ|terms| of each element's last stage, asked for

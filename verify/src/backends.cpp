@@ -194,7 +194,6 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.criterion = Criterion::kWithinBounds;
     co.sample = options.sample;
     co.golden_name = options.golden_name + " (bounds computed now by the oracle)";
-    co.bounds_computed = true;
     report = compare(judged, keep(candidate), co);
     // compare() names the reference side "golden" and the candidate "got"; here the candidate is
     // the golden, so the worst element's values are swapped back: golden = the file's value, got =
@@ -267,7 +266,6 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     co.sample = options.sample;
     co.golden_name = options.golden_name + (stored ? " (end-to-end bounds stored in the golden)"
                                                    : " (end-to-end bounds computed now)");
-    co.bounds_computed = !stored;
     // The oracle backend's candidate is the golden itself: its bitwise columns compare it with the
     // end-to-end value rounded to the tensor's dtype (from its fp32 storage), not with itself.
     if (backend == Backend::kOracle) {

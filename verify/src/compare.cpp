@@ -156,14 +156,6 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
         const double x = exact->value_at(i);
         if (!(r >= 0) || std::isinf(r) || !std::isfinite(x)) {
           std::ostringstream os;
-          if (options.bounds_computed) {
-            // An oracle run now gives no NaN, negative or broken radius: only values past fp32's range.
-            os << options.golden_name << ": " << path << " at " << ref::locate(s, golden.cfg, i, topk)
-               << ": the oracle's value is " << x << " with radius " << r
-               << ", beyond fp32's range, which the bounds do not cover: the layer overflows there (its inputs, or "
-               << "the intermediates the oracle starts from, are too large); scale the inputs down";
-            throw Error(os.str());
-          }
           os << options.golden_name << ": " << (std::isfinite(x) ? ref::bound_radius_path(path) : ref::bound_exact_path(path))
              << " at " << ref::locate(s, golden.cfg, i, topk) << " is " << (std::isfinite(x) ? r : x)
              << "; a radius must be a finite number >= 0 (NaN: not sampled) and an exact value finite. "

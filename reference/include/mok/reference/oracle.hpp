@@ -59,7 +59,10 @@ std::string bound_rounded_path(const std::string& path);
 //     the fp32 storage of the exact value.
 // The bounds are stage-local: they judge the arithmetic of the last stage of each element,
 // given its rounded operands (see reference/README.md). `reference` must hold those
-// intermediates (emulate(..., intermediates=true) or a golden's /intermediates).
+// intermediates (emulate(..., intermediates=true) or a golden's /intermediates). The bounds do not
+// cover fp32 overflow: where an element's value plus radius reaches 2^127 the oracle throws
+// mok::Error "<origin>: outputs/output at token=3 h=0: the oracle's value is 6.8e+38 with radius
+// ...; scale the inputs down" (OracleOptions::origin) instead of storing it.
 // With OracleOptions::intermediates, the same for every intermediate the reference holds (and
 // whose operands it holds): a dot product (gate, up, y, d_act, dx_slot and the shared expert's
 // shared_gate, shared_up, shared_out, shared_d_act, dx_shared) with the MMA chain's radius, plus

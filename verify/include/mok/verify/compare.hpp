@@ -54,16 +54,14 @@ struct CompareOptions {
   bool check_bounds = true;          // also check bounds when the golden has them
   const ref::Sample* sample = nullptr;
   std::string golden_name = "golden";  // names the golden in errors about its content (its path)
-  // The bounds were computed now by an oracle (not read from a file): a value or radius beyond
-  // fp32's range there means the layer overflows, which is what the error then says.
-  bool bounds_computed = false;
 };
 
 // Compares every tensor of `candidate` that the golden also holds (outputs, grads and
 // intermediates), in stage order. Inputs are never compared. An output or gradient of the golden
 // that the candidate lacks fails; so does a tensor of another dtype or shape. Throws Error (bad
-// input) on bounds that cannot be right (a negative or infinite radius, a non-finite exact value;
-// with bounds_computed, on values that overflow fp32).
+// input) on bounds that cannot be right (a negative or infinite radius, a non-finite exact value).
+// The oracles never give such bounds: where a value of theirs reaches fp32's range limit they
+// throw instead, naming the element.
 Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const CompareOptions& options);
 
 // ULP distance between two values of the same dtype given as widened bit patterns.

@@ -21,6 +21,27 @@ std::string dims_string(const TensorSpec& s) {
   return out + ")";
 }
 
+const char* nonfinite_name(float v) { return std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; }
+
+// Every element of each bf16 tensor of `paths` that `tensors` holds (others are named where they
+// are used) is finite; else mok::Error "<prefix><path>: element token=3 h=7 is NaN (bf16 bits
+// 0x7fc0)<suffix>" at the first that is not.
+void check_finite_bf16(const spec::LayerConfig& cfg, const TensorMap& tensors, const std::vector<const char*>& paths,
+                       const Tensor* topk_experts, const std::string& prefix, const std::string& suffix) {
+  for (const char* path : paths) {
+    const auto it = tensors.find(path);
+    if (it == tensors.end() || it->second.dtype() != DType::kBf16) continue;
+    const uint16_t* v = it->second.data<uint16_t>();
+    for (int64_t i = 0; i < it->second.numel(); ++i) {
+      if (spec::bf16_is_finite(v[i])) continue;
+      char bits[16];
+      std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(v[i]));
+      throw Error(prefix + path + ": element " + locate(*find_spec(path), cfg, i, topk_experts) + " is " +
+                  nonfinite_name(spec::f32_from_bf16(v[i])) + " (bf16 bits " + bits + ")" + suffix);
+    }
+  }
+}
+
 }  // namespace
 
 void validate_inputs(const spec::LayerConfig& cfg, const TensorMap& inputs, bool need_backward,
@@ -99,21 +120,10 @@ void check_input_values(const spec::LayerConfig& cfg, const TensorMap& inputs, c
     if (path.rfind("inputs/", 0) == 0) check_shape(cfg, path, t, origin);
   const auto topk_it = inputs.find("inputs/topk_experts");
   const Tensor* topk = topk_it == inputs.end() ? nullptr : &topk_it->second;
-  auto nonfinite_name = [](float v) { return std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; };
-  for (const char* path : {"inputs/x", "inputs/w_shared_gate", "inputs/w_shared_up", "inputs/w_shared_down",
-                           "inputs/w_routed_gate", "inputs/w_routed_up", "inputs/w_routed_down", "inputs/d_output"}) {
-    const auto it = inputs.find(path);
-    if (it == inputs.end()) continue;
-    const uint16_t* v = it->second.data<uint16_t>();
-    for (int64_t i = 0; i < it->second.numel(); ++i) {
-      if (spec::bf16_is_finite(v[i])) continue;
-      char bits[16];
-      std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(v[i]));
-      throw Error(origin + ": dataset /" + path + ": element " + locate(*find_spec(path), cfg, i, topk) + " is " +
-                  nonfinite_name(spec::f32_from_bf16(v[i])) + " (bf16 bits " + bits + "); inputs must be finite" +
-                  hint);
-    }
-  }
+  check_finite_bf16(cfg, inputs,
+                    {"inputs/x", "inputs/w_shared_gate", "inputs/w_shared_up", "inputs/w_shared_down",
+                     "inputs/w_routed_gate", "inputs/w_routed_up", "inputs/w_routed_down", "inputs/d_output"},
+                    topk, origin + ": dataset /", "; inputs must be finite" + hint);
   if (const auto it = inputs.find("inputs/router_weights"); it != inputs.end()) {
     const float* w = it->second.data<float>();
     for (int64_t i = 0; i < it->second.numel(); ++i)
@@ -142,19 +152,7 @@ void check_oracle_operands(const spec::LayerConfig& cfg, const TensorMap& refere
                                           "intermediates/shared_d_up"};
   std::vector<const char*> paths(std::begin(kForward), std::end(kForward));
   if (backward) paths.insert(paths.end(), std::begin(kBackward), std::end(kBackward));
-  for (const char* path : paths) {
-    const auto it = reference.find(path);
-    if (it == reference.end() || it->second.dtype() != DType::kBf16) continue;  // absent: named where used
-    const uint16_t* v = it->second.data<uint16_t>();
-    for (int64_t i = 0; i < it->second.numel(); ++i) {
-      if (spec::bf16_is_finite(v[i])) continue;
-      char bits[16];
-      std::snprintf(bits, sizeof bits, "0x%04x", static_cast<unsigned>(v[i]));
-      const float x = spec::f32_from_bf16(v[i]);
-      throw Error(prefix + path + ": element " + locate(*find_spec(path), cfg, i, topk_experts) + " is " +
-                  (std::isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf") + " (bf16 bits " + bits + "); " + fix);
-    }
-  }
+  check_finite_bf16(cfg, reference, paths, topk_experts, prefix, "; " + fix);
 }
 
 }  // namespace mok::ref

@@ -39,10 +39,7 @@ double golden_bytes(const mok::spec::LayerConfig& cfg, bool forward_only, bool b
                         (bounds && (spec.role == Role::kBoundExact || spec.role == Role::kBoundRadius)) ||
                         (terms && spec.role == Role::kBoundTerms) ||
                         (end_to_end && (spec.role == Role::kEndToEndExact || spec.role == Role::kEndToEndRadius));
-    if (!wanted) continue;
-    double bytes = static_cast<double>(mok::ref::dtype_size(spec.dtype));
-    for (int64_t d : mok::ref::spec_shape(spec, cfg)) bytes *= static_cast<double>(d);
-    total += bytes;
+    if (wanted) total += mok::ref::spec_bytes(spec, cfg);
   }
   return total;
 }

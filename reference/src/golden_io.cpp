@@ -801,8 +801,7 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   double need = 0, largest = 0;
   std::string largest_path;
   for (const auto& [path, spec] : to_load) {
-    double bytes = static_cast<double>(dtype_size(spec->dtype));
-    for (int64_t d : spec_shape(*spec, golden.cfg)) bytes *= static_cast<double>(d);
+    const double bytes = spec_bytes(*spec, golden.cfg);
     need += bytes;
     if (bytes > largest) {
       largest = bytes;

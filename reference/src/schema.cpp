@@ -171,6 +171,12 @@ bool spec_applies(const TensorSpec& spec, const spec::LayerConfig& cfg) {
   return !spec.needs_shared || cfg.has_shared();
 }
 
+double spec_bytes(const TensorSpec& spec, const spec::LayerConfig& cfg) {
+  double bytes = static_cast<double>(dtype_size(spec.dtype));
+  for (Dim d : spec.dims) bytes *= static_cast<double>(dim_size(d, cfg));
+  return bytes;
+}
+
 std::string bound_exact_path(const std::string& checked_path) {
   return "bounds/" + checked_name(checked_path) + "_exact";
 }

@@ -165,6 +165,21 @@ TEST(Schema, ShapesAndSharedApplicability) {
   EXPECT_TRUE(spec_applies(*find_spec("inputs/x"), cfg));
 }
 
+// spec_bytes: the shape's elements times the dtype's size, in a double that the largest layers
+// validate() accepts do not overflow (E = 2^20 experts of 2^24 x 2^24: 2^69 bytes of bf16).
+TEST(Schema, BytesOfADataset) {
+  spec::LayerConfig cfg = small_config();
+  EXPECT_EQ(spec_bytes(*find_spec("inputs/w_routed_down"), cfg), 32.0 * 64 * 32 * 2);
+  EXPECT_EQ(spec_bytes(*find_spec("inputs/router_weights"), cfg), 16.0 * 4 * 4);
+  EXPECT_EQ(spec_bytes(*find_spec("bounds/d_w_shared_gate_exact"), cfg), 2.0 * 16 * 64 * 4);
+  cfg.shared_intermediate = 0;
+  EXPECT_EQ(spec_bytes(*find_spec("inputs/w_shared_gate"), cfg), 0.0);
+  cfg.hidden = cfg.intermediate = int64_t{1} << 24;
+  cfg.num_experts = int64_t{1} << 20;
+  ASSERT_TRUE(cfg.validate().ok) << cfg.validate().message;
+  EXPECT_EQ(spec_bytes(*find_spec("inputs/w_routed_gate"), cfg), 0x1.0p69);
+}
+
 TEST(Schema, LocateNamesCoordinates) {
   spec::LayerConfig cfg = small_config();
   cfg.num_experts = 64;

@@ -41,11 +41,12 @@ void check_memory(const ref::Golden& golden, Backend backend, const std::string&
   double need = 0;
   for (const auto& [path, t] : golden.tensors) {
     const ref::TensorSpec* s = ref::find_spec(path);
-    if (s && s->role == ref::Role::kInput) need += static_cast<double>(t.size_bytes());  // the backend's copy
-    if (!s || (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad && s->role != ref::Role::kIntermediate))
-      continue;
-    const double per_element = static_cast<double>(ref::dtype_size(t.dtype())) + (backend == Backend::kOracle ? 8.0 : 0.0);
-    need += per_element * static_cast<double>(t.numel());
+    if (!s) continue;
+    const double bytes = ref::spec_bytes(*s, golden.cfg);
+    if (s->role == ref::Role::kInput) need += bytes;  // the backend's copy
+    if (s->role != ref::Role::kOutput && s->role != ref::Role::kGrad && s->role != ref::Role::kIntermediate) continue;
+    need += bytes;
+    if (backend == Backend::kOracle) need += bytes / static_cast<double>(ref::dtype_size(s->dtype)) * 8.0;  // two fp32 bounds
   }
   const std::optional<uint64_t> available = ref::available_memory_bytes();
   if (!available || need <= static_cast<double>(*available)) return;

@@ -64,6 +64,10 @@ const TensorSpec* find_spec(const std::string& path);
 std::vector<int64_t> spec_shape(const TensorSpec& spec, const spec::LayerConfig& cfg);
 // True when this spec applies to the config (shared tensors need Is > 0).
 bool spec_applies(const TensorSpec& spec, const spec::LayerConfig& cfg);
+// Bytes a dataset of this spec takes under a config (its elements times its dtype's size), as a
+// double so that no config overflows it: the memory estimates made before anything is allocated
+// (the golden reader, mok-golden, mok-verify run) count with it.
+double spec_bytes(const TensorSpec& spec, const spec::LayerConfig& cfg);
 
 // The checked tensors (outputs and grads) and the two bound datasets of each:
 // bounds/<name>_exact (the oracle's value, f32) and bounds/<name>_bound (absolute radius, f32).

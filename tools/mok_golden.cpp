@@ -51,13 +51,8 @@ int main(int argc, char** argv) {
   // cleans up after (temporary file removed), instead of SIGXFSZ ending the process mid-write.
   std::signal(SIGXFSZ, SIG_IGN);
   std::string preset_help = "configuration preset:";
-  for (const auto& p : mok::ref::presets()) {
-    const auto& c = p.cfg;
-    preset_help += "\n  " + std::string(p.name) + ": H=" + std::to_string(c.hidden) + " I=" +
-                   std::to_string(c.intermediate) + " Is=" + std::to_string(c.shared_intermediate) +
-                   " E=" + std::to_string(c.num_experts) + " K=" + std::to_string(c.top_k) + " R=" +
-                   std::to_string(c.num_ranks) + " T=" + std::to_string(c.tokens_per_rank) + " (" + p.what + ")";
-  }
+  for (const auto& p : mok::ref::presets())
+    preset_help += "\n  " + std::string(p.name) + ": " + mok::ref::format_config(p.cfg) + " (" + p.what + ")";
   CLI::App app{
       "mok-golden: make a golden file for one MoE layer case (HDF5 schema mok-golden v1).\n"
       "It draws fresh random inputs from --seed, runs the CPU emulator (profile bf16-v1, Hopper MMA\n"
@@ -133,10 +128,7 @@ int main(int argc, char** argv) {
     // A layer too large for this machine is refused now, not after minutes or by the OOM killer.
     const double need = golden_bytes(cfg, forward_only, !no_bounds, bound_terms, end_to_end_bounds);
     if (const auto available = mok::ref::available_memory_bytes(); available && need > static_cast<double>(*available))
-      throw mok::Error("the layer H=" + std::to_string(cfg.hidden) + " I=" + std::to_string(cfg.intermediate) +
-                       " Is=" + std::to_string(cfg.shared_intermediate) + " E=" + std::to_string(cfg.num_experts) +
-                       " K=" + std::to_string(cfg.top_k) + " R=" + std::to_string(cfg.num_ranks) +
-                       " T=" + std::to_string(cfg.tokens_per_rank) + " needs at least " +
+      throw mok::Error("the layer " + mok::ref::format_config(cfg) + " needs at least " +
                        mok::ref::format_bytes(static_cast<uint64_t>(need)) + " of memory for its inputs, results and " +
                        "bounds, but only " + mok::ref::format_bytes(*available) +
                        " can be allocated here (memory limits, the machine's memory and swap); " + kSmallerLayer);
@@ -146,11 +138,8 @@ int main(int argc, char** argv) {
     // fixtures/regenerate reads the layer after the first word of this line.
     const bool overridden = H != -1 || I != -1 || Is != -1 || E != -1 || K != -1 || R != -1 || T != -1;
     const std::string label = overridden ? preset + "+overrides" : preset;
-    std::fprintf(stderr, "mok-golden: %s H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld routing=%s seed=%llu\n",
-                 label.c_str(), (long long)cfg.hidden, (long long)cfg.intermediate,
-                 (long long)cfg.shared_intermediate, (long long)cfg.num_experts, (long long)cfg.top_k,
-                 (long long)cfg.num_ranks, (long long)cfg.tokens_per_rank, rs.describe().c_str(),
-                 (unsigned long long)seed);
+    std::fprintf(stderr, "mok-golden: %s %s routing=%s seed=%llu\n", label.c_str(),
+                 mok::ref::format_config(cfg).c_str(), rs.describe().c_str(), (unsigned long long)seed);
     mok::ref::TensorMap inputs = mok::ref::generate_inputs(cfg, rs, seed);
     if (forward_only) inputs.erase("inputs/d_output");
     mok::ref::EmulateOptions eo;

@@ -171,6 +171,13 @@ bool spec_applies(const TensorSpec& spec, const spec::LayerConfig& cfg) {
   return !spec.needs_shared || cfg.has_shared();
 }
 
+std::string format_config(const spec::LayerConfig& cfg) {
+  return "H=" + std::to_string(cfg.hidden) + " I=" + std::to_string(cfg.intermediate) +
+         " Is=" + std::to_string(cfg.shared_intermediate) + " E=" + std::to_string(cfg.num_experts) +
+         " K=" + std::to_string(cfg.top_k) + " R=" + std::to_string(cfg.num_ranks) +
+         " T=" + std::to_string(cfg.tokens_per_rank);
+}
+
 double spec_bytes(const TensorSpec& spec, const spec::LayerConfig& cfg) {
   double bytes = static_cast<double>(dtype_size(spec.dtype));
   for (Dim d : spec.dims) bytes *= static_cast<double>(dim_size(d, cfg));

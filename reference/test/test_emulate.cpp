@@ -71,7 +71,7 @@ Case gen_case() {
   c.cfg = test::gen_config();
   c.seed = *rc::gen::arbitrary<uint64_t>();
   c.inputs = ref::generate_inputs(c.cfg, test::gen_routing(), c.seed);
-  RC_LOG() << test::describe(c.cfg) << " seed=" << c.seed << "\n";
+  RC_LOG() << ref::format_config(c.cfg) << " seed=" << c.seed << "\n";
   return c;
 }
 
@@ -146,7 +146,7 @@ RC_GTEST_PROP(Emulate, IdenticalForEverySplitIntoRanks, ()) {
   }
   c.seed = *rc::gen::arbitrary<uint64_t>();
   c.inputs = ref::generate_inputs(c.cfg, test::gen_routing(), c.seed);
-  RC_LOG() << test::describe(c.cfg) << " seed=" << c.seed << "\n";
+  RC_LOG() << ref::format_config(c.cfg) << " seed=" << c.seed << "\n";
   const int64_t G = c.cfg.num_tokens(), E = c.cfg.num_experts;
   // Every R > 1 that divides both the global batch and the expert count, each against R = 1.
   std::vector<int64_t> splits;

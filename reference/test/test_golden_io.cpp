@@ -210,7 +210,7 @@ RC_GTEST_PROP(GoldenIo, RoundTripIsBitwise, ()) {
   write_golden(path, golden);
   const Golden back = read_golden(path);
   const std::string diff = compare_goldens(golden, back);
-  RC_LOG() << test::describe(cfg) << " seed " << seed << "\n";
+  RC_LOG() << ref::format_config(cfg) << " seed " << seed << "\n";
   RC_ASSERT(diff == std::string());
   // Nothing but the file itself is left in the folder (no temporary files).
   RC_ASSERT(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);

@@ -165,6 +165,10 @@ TEST(Schema, ShapesAndSharedApplicability) {
   EXPECT_TRUE(spec_applies(*find_spec("inputs/x"), cfg));
 }
 
+TEST(Schema, FormatConfigNamesEveryField) {
+  EXPECT_EQ(format_config(small_config()), "H=64 I=32 Is=16 E=32 K=4 R=2 T=8");
+}
+
 // spec_bytes: the shape's elements times the dtype's size, in a double that the largest layers
 // validate() accepts do not overflow (E = 2^20 experts of 2^24 x 2^24: 2^69 bytes of bf16).
 TEST(Schema, BytesOfADataset) {

@@ -30,10 +30,4 @@ inline ref::RoutingSpec gen_routing() {
   return r;
 }
 
-inline std::string describe(const spec::LayerConfig& c) {
-  return "H=" + std::to_string(c.hidden) + " I=" + std::to_string(c.intermediate) + " Is=" +
-         std::to_string(c.shared_intermediate) + " E=" + std::to_string(c.num_experts) + " K=" +
-         std::to_string(c.top_k) + " R=" + std::to_string(c.num_ranks) + " T=" + std::to_string(c.tokens_per_rank);
-}
-
 }  // namespace mok::test

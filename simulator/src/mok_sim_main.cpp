@@ -498,11 +498,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       text = header + "\n" + row + "\n";
     } else {
       std::string title = first.name + "\n" + first.topo.name + " (" + first.topo.description + ")\n" +
-                          "layer H=" + std::to_string(first.cfg.hidden) + " I=" + std::to_string(first.cfg.intermediate) +
-                          " Is=" + std::to_string(first.cfg.shared_intermediate) +
-                          " E=" + std::to_string(first.cfg.num_experts) + " K=" + std::to_string(first.cfg.top_k) +
-                          " R=" + std::to_string(first.cfg.num_ranks) + " T=" + std::to_string(first.cfg.tokens_per_rank) +
-                          "\nworkload " + j["workload"].dump() + "\nprotocol " + j["protocol"].dump() + "\n";
+                          "layer " + mok::ref::format_config(first.cfg) + "\nworkload " + j["workload"].dump() +
+                          "\nprotocol " + j["protocol"].dump() + "\n";
       text = mok::sim::format_table(r, title);
     }
     if (!trace_path.empty()) files.add(trace_path, mok::sim::chrome_trace_json(r), "--trace");

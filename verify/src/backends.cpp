@@ -50,13 +50,9 @@ void check_memory(const ref::Golden& golden, Backend backend, const std::string&
   }
   const std::optional<uint64_t> available = ref::available_memory_bytes();
   if (!available || need <= static_cast<double>(*available)) return;
-  const spec::LayerConfig& c = golden.cfg;
   throw Error(golden_name + ": the " + backend_name(backend) + " backend needs at least " +
-              ref::format_bytes(static_cast<uint64_t>(need)) + " more memory for this layer (H=" +
-              std::to_string(c.hidden) + " I=" + std::to_string(c.intermediate) + " Is=" +
-              std::to_string(c.shared_intermediate) + " E=" + std::to_string(c.num_experts) + " K=" +
-              std::to_string(c.top_k) + " R=" + std::to_string(c.num_ranks) + " T=" + std::to_string(c.tokens_per_rank) +
-              "), but at most " + ref::format_bytes(*available) +
+              ref::format_bytes(static_cast<uint64_t>(need)) + " more memory for this layer (" +
+              ref::format_config(golden.cfg) + "), but at most " + ref::format_bytes(*available) +
               " is available here (the tightest of: this process's memory limits less what it already uses, the "
               "container's limit, the machine's memory and swap); run on a machine with more memory, or use a "
               "smaller layer");

@@ -29,6 +29,10 @@ const char* dim_symbol(Dim d);   // "G", "K", ...
 const char* dim_axis_name(Dim d);  // "token", "slot", "expert", "rank", "h", "i", "is"
 int64_t dim_size(Dim d, const spec::LayerConfig& cfg);
 
+// A layer config for messages, under the names of its /config attributes:
+// "H=7168 I=2048 Is=2048 E=256 K=8 R=8 T=4096".
+std::string format_config(const spec::LayerConfig& cfg);
+
 enum class Role : uint8_t {
   kInput,
   kOutput,

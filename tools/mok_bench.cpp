@@ -9,6 +9,7 @@
 #include "mok/reference/error.hpp"
 #include "mok/reference/generate.hpp"
 #include "mok/reference/golden.hpp"
+#include "mok/reference/schema.hpp"
 #include "mok/spec/bf16.hpp"
 #include "unfused_baseline.hpp"
 
@@ -459,15 +460,12 @@ int main(int argc, char** argv) {
   }
   {
     const mok::spec::LayerConfig& c = cfg_opts;
-    char line[256];
-    std::snprintf(line, sizeof line, "H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld T=%lld",
-                  (long long)c.hidden, (long long)c.intermediate, (long long)c.shared_intermediate,
-                  (long long)c.num_experts, (long long)c.top_k, (long long)c.num_ranks, (long long)c.tokens_per_rank);
+    const std::string line = mok::ref::format_config(c);
     const mok::spec::Status st = c.validate();  // bounds R and T, so R * T below cannot overflow
     if (!st.ok)
       return usage_error(std::string("the options describe ") + line + ", which is not a valid layer: " + st.message);
     if (show_config) {
-      std::printf("%s (G=%lld tokens)\n", line, (long long)c.num_tokens());
+      std::printf("%s (G=%lld tokens)\n", line.c_str(), (long long)c.num_tokens());
       if (!mok::cli::stdout_ok()) return usage_error("cannot write to standard output; check where it goes");
       return 0;
     }

@@ -269,8 +269,8 @@ RC_GTEST_PROP(OracleBound, ChainsOfTinyValuesStayWithinTheRadius, ()) {
 }
 
 // The bounds do not cover fp32 overflow, so where the oracle's own value of the output reaches
-// fp32's range limit it stops with an error naming the origin, the tensor and the element (before
-// 2026-12 it stored an infinite value and radius, which mok-verify reworded after the fact). Fresh
+// fp32's range limit it stops with an error naming the origin, the tensor and the element (it used
+// to store an infinite value and radius, which mok-verify reworded after the fact). Fresh
 // random inputs, forward only, with the router weights and the routed down weights (so y) scaled
 // up by powers of two until the routed part of an output element, Σ w y, passes 2^129 (beyond
 // fp32's largest value) while y, shared_act and the inputs stay finite.

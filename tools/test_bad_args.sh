@@ -16,8 +16,8 @@
 # an empty --file, an unknown --preset, a missing --python or MOK_TORCH_BASELINE, a --torch that
 # is a directory, sizes whose product overflows; --help lists the presets (mok-refbench's too),
 # and a report that cannot be written (/dev/full, or a pipe whose reader has gone) exits 2. With
-# MOK_BENCH_ATOMICS=PATH, that program calls itself mok-bench-atomics; with MOK_REFBENCH=PATH, its
-# report to /dev/full or a closed pipe exits 2.
+# MOK_BENCH_ATOMICS=PATH, that program calls itself mok-bench-atomics and exits 2 into a closed
+# pipe; with MOK_REFBENCH=PATH, its report to /dev/full or a closed pipe exits 2.
 # The PyTorch script's ranges and help, and mok-setup --help to /dev/full, are checked too.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/expect_exit.sh"
@@ -106,6 +106,7 @@ fi
 if [[ -n ${MOK_BENCH_ATOMICS:-} ]]; then
   expect_exit "$MOK_BENCH_ATOMICS" 0 "mok-bench-atomics: time the fused" --help
   expect_exit "$MOK_BENCH_ATOMICS" 2 "mok-bench-atomics: --blocks-per-rank 1" --blocks-per-rank 1
+  expect_closed_pipe "$MOK_BENCH_ATOMICS" --show-config  # its own main ignores SIGPIPE too
 fi
 if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--transport" --transport bogus

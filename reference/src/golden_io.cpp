@@ -162,8 +162,7 @@ std::string write_fix(int err) {
   }
 }
 
-std::string format_dims(const std::vector<int64_t>& dims) { return format_shape(dims); }
-
+// A file's own dimensions (unsigned, as HDF5 gives them), printed as format_shape prints a shape.
 std::string format_dims(const std::vector<hsize_t>& dims) {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -610,7 +609,7 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
       ctx.fail_hdf5(where, "H5Sget_simple_extent_dims");
     }
   } else if (space_class != H5S_SCALAR) {
-    ctx.fail(where, "expected shape " + format_dims(expected) + " " + format_symbols(spec) +
+    ctx.fail(where, "expected shape " + format_shape(expected) + " " + format_symbols(spec) +
                         " but the dataspace is empty (null)" + kFixHint);
   }
   bool shape_ok = found.size() == expected.size();
@@ -618,7 +617,7 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
     shape_ok = found[a] == static_cast<hsize_t>(expected[a]);
   }
   if (!shape_ok) {
-    ctx.fail(where, "expected shape " + format_dims(expected) + " " + format_symbols(spec) +
+    ctx.fail(where, "expected shape " + format_shape(expected) + " " + format_symbols(spec) +
                         " but found " + format_dims(found) + kFixHint);
   }
 
@@ -643,7 +642,7 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
   uint64_t numel = 1;
   for (int64_t d : expected) {
     if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d) / 8) {
-      ctx.fail(where, "shape " + format_dims(expected) + " is too large to load" + std::string(kFixHint));
+      ctx.fail(where, "shape " + format_shape(expected) + " is too large to load" + std::string(kFixHint));
     }
     numel *= static_cast<uint64_t>(d);
   }
@@ -885,7 +884,7 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
     }
     const std::vector<int64_t> expected = spec_shape(*spec, golden.cfg);
     if (tensor.shape() != expected) {
-      ctx.fail(dataset_where(path), "expected shape " + format_dims(expected) + " " +
+      ctx.fail(dataset_where(path), "expected shape " + format_shape(expected) + " " +
                                         format_symbols(*spec) + " but found " +
                                         tensor.shape_string() + kFixHint);
     }

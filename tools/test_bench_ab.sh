@@ -166,6 +166,6 @@ help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"
 source "$(dirname "$0")/expect_exit.sh"  # expect_unwritable
-expect_unwritable "$ab" --help
+unwritable_says="cannot write the help" expect_unwritable "$ab" --help
 [[ $expect_failed == 0 ]] || fail "--help > /dev/full (above)"
 echo "bench-ab.sh: OK"

@@ -594,6 +594,51 @@ RC_GTEST_PROP(OracleIntermediates, RoundedValueOfADotProductIsCorrectlyRounded, 
   }
 }
 
+// The rounded value where rounding the exact sum to double first would land on a tie of the
+// target format (double rounding): exact sums just above or below an fp32 (gate) or bf16 (y) tie,
+// by less than half a double ulp (2^-80) or by 3/4 of one (2^-53 + 2^-54, which rounds to an odd
+// double), must round away from the tie the way the exact value lies. Random sums almost never
+// come this close (mutation-checked: exact_odd nudging the wrong way, or testing the wrong bit,
+// passes the random property above and fails here).
+TEST(OracleIntermediates, RoundedValueAvoidsDoubleRoundingAtTies) {
+  const spec::LayerConfig cfg{16, 16, 0, 1, 1, 1, 1};  // H I Is E K R T
+  TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 3);
+  ASSERT_EQ(in.at("inputs/topk_experts").data<int32_t>()[0], 0);
+  constexpr uint16_t kOne = 0x3F80, kMinusOne = 0xBF80, k2m8 = 0x3B80, k2m24 = 0x3380, k2m53 = 0x2500,
+                     k2m54 = 0x2480, k2m80 = 0x1780;
+  uint16_t* x = in.at("inputs/x").data<uint16_t>();
+  std::fill(x, x + 16, uint16_t{0});
+  x[0] = kOne, x[1] = k2m24, x[2] = k2m53, x[3] = k2m54, x[4] = k2m80;
+  // Gate rows (expert 0, columns 0..3) against x, and the fp32 value each must round to.
+  const std::vector<std::pair<std::vector<uint16_t>, uint32_t>> gate_rows = {
+      {{kOne, kOne, 0, 0, kOne}, 0x3F800001u},                  // 1 + 2^-24 + 2^-80: up
+      {{kOne, kOne, 0, 0, kMinusOne}, 0x3F800000u},             // 1 + 2^-24 - 2^-80: down
+      {{kOne, kOne, kOne, kOne, 0}, 0x3F800001u},               // 1 + 2^-24 + 3 * 2^-54: up
+      {{kMinusOne, kMinusOne, 0, 0, kMinusOne}, 0xBF800001u}};  // the first, negated
+  uint16_t* wg = in.at("inputs/w_routed_gate").data<uint16_t>();
+  for (size_t i = 0; i < gate_rows.size(); ++i) {
+    std::fill(wg + i * 16, wg + (i + 1) * 16, uint16_t{0});
+    std::copy(gate_rows[i].first.begin(), gate_rows[i].first.end(), wg + i * 16);
+  }
+  TensorMap emu = ref::emulate(cfg, in);
+  // y[h] for h = 0, 1 from the reference's act (the oracle's operand): 1 + 2^-8 +- 2^-80, a bf16 tie
+  // plus or minus a little.
+  uint16_t* act = emu.at("intermediates/act").data<uint16_t>();
+  std::fill(act, act + 16, uint16_t{0});
+  act[0] = kOne, act[1] = k2m8, act[2] = k2m80;
+  uint16_t* wd = in.at("inputs/w_routed_down").data<uint16_t>();
+  std::fill(wd, wd + 32, uint16_t{0});
+  wd[0] = wd[1] = wd[2] = kOne;                    // row h = 0
+  wd[16] = wd[17] = kOne, wd[18] = kMinusOne;      // row h = 1
+  const TensorMap b = ref::oracle_bounds(cfg, in, emu, with_intermediates());
+  const Tensor& gate = b.at(ref::bound_rounded_path("intermediates/gate"));
+  for (size_t i = 0; i < gate_rows.size(); ++i)
+    EXPECT_EQ(gate.bits_at(static_cast<int64_t>(i)), gate_rows[i].second) << "gate column " << i;
+  const Tensor& y = b.at(ref::bound_rounded_path("intermediates/y"));
+  EXPECT_EQ(y.bits_at(0), 0x3F81u);  // 1 + 2^-8 + 2^-80: up
+  EXPECT_EQ(y.bits_at(1), 0x3F80u);  // 1 + 2^-8 - 2^-80: down
+}
+
 RC_GTEST_PROP(Emulate, ThreadCountAndSamplingDoNotChangeBits, ()) {
   const Case c = gen_case();
   ref::EmulateOptions one;

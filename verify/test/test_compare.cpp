@@ -9,6 +9,7 @@
 #include "mok/reference/schema.hpp"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
@@ -31,10 +32,62 @@ TEST(UlpDistance, NeighboursAndSigns) {
   EXPECT_EQ(verify::ulp_distance(ref::DType::kF32, 0x7FC00000, 0x3F800000), UINT64_MAX);
 }
 
+// Infinities are numbers on the monotone line (one step from the largest finite value), every NaN
+// is one class (0 apart, whatever its sign or payload), fp64 uses all 64 bits and int32 is a plain
+// absolute difference (mutation-checked: is_nan taking Inf for NaN, a NaN class of distance 1, fp64
+// folded to 32 bits and a signed int32 difference each fail here).
+TEST(UlpDistance, InfinitiesNansFp64AndInt32) {
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kBf16, 0x7F80, 0x7F7F), 1u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kBf16, 0xFF7F, 0xFF80), 1u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kF32, 0x7F800000, 0x7F7FFFFF), 1u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kF32, 0xFF800000, 0xFF7FFFFF), 1u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kBf16, 0x7FC0, 0xFF81), 0u);  // two NaNs
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kF32, 0x7FC00000, 0xFF800001), 0u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kBf16, 0x7FC0, 0x7F80), UINT64_MAX);  // NaN against Inf
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kF64, 0x3FF0000000000000ull, 0x3FF0000000000001ull), 1u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kF64, 0x3FF0000000000000ull, 0xBFF0000000000000ull),
+            2 * 0x3FF0000000000000ull);  // 1.0 and -1.0
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kF64, 0x7FF8000000000000ull, 0xFFF0000000000001ull), 0u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kI32, 3, 10), 7u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kI32, 10, 3), 7u);
+  EXPECT_EQ(verify::ulp_distance(ref::DType::kI32, 0xFFFFFFFFu, 1), 2u);  // -1 and 1
+}
+
 TEST(StageOrder, ForwardBeforeBackward) {
   EXPECT_LT(verify::stage_rank("intermediates/gate"), verify::stage_rank("intermediates/y"));
   EXPECT_LT(verify::stage_rank("intermediates/y"), verify::stage_rank("outputs/output"));
   EXPECT_LT(verify::stage_rank("outputs/output"), verify::stage_rank("grads/d_x"));
+}
+
+// Every stage comes after the stages whose values it is computed from (DESIGN.md section 3), so
+// the first failing stage is where a wrong value entered, not one it flowed into.
+TEST(StageOrder, EveryStageAfterItsOperands) {
+  const std::vector<std::pair<const char*, std::vector<const char*>>> operands = {
+      {"intermediates/act", {"intermediates/gate", "intermediates/up"}},
+      {"intermediates/y", {"intermediates/act"}},
+      {"intermediates/shared_act", {"intermediates/shared_gate", "intermediates/shared_up"}},
+      {"intermediates/shared_out", {"intermediates/shared_act"}},
+      {"outputs/output", {"intermediates/y", "intermediates/shared_out"}},
+      {"grads/d_router_weights", {"intermediates/y"}},
+      {"intermediates/d_act", {"intermediates/dy"}},
+      {"intermediates/d_gate", {"intermediates/d_act", "intermediates/gate", "intermediates/up"}},
+      {"intermediates/d_up", {"intermediates/d_act", "intermediates/gate"}},
+      {"intermediates/dx_slot", {"intermediates/d_gate", "intermediates/d_up"}},
+      {"intermediates/shared_d_gate", {"intermediates/shared_d_act", "intermediates/shared_gate", "intermediates/shared_up"}},
+      {"intermediates/shared_d_up", {"intermediates/shared_d_act", "intermediates/shared_gate"}},
+      {"intermediates/dx_shared", {"intermediates/shared_d_gate", "intermediates/shared_d_up"}},
+      {"grads/d_x", {"intermediates/dx_slot", "intermediates/dx_shared"}},
+      {"grads/d_w_routed_down", {"intermediates/dy", "intermediates/act"}},
+      {"grads/d_w_routed_gate", {"intermediates/d_gate"}},
+      {"grads/d_w_routed_up", {"intermediates/d_up"}},
+      {"grads/d_w_shared_down", {"intermediates/shared_act"}},
+      {"grads/d_w_shared_gate", {"intermediates/shared_d_gate"}},
+      {"grads/d_w_shared_up", {"intermediates/shared_d_up"}}};
+  const int unknown = verify::stage_rank("inputs/x");
+  for (const auto& [stage, ops] : operands) {
+    EXPECT_LT(verify::stage_rank(stage), unknown) << stage;
+    for (const char* op : ops) EXPECT_LT(verify::stage_rank(op), verify::stage_rank(stage)) << op << " before " << stage;
+  }
 }
 
 // A golden as mok-golden makes one (emulator forward and backward with intermediates, oracle
@@ -89,7 +142,15 @@ RC_GTEST_PROP(Compare, IdenticalTensorsPassBothCriteria, ()) {
     const verify::Report r = verify::compare(c.golden, c.candidate, o);
     RC_ASSERT(r.passed);
     RC_ASSERT(r.first_bad_stage.empty());
-    for (const auto& t : r.tensors) RC_ASSERT(t.equal == t.compared);
+    for (const auto& t : r.tensors) {
+      RC_ASSERT(t.equal == t.compared);
+      // Nothing differs, so nothing is named (mutation-checked: a `>=` in the worst-element scan
+      // named an equal element).
+      RC_ASSERT(t.first_idx == -1);
+      RC_ASSERT(t.worst_idx == -1);
+      RC_ASSERT(t.max_ulp == 0u);
+      RC_ASSERT(t.worst_location.empty());
+    }
   }
 }
 
@@ -199,6 +260,124 @@ RC_GTEST_PROP(Compare, BoundsCriterionJudgesTheRadius, ()) {
   // A negative radius is a broken golden: bad input, not a failed check.
   radii.data<float>()[*rc::gen::inRange<int64_t>(0, radii.numel())] = -1.0f;
   RC_ASSERT_THROWS_AS(verify::compare(d.golden, d.candidate, o), mok::Error);
+}
+
+// The bounds criterion needs the golden's bounds: an output or gradient without them fails (its
+// bits may match), and a candidate sharing no judged tensor with the golden is not a pass
+// (mutation-checked: each rule removed passed both cases).
+RC_GTEST_PROP(Compare, NoBoundsOrNothingToCompareIsNotAPass, ()) {
+  Case c = *gen_case();
+  std::vector<std::string> checked;
+  for (const auto& p : c.judged)
+    if (p.rfind("outputs/", 0) == 0 || p.rfind("grads/", 0) == 0) checked.push_back(p);
+  const std::string path = *rc::gen::elementOf(checked);
+  c.golden.tensors.erase(ref::bound_exact_path(path));
+  c.golden.tensors.erase(ref::bound_radius_path(path));
+  verify::CompareOptions o;
+  o.criterion = verify::Criterion::kWithinBounds;
+  const verify::Report r = verify::compare(c.golden, c.candidate, o);
+  RC_ASSERT(!r.passed);
+  const verify::TensorReport* tr = find(r, path);
+  RC_ASSERT(tr != nullptr);
+  RC_ASSERT(!tr->has_bounds);
+  RC_ASSERT(!tr->passed);
+  RC_ASSERT(tr->equal == tr->compared);
+  for (const auto& t : r.tensors) RC_ASSERT(t.passed == (t.path != path));
+  RC_ASSERT(verify::compare(c.golden, c.candidate, verify::CompareOptions{}).passed);  // bitwise: fine
+
+  ref::TensorMap inputs_only;
+  for (const auto& [p, t] : c.golden.tensors)
+    if (p.rfind("inputs/", 0) == 0) inputs_only[p] = t;
+  ref::Golden bare = c.golden;
+  for (auto it = bare.tensors.begin(); it != bare.tensors.end();)
+    it = it->first.rfind("inputs/", 0) == 0 ? std::next(it) : bare.tensors.erase(it);
+  for (const auto crit : {verify::Criterion::kBitwise, verify::Criterion::kWithinBounds}) {
+    o.criterion = crit;
+    const verify::Report none = verify::compare(bare, inputs_only, o);
+    RC_ASSERT(!none.passed);
+    RC_ASSERT(none.tensors.empty());
+    RC_ASSERT(none.first_bad_stage.rfind("nothing to compare", 0) == 0);
+  }
+}
+
+// One differing element is named alone (no "first of 1" tail); a zero whose sign alone changed
+// (+0 against -0: 0 ulps apart, different bits) is still that element (mutation-checked).
+RC_GTEST_PROP(Compare, ASingleDifferenceIsNamedExactly, ()) {
+  Case c = *gen_case();
+  std::vector<std::string> inter;
+  for (const auto& p : c.judged)
+    if (p.rfind("intermediates/", 0) == 0 && c.candidate.at(p).numel() > 0) inter.push_back(p);
+  const std::string path = *rc::gen::elementOf(inter);
+  ref::Tensor& t = c.candidate.at(path);
+  ref::Tensor& g = c.golden.tensors.at(path);
+  const int64_t i = *rc::gen::inRange<int64_t>(0, t.numel());
+  const size_t width = ref::dtype_size(t.dtype());
+  std::memset(static_cast<char*>(g.raw()) + i * width, 0, width);  // +0 in the golden
+  std::memset(static_cast<char*>(t.raw()) + i * width, 0, width);
+  flip_bit(t, i, static_cast<int>(8 * width) - 1);                 // -0 in the candidate
+  const verify::Report r = verify::compare(c.golden, c.candidate, verify::CompareOptions{});
+  RC_ASSERT(!r.passed);
+  const verify::TensorReport* tr = find(r, path);
+  RC_ASSERT(tr != nullptr);
+  RC_ASSERT(tr->first_idx == i);
+  RC_ASSERT(tr->max_ulp == 0u);
+  RC_ASSERT(tr->equal == tr->compared - 1);
+  RC_ASSERT(r.first_bad_stage == path + " at " + tr->first_location);
+}
+
+// With wrong elements in two stages, the first failing stage is the earlier one in stage order,
+// whichever the candidate lists first (mutation-checked: a later stage overwriting it fails).
+RC_GTEST_PROP(Compare, TheEarliestOfTwoFailingStagesIsNamed, ()) {
+  Case c = *gen_case();
+  const std::string a = *rc::gen::elementOf(c.judged);
+  const std::string b = *rc::gen::elementOf(c.judged);
+  RC_PRE(a != b && c.candidate.at(a).numel() > 0 && c.candidate.at(b).numel() > 0);
+  for (const std::string& p : {a, b}) {
+    ref::Tensor& t = c.candidate.at(p);
+    flip_bit(t, *rc::gen::inRange<int64_t>(0, t.numel()), 0);
+  }
+  const verify::Report r = verify::compare(c.golden, c.candidate, verify::CompareOptions{});
+  const std::string& first = verify::stage_rank(a) < verify::stage_rank(b) ? a : b;
+  RC_ASSERT(r.first_bad_stage.rfind(first + " at ", 0) == 0);
+}
+
+// Under the bounds criterion: a NaN candidate element is outside every radius; elements the
+// oracle did not sample (NaN radius) are skipped, not an end to the check; intermediates the golden
+// holds no bounds for are not judged (nor listed); and the JSON report gives the same counts
+// (mutation-checked).
+RC_GTEST_PROP(Compare, BoundsCriterionNanCandidatesUnsampledElementsAndJson, ()) {
+  Case c = *gen_case();
+  ref::Tensor& out = c.candidate.at("outputs/output");
+  const int64_t n = out.numel();
+  RC_PRE(n > 1);
+  const int64_t i = *rc::gen::inRange<int64_t>(1, n);
+  // Elements before i not sampled; element i NaN.
+  ref::Tensor& radii = c.golden.tensors.at(ref::bound_radius_path("outputs/output"));
+  for (int64_t k = 0; k < i; ++k) radii.data<float>()[k] = std::numeric_limits<float>::quiet_NaN();
+  out.data<uint16_t>()[i] = 0x7FC0;
+  verify::CompareOptions o;
+  o.criterion = verify::Criterion::kWithinBounds;
+  const verify::Report r = verify::compare(c.golden, c.candidate, o);
+  RC_ASSERT(!r.passed);
+  for (const auto& t : r.tensors) RC_ASSERT(t.has_bounds);  // the golden bounds no intermediate
+  const verify::TensorReport* tr = find(r, "outputs/output");
+  RC_ASSERT(tr != nullptr);
+  RC_ASSERT(tr->bound_checked == n - i);
+  RC_ASSERT(tr->outside_bound == 1);
+  RC_ASSERT(tr->first_outside_idx == i);
+  RC_ASSERT(std::isinf(tr->worst_bound_ratio));
+  const nlohmann::json j = nlohmann::json::parse(verify::format_json(r));
+  RC_ASSERT(j["passed"] == false);
+  bool seen = false;
+  for (const auto& t : j["tensors"]) {
+    if (t["tensor"] != "outputs/output") continue;
+    seen = true;
+    RC_ASSERT(t["outside_bound"] == 1);
+    RC_ASSERT(t["bound_checked"] == n - i);
+    RC_ASSERT(t["worst_error_over_bound"] == "inf");
+    RC_ASSERT(t["passed"] == false);
+  }
+  RC_ASSERT(seen);
 }
 
 }  // namespace

@@ -253,6 +253,20 @@ TEST(OracleBound, SubnormalAccumulatorIsCovered) {
   EXPECT_LE(std::fabs(got - cb.exact), cb.radius) << "error " << std::fabs(got - cb.exact) / 0x1p-149 << " x 2^-149";
 }
 
+// The worst case of a step's term truncation: one product of 1 sets E = 0, and 15 products of
+// (181/128 * 2^-13)^2 = 0.99979 * 2^-25 each fall just short of the unit 2^(E-25), so the model
+// cuts every one to 0 (the sum is exactly 1): an error of 15 units, which the radius must hold
+// (one unit per term, not half: mutation-checked).
+TEST(OracleBound, WorstCaseTermTruncationIsCovered) {
+  std::vector<uint16_t> a(16, 0x3935), b(16, 0x3935);  // 181/128 * 2^-13
+  a[0] = b[0] = 0x3F80;                                // 1
+  const float got = spec::dot_chain_bf16(spec::kHopperBf16Mma, 0.0f, a.data(), 1, b.data(), 1, 16);
+  EXPECT_EQ(got, 1.0f);
+  const ref::ChainBound cb = ref::dot_chain_bound(a.data(), 1, b.data(), 1, 16);
+  EXPECT_EQ(cb.exact, 1.0 + 15.0 * 32761.0 * 0x1.0p-40);
+  EXPECT_LE(std::fabs(got - cb.exact), cb.radius) << "error " << std::fabs(got - cb.exact) / 0x1p-25 << " x 2^-25";
+}
+
 RC_GTEST_PROP(OracleBound, ChainsOfTinyValuesStayWithinTheRadius, ()) {
   const int64_t n = 16 * *rc::gen::inRange(1, 5);
   const int center = *rc::gen::inRange(-80, -55);
@@ -273,7 +287,9 @@ RC_GTEST_PROP(OracleBound, ChainsOfTinyValuesStayWithinTheRadius, ()) {
 // to store an infinite value and radius, which mok-verify reworded after the fact). Fresh
 // random inputs, forward only, with the router weights and the routed down weights (so y) scaled
 // up by powers of two until the routed part of an output element, Σ w y, passes 2^129 (beyond
-// fp32's largest value) while y, shared_act and the inputs stay finite.
+// fp32's largest value) or lies in [2^127, 2^128) (finite in fp32, but at the limit: a check moved
+// to 2^128 passes the first and fails the second, mutation-checked) while y, shared_act and the
+// inputs stay finite.
 RC_GTEST_PROP(OracleBound, AnOutputPastFp32sRangeIsAnErrorNamingIt, ()) {
   Case c = gen_case();
   c.inputs.erase("inputs/d_output");
@@ -298,7 +314,7 @@ RC_GTEST_PROP(OracleBound, AnOutputPastFp32sRangeIsAnErrorNamingIt, ()) {
   }
   RC_PRE(largest > 0x1.0p-40);  // not every slot empty (nor a vanishing sum)
   // w (at most 1) times 2^a, the down weights (so y, a chain of products by them) times 2^b.
-  const int shift = 129 - std::ilogb(largest);
+  const int shift = *rc::gen::element(127, 129) - std::ilogb(largest);
   const int a = std::min(shift, 100), b = shift - a;
   for (int64_t i = 0; i < c.cfg.num_slots(); ++i) w[i] = std::ldexp(w[i], a);
   Tensor& wrd = c.inputs.at("inputs/w_routed_down");

@@ -119,6 +119,28 @@ TEST(ApiChecks, EmulateRejectsBadOptions) {
   EXPECT_NE(error_of([&] { ref::emulate(kCfg, in, sampled); }).find("no tokens"), std::string::npos);
 }
 
+// num_threads runs from 0 (all cores) to 4096 in emulate and both oracles: 4096 is taken (the
+// workers are capped by the chunks, so a small layer starts few threads), -1 and 4097 are named
+// errors (mutation-checked: a limit moved by one passes the -7 and 5000 cases above).
+TEST(ApiChecks, ThreadCountLimitsAreExact) {
+  const ref::TensorMap in = ref::generate_inputs(kCfg, ref::parse_routing("uniform"), 6);
+  const ref::TensorMap result = ref::emulate(kCfg, in);
+  for (const int n : {-1, 4096, 4097}) {
+    const std::string want = n == 4096 ? "" : "num_threads = " + std::to_string(n) + "; use 0 (all cores) to 4096";
+    ref::EmulateOptions eo;
+    eo.num_threads = n;
+    ref::OracleOptions oo;
+    oo.num_threads = n;
+    const std::string got[] = {error_of([&] { ref::emulate(kCfg, in, eo); }),
+                               error_of([&] { ref::oracle_bounds(kCfg, in, result, oo); }),
+                               error_of([&] { ref::oracle_end_to_end(kCfg, in, oo); })};
+    for (const std::string& g : got) {
+      if (want.empty()) EXPECT_EQ(g, "") << n;
+      else EXPECT_NE(g.find(want), std::string::npos) << n << ": " << g;
+    }
+  }
+}
+
 TEST(ApiChecks, RoutingSpecsAndSamplesBuiltInCode) {
   ref::RoutingSpec zipf;
   zipf.kind = ref::RoutingSpec::Kind::kZipf;

@@ -170,4 +170,35 @@ TEST(ApiChecks, RoutingSpecsAndSamplesBuiltInCode) {
   EXPECT_NE(error_of([&] { ref::make_sample(kCfg, bad_ids, 2, 2, 1); }).find("expert id 99"), std::string::npos);
 }
 
+// The ends of each routing range, in text and in code: S in (0, 8], N in [1, E] (kCfg has E = 4),
+// F >= 1, the rank skew and the empty-slot probability in [0, 1]; a number has nothing after it
+// (mutation-checked: each bound moved by one step or loosened from < to <= fails here; the cases
+// above stay far from the ends).
+TEST(ApiChecks, RoutingRangeEndsAreExact) {
+  for (const char* text : {"zipf:8", "zipf:0.001", "hot:1:1", "hot:4"})
+    EXPECT_EQ(error_of([&] { ref::generate_inputs(kCfg, ref::parse_routing(text), 1); }), "") << text;
+  for (const char* text : {"zipf:0", "zipf:-1", "zipf:8.5", "zipf:1.2x", "hot:0", "hot:2:0.5", "hot:1.5", "hot:2:3x"})
+    EXPECT_NE(error_of([&] { ref::parse_routing(text); }), "") << text << " was accepted";
+  EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, ref::parse_routing("hot:5"), 1); }).find("lower N to at most 4"),
+            std::string::npos);
+  ref::RoutingSpec zero_s;
+  zero_s.kind = ref::RoutingSpec::Kind::kZipf;
+  zero_s.zipf_s = 0;
+  EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, zero_s, 1); }).find("zipf"), std::string::npos);
+  ref::RoutingSpec edges = ref::parse_routing("uniform");
+  edges.rank_skew = 1;
+  edges.empty_prob = 1;
+  const ref::TensorMap all_empty = ref::generate_inputs(kCfg, edges, 1);
+  const ref::Tensor& ids = all_empty.at("inputs/topk_experts");
+  for (int64_t i = 0; i < ids.numel(); ++i) EXPECT_EQ(ids.data<int32_t>()[i], -1) << i;
+  for (const double p : {-0.01, 1.01}) {
+    ref::RoutingSpec bad = ref::parse_routing("uniform");
+    bad.empty_prob = p;
+    EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, bad, 1); }).find("empty-slot probability"), std::string::npos) << p;
+    bad.empty_prob = 0;
+    bad.rank_skew = p;
+    EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, bad, 1); }).find("rank skew"), std::string::npos) << p;
+  }
+}
+
 }  // namespace

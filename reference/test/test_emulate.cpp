@@ -985,6 +985,34 @@ TEST(OracleEndToEnd, TrueValuesMatchAFiftyDigitEvaluation) {
   EXPECT_GT(compared["grads/d_router_weights"], cfg.num_tokens());
 }
 
+// An empty slot's router-weight gradient is exactly 0 (DESIGN.md: a slot with e = -1 takes no part),
+// so both oracles give it the value 0 with the radius 0, not merely a radius that holds 0
+// (mutation-checked: an end-to-end radius of 1 there passed every other test).
+TEST(OracleEndToEnd, EmptySlotsHaveTheExactValueZeroAndNoRadius) {
+  const spec::LayerConfig cfg{32, 16, 16, 4, 2, 2, 8};  // H I Is E K R T
+  ref::RoutingSpec rs = ref::parse_routing("uniform");
+  rs.empty_prob = 0.3;
+  const TensorMap inputs = ref::generate_inputs(cfg, rs, 21);
+  const TensorMap e2e = ref::oracle_end_to_end(cfg, inputs);
+  const TensorMap local = ref::oracle_bounds(cfg, inputs, ref::emulate(cfg, inputs));
+  const int32_t* topk = inputs.at("inputs/topk_experts").data<int32_t>();
+  int64_t empty = 0;
+  for (const TensorMap* b : {&e2e, &local}) {
+    const Tensor& ex = b->at(ref::bound_exact_path("grads/d_router_weights"));
+    const Tensor& bd = b->at(ref::bound_radius_path("grads/d_router_weights"));
+    for (int64_t i = 0; i < cfg.num_slots(); ++i) {
+      if (topk[i] >= 0) {
+        EXPECT_GT(bd.value_at(i), 0.0) << i;
+        continue;
+      }
+      ++empty;
+      EXPECT_EQ(ex.bits_at(i), 0u) << i;
+      EXPECT_EQ(bd.bits_at(i), 0u) << i;
+    }
+  }
+  EXPECT_GT(empty, 0);
+}
+
 // A sample: only the sampled tokens' rows and the sampled columns' weight gradients are computed
 // (the rest NaN), with the same values as the full run.
 TEST(OracleEndToEnd, SampledElementsGetTheSameValuesAndTheRestNaN) {

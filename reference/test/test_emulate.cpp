@@ -716,6 +716,209 @@ TEST(Emulate, EmptySlotsContributeNothing) {
   EXPECT_EQ(out.at("grads/d_router_weights").data<float>()[0], 0.0f);
 }
 
+// Every stage of the emulator is the profile's formula (DESIGN.md section 3) applied to its own
+// operands, bit for bit: each intermediate, output and gradient recomputed here from the inputs and
+// the emulator's earlier intermediates with the spec's functions, in the orders the profile fixes
+// (slot order for the combine and d_x, gate half first in dx_slot, canonical rows for the weight
+// gradients), and empty slots exactly 0. The bounds tests above cannot see a changed order or a
+// dropped rounding (both stay within a few roundings); this one does (mutation-checked). Router
+// weights scaled by 2^-24 to 2^24 per slot, so that the slots' terms differ by more than fp32's 24
+// bits and the order of the combine's and d_x's sums decides bits.
+RC_GTEST_PROP(Emulate, EveryStageIsTheProfilesFormulaOfItsOperands, ()) {
+  Case c = gen_case();
+  std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
+  float* weights = c.inputs.at("inputs/router_weights").data<float>();
+  for (int64_t slot = 0; slot < c.cfg.num_slots(); ++slot)
+    weights[slot] = std::ldexp(weights[slot], static_cast<int>(rng() % 49) - 24);
+  const TensorMap emu = ref::emulate(c.cfg, c.inputs);
+  const spec::MmaModel& m = spec::kHopperBf16Mma;
+  const int64_t G = c.cfg.num_tokens(), H = c.cfg.hidden, I = c.cfg.intermediate, Is = c.cfg.shared_intermediate,
+                E = c.cfg.num_experts, K = c.cfg.top_k, R = c.cfg.num_ranks, T = c.cfg.tokens_per_rank;
+  auto in16 = [&](const char* p) { return c.inputs.at(p).data<uint16_t>(); };
+  auto e16 = [&](const char* p) { return emu.at(p).data<uint16_t>(); };
+  auto e32 = [&](const char* p) { return emu.at(p).data<float>(); };
+  const uint16_t *x = in16("inputs/x"), *wrg = in16("inputs/w_routed_gate"), *wru = in16("inputs/w_routed_up"),
+                 *wrd = in16("inputs/w_routed_down"), *dout = in16("inputs/d_output");
+  const int32_t* topk = c.inputs.at("inputs/topk_experts").data<int32_t>();
+  const float* rw = c.inputs.at("inputs/router_weights").data<float>();
+  const float *gate = e32("intermediates/gate"), *up = e32("intermediates/up"), *da = e32("intermediates/d_act"),
+              *drw = e32("grads/d_router_weights");
+  const uint16_t *act = e16("intermediates/act"), *y = e16("intermediates/y"), *dy = e16("intermediates/dy"),
+                 *dg = e16("intermediates/d_gate"), *du = e16("intermediates/d_up"), *dxs = e16("intermediates/dx_slot");
+  auto same = [](const char* what, int64_t i, uint32_t got, uint32_t want) {
+    RC_ASSERT_FALSE(got != want && (RC_LOG() << what << " element " << i << ": 0x" << std::hex << got << ", the formula 0x"
+                                             << want << std::dec << "\n", true));
+  };
+  auto f32 = [](float v) { return spec::f32_bits(v); };
+  for (int64_t slot = 0; slot < G * K; ++slot) {
+    const int64_t g = slot / K, e = topk[slot];
+    if (e < 0) {  // an empty slot's intermediates and router gradient are exactly 0
+      for (int64_t i = 0; i < I; ++i) {
+        same("gate", slot * I + i, f32(gate[slot * I + i]), 0);
+        same("act", slot * I + i, act[slot * I + i], 0);
+        same("d_gate", slot * I + i, dg[slot * I + i], 0);
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        same("y", slot * H + h, y[slot * H + h], 0);
+        same("dx_slot", slot * H + h, dxs[slot * H + h], 0);
+      }
+      same("d_router_weights", slot, f32(drw[slot]), 0);
+      continue;
+    }
+    for (int64_t i = 0; i < I; ++i) {
+      const int64_t j = slot * I + i;
+      same("gate", j, f32(gate[j]), f32(spec::dot_chain_bf16(m, 0.0f, x + g * H, 1, wrg + (e * I + i) * H, 1, H)));
+      same("up", j, f32(up[j]), f32(spec::dot_chain_bf16(m, 0.0f, x + g * H, 1, wru + (e * I + i) * H, 1, H)));
+      same("act", j, act[j], spec::swiglu_act(gate[j], up[j]));
+      same("d_act", j, f32(da[j]), f32(spec::dot_chain_bf16(m, 0.0f, dy + slot * H, 1, wrd + e * H * I + i, I, H)));
+      same("d_gate", j, dg[j], spec::swiglu_grad_gate(da[j], gate[j], up[j]));
+      same("d_up", j, du[j], spec::swiglu_grad_up(da[j], gate[j]));
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t j = slot * H + h;
+      same("y", j, y[j], spec::bf16_from_f32_rne(spec::dot_chain_bf16(m, 0.0f, act + slot * I, 1, wrd + (e * H + h) * I, 1, I)));
+      same("dy", j, dy[j], spec::scale_grad(rw[slot], dout[g * H + h]));
+      const float gate_half = spec::dot_chain_bf16(m, 0.0f, dg + slot * I, 1, wrg + e * I * H + h, H, I);
+      same("dx_slot", j, dxs[j], spec::bf16_from_f32_rne(spec::dot_chain_bf16(m, gate_half, du + slot * I, 1, wru + e * I * H + h, H, I)));
+    }
+    same("d_router_weights", slot, f32(drw[slot]), f32(spec::router_grad_dot(dout + g * H, y + slot * H, H)));
+  }
+  // The shared expert, the combine and d_x per token.
+  const uint16_t *wsg = Is ? in16("inputs/w_shared_gate") : nullptr, *wsu = Is ? in16("inputs/w_shared_up") : nullptr,
+                 *wsd = Is ? in16("inputs/w_shared_down") : nullptr;
+  const float *sg = Is ? e32("intermediates/shared_gate") : nullptr, *su = Is ? e32("intermediates/shared_up") : nullptr,
+              *so = Is ? e32("intermediates/shared_out") : nullptr, *sda = Is ? e32("intermediates/shared_d_act") : nullptr,
+              *dxsh = Is ? e32("intermediates/dx_shared") : nullptr;
+  const uint16_t *sa = Is ? e16("intermediates/shared_act") : nullptr, *sdg = Is ? e16("intermediates/shared_d_gate") : nullptr,
+                 *sdu = Is ? e16("intermediates/shared_d_up") : nullptr;
+  const uint16_t *out = e16("outputs/output"), *dx = e16("grads/d_x");
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t j = 0; j < Is; ++j) {
+      const int64_t q = g * Is + j;
+      same("shared_gate", q, f32(sg[q]), f32(spec::dot_chain_bf16(m, 0.0f, x + g * H, 1, wsg + j * H, 1, H)));
+      same("shared_up", q, f32(su[q]), f32(spec::dot_chain_bf16(m, 0.0f, x + g * H, 1, wsu + j * H, 1, H)));
+      same("shared_act", q, sa[q], spec::swiglu_act(sg[q], su[q]));
+      same("shared_d_act", q, f32(sda[q]), f32(spec::dot_chain_bf16(m, 0.0f, dout + g * H, 1, wsd + j, Is, H)));
+      same("shared_d_gate", q, sdg[q], spec::swiglu_grad_gate(sda[q], sg[q], su[q]));
+      same("shared_d_up", q, sdu[q], spec::swiglu_grad_up(sda[q], sg[q]));
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      float acc = 0.0f, dacc = 0.0f;
+      if (Is) {
+        const float s = spec::dot_chain_bf16(m, 0.0f, sa + g * Is, 1, wsd + h * Is, 1, Is);  // fp32, not rounded
+        same("shared_out", g * H + h, f32(so[g * H + h]), f32(s));
+        const float gate_half = spec::dot_chain_bf16(m, 0.0f, sdg + g * Is, 1, wsg + h, H, Is);
+        same("dx_shared", g * H + h, f32(dxsh[g * H + h]), f32(spec::dot_chain_bf16(m, gate_half, sdu + g * Is, 1, wsu + h, H, Is)));
+        acc = so[g * H + h];
+        dacc = dxsh[g * H + h];
+      }
+      for (int64_t k = 0; k < K; ++k) {  // slot order
+        const int64_t slot = g * K + k;
+        if (topk[slot] < 0) continue;
+        acc = spec::combine_step(acc, rw[slot], y[slot * H + h]);
+        dacc = spec::dx_step(dacc, dxs[slot * H + h]);
+      }
+      same("output", g * H + h, out[g * H + h], spec::bf16_from_f32_rne(acc));
+      same("d_x", g * H + h, dx[g * H + h], spec::bf16_from_f32_rne(dacc));
+    }
+  }
+  // Weight gradients: routed over each expert's rows sorted by token, then slot; shared over each
+  // rank's tokens in order. Operands gathered into contiguous columns.
+  const float *dwg = e32("grads/d_w_routed_gate"), *dwu = e32("grads/d_w_routed_up"), *dwd = e32("grads/d_w_routed_down");
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> rows;  // slots of e in canonical order
+    for (int64_t slot = 0; slot < G * K; ++slot)
+      if (topk[slot] == e) rows.push_back(slot);
+    const int64_t n = static_cast<int64_t>(rows.size());
+    std::vector<uint16_t> xc(n), dyc(n), ac(n), gc(n), uc(n);
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t slot = rows[r];
+          xc[r] = x[slot / K * H + h];
+          dyc[r] = dy[slot * H + h];
+          ac[r] = act[slot * I + i];
+          gc[r] = dg[slot * I + i];
+          uc[r] = du[slot * I + i];
+        }
+        const int64_t gi = (e * I + i) * H + h, di = (e * H + h) * I + i;
+        same("d_w_routed_gate", gi, f32(dwg[gi]), f32(spec::dot_chain_bf16(m, 0.0f, gc.data(), 1, xc.data(), 1, n)));
+        same("d_w_routed_up", gi, f32(dwu[gi]), f32(spec::dot_chain_bf16(m, 0.0f, uc.data(), 1, xc.data(), 1, n)));
+        same("d_w_routed_down", di, f32(dwd[di]), f32(spec::dot_chain_bf16(m, 0.0f, dyc.data(), 1, ac.data(), 1, n)));
+      }
+  }
+  if (Is == 0) return;
+  const float *dsg = e32("grads/d_w_shared_gate"), *dsu = e32("grads/d_w_shared_up"), *dsd = e32("grads/d_w_shared_down");
+  std::vector<uint16_t> xc(T), dc(T), ac(T), gc(T), uc(T);
+  for (int64_t rank = 0; rank < R; ++rank)
+    for (int64_t j = 0; j < Is; ++j)
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t g = rank * T + t;
+          xc[t] = x[g * H + h];
+          dc[t] = dout[g * H + h];
+          ac[t] = sa[g * Is + j];
+          gc[t] = sdg[g * Is + j];
+          uc[t] = sdu[g * Is + j];
+        }
+        const int64_t gi = (rank * Is + j) * H + h, di = (rank * H + h) * Is + j;
+        same("d_w_shared_gate", gi, f32(dsg[gi]), f32(spec::dot_chain_bf16(m, 0.0f, gc.data(), 1, xc.data(), 1, T)));
+        same("d_w_shared_up", gi, f32(dsu[gi]), f32(spec::dot_chain_bf16(m, 0.0f, uc.data(), 1, xc.data(), 1, T)));
+        same("d_w_shared_down", di, f32(dsd[di]), f32(spec::dot_chain_bf16(m, 0.0f, dc.data(), 1, ac.data(), 1, T)));
+      }
+}
+
+
+// Slot order decides bits where the slots cancel: every token routes slot 0 and slot 1 to two
+// experts with the same weights, with router weights 1 and -1 (so y and dx_slot of the two slots
+// cancel exactly), and slot 2 with weight 2^-30. In slot order the tiny third term survives; summed
+// in another order it is lost against the large ones. Random inputs never cancel like this (their
+// order changes hide under the bf16 rounding of output and d_x), so EveryStageIsTheProfilesFormula
+// above passed with the combine's or d_x's slots summed in reverse; here both fail
+// (mutation-checked). With a shared expert (Is = 16) the same sums start from its fp32 part.
+TEST(Emulate, SlotOrderDecidesBitsWhereSlotsCancel) {
+  for (const int64_t Is : {0, 16}) {
+    const spec::LayerConfig cfg{32, 16, Is, 3, 3, 1, 4};  // H I Is E K R T
+    TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 31);
+    const int64_t G = cfg.num_tokens(), H = cfg.hidden, K = cfg.top_k;
+    int32_t* topk = in.at("inputs/topk_experts").data<int32_t>();
+    float* w = in.at("inputs/router_weights").data<float>();
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t k = 0; k < K; ++k) topk[g * K + k] = static_cast<int32_t>(k);
+      w[g * K + 0] = 1.0f, w[g * K + 1] = -1.0f, w[g * K + 2] = 0x1.0p-30f;
+    }
+    for (const char* p : {"inputs/w_routed_gate", "inputs/w_routed_up", "inputs/w_routed_down"}) {
+      Tensor& t = in.at(p);  // expert 1 := expert 0
+      uint16_t* v = t.data<uint16_t>();
+      std::copy(v, v + t.numel() / 3, v + t.numel() / 3);
+    }
+    const TensorMap emu = ref::emulate(cfg, in);
+    const uint16_t *y = emu.at("intermediates/y").data<uint16_t>(), *dxs = emu.at("intermediates/dx_slot").data<uint16_t>();
+    const uint16_t *out = emu.at("outputs/output").data<uint16_t>(), *dx = emu.at("grads/d_x").data<uint16_t>();
+    const float* so = Is ? emu.at("intermediates/shared_out").data<float>() : nullptr;
+    const float* dsh = Is ? emu.at("intermediates/dx_shared").data<float>() : nullptr;
+    int64_t out_differs = 0, dx_differs = 0;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t h = 0; h < H; ++h) {
+        float fwd = so ? so[g * H + h] : 0.0f, rev = fwd, dfwd = dsh ? dsh[g * H + h] : 0.0f, drev = dfwd;
+        for (int64_t k = 0; k < K; ++k) {
+          fwd = spec::combine_step(fwd, w[g * K + k], y[(g * K + k) * H + h]);
+          dfwd = spec::dx_step(dfwd, dxs[(g * K + k) * H + h]);
+          const int64_t r = K - 1 - k;
+          rev = spec::combine_step(rev, w[g * K + r], y[(g * K + r) * H + h]);
+          drev = spec::dx_step(drev, dxs[(g * K + r) * H + h]);
+        }
+        EXPECT_EQ(out[g * H + h], spec::bf16_from_f32_rne(fwd)) << "Is=" << Is << " output token " << g << " h " << h;
+        EXPECT_EQ(dx[g * H + h], spec::bf16_from_f32_rne(dfwd)) << "Is=" << Is << " d_x token " << g << " h " << h;
+        out_differs += spec::bf16_from_f32_rne(fwd) != spec::bf16_from_f32_rne(rev);
+        dx_differs += spec::bf16_from_f32_rne(dfwd) != spec::bf16_from_f32_rne(drev);
+      }
+    if (Is == 0) {  // the case discriminates: the reversed order gives other bits
+      EXPECT_GT(out_differs, G * H / 2);
+      EXPECT_GT(dx_differs, G * H / 2);
+    }
+  }
+}
 
 // ---- The end-to-end forward oracle (oracle_forward_end_to_end): the output's true value from
 // the inputs alone, and a radius that must hold the emulator's output without using any of its

@@ -2,6 +2,9 @@
 // in fixed-point rate units (an equal share is floor(capacity / flows)).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "mok/sim/flow_network.hpp"
 
 namespace mok::sim {
@@ -107,6 +110,83 @@ TEST(FlowNetwork, ReservedSlotsGoOnlyToTheirCallers) {
   EXPECT_EQ(net.start_flow(path, 1, 1e9, 1), plain) << "an unreserved index is reused";
   net.update_rates();
   for (int f : net.active_flows()) EXPECT_EQ(net.flow(f).rate_units, rate_units(10.0) / 3);
+}
+
+TEST(FlowNetwork, BottleneckIsTheLowestIndexResourceSaturatedAtTheRate) {
+  // One flow over b then a, both 50: both saturate at 50, and the bottleneck is the lower index
+  // whatever the path order. A flow frozen by its demand has none, even when a resource on its
+  // path fills at the same level (c: 2 x 25 = 50).
+  FlowNetwork net;
+  const int a = net.add_resource(50.0, "a"), b = net.add_resource(50.0, "b"), c = net.add_resource(50.0, "c");
+  int pba[2] = {b, a}, pc[1] = {c};
+  const int f = net.start_flow(pba, 2, 1e9, 1);
+  const int g = net.start_flow(pc, 1, 25.0, 1);
+  const int h = net.start_flow(pc, 1, 25.0, 1);
+  net.recompute_rates();
+  EXPECT_EQ(net.flow(f).rate_units, rate_units(50.0));
+  EXPECT_EQ(net.bottleneck(f), a);
+  EXPECT_EQ(net.flow(g).rate_units, rate_units(25.0));
+  EXPECT_EQ(net.bottleneck(g), -1);
+  EXPECT_EQ(net.bottleneck(h), -1);
+  // The incremental update names the same ones.
+  const int k = net.start_flow(pba, 2, 1e9, 1);
+  net.update_rates();
+  EXPECT_EQ(net.flow(k).rate_units, rate_units(25.0));
+  EXPECT_EQ(net.bottleneck(f), a);
+  EXPECT_EQ(net.bottleneck(k), a);
+}
+
+TEST(FlowNetwork, AdmitGivesANewFlowWhatIsLeftOnItsPath) {
+  // After a full filling, admit() gives a new flow min(demand, residual / times on the path) and
+  // names the tightest resource (-1 when its demand binds, ties included), without moving the
+  // other flows; a finished flow's rate becomes residual again.
+  FlowNetwork net;
+  const int a = net.add_resource(100.0, "a"), b = net.add_resource(40.0, "b");
+  int pab[2] = {a, b}, pa[1] = {a}, pbb[2] = {b, b};
+  const int f = net.start_flow(pab, 2, 30.0, 1);
+  net.recompute_rates();
+  ASSERT_EQ(net.flow(f).rate_units, rate_units(30.0));  // residuals: a 70, b 10
+  const int g = net.start_flow(pa, 1, 1e9, 1);
+  net.admit(g);
+  EXPECT_EQ(net.flow(g).rate_units, rate_units(70.0));
+  EXPECT_EQ(net.bottleneck(g), a);
+  EXPECT_EQ(net.flow(f).rate_units, rate_units(30.0));
+  const int h = net.start_flow(pbb, 2, 1e9, 1);  // b twice (a local copy's HBM): 10 / 2
+  net.admit(h);
+  EXPECT_EQ(net.flow(h).rate_units, rate_units(10.0) / 2);
+  EXPECT_EQ(net.bottleneck(h), b);
+  net.finish_flow(g);
+  const int k = net.start_flow(pa, 1, 70.0, 1);  // its demand equals a's residual: the demand binds
+  net.admit(k);
+  EXPECT_EQ(net.flow(k).rate_units, rate_units(70.0));
+  EXPECT_EQ(net.bottleneck(k), -1);
+  const int m = net.start_flow(pa, 1, 1e9, 1);  // nothing left on a
+  net.admit(m);
+  EXPECT_EQ(net.flow(m).rate_units, 0);
+  EXPECT_EQ(net.bottleneck(m), a);
+}
+
+TEST(FlowNetwork, ChangedFlowsHoldEveryNewFlowEvenAtRateZero) {
+  // changed_flows() lists every flow started since the last assignment, also one whose new rate
+  // equals the 0 it started with (a zero demand), in the full filling and in the update.
+  for (bool incremental : {false, true}) {
+    FlowNetwork net;
+    const int a = net.add_resource(100.0, "a");
+    int pa[1] = {a};
+    const int f = net.start_flow(pa, 1, 1e9, 1);
+    net.recompute_rates();
+    const int idle = net.start_flow(pa, 1, 0.0, 1);
+    const int g = net.start_flow(pa, 1, 1e9, 1);
+    if (incremental) net.update_rates();
+    else net.recompute_rates();
+    std::vector<int> changed = net.changed_flows();
+    std::sort(changed.begin(), changed.end());
+    std::vector<int> expected = {f, idle, g};
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(changed, expected) << (incremental ? "update_rates" : "recompute_rates");
+    EXPECT_EQ(net.flow(idle).rate_units, 0);
+    EXPECT_EQ(net.flow(g).rate_units, rate_units(50.0));
+  }
 }
 
 }  // namespace

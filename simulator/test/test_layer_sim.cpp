@@ -1,6 +1,8 @@
 // Layer simulation: exact analytic cases, conservation of bytes, signaling mechanisms, determinism.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "mok/sim/error.hpp"
 #include "mok/sim/report.hpp"
 #include "result_checks.hpp"
@@ -766,6 +768,189 @@ TEST(LayerSim, FencedPushChunkArrivesBeforeItsFenceAndIsKnownAfterTheFlag) {
   const LayerResult r = simulate_layer(topo, w, p);
   EXPECT_EQ(r.dispatch.data_end_ns, 79100);
   EXPECT_EQ(r.dispatch.end_ns, 81300);
+}
+
+// Pull combine: a reading SM that reaches its wait at w polls the producer's "outputs ready" flag,
+// which becomes visible at V = the producer's GEMMs' end + its local release fence: poll k is
+// issued at w + kP, reads the flag one way later and returns one more way later, with P = max(poll
+// interval, round trip) (2,000 ns here). So the SM's combine read starts at w + kP + 2L for the
+// first k with w + kP + L >= V. Rank 0's tokens all go to rank 1's expert; rank 0's SMs push them
+// first (w = the end of their dispatch transfer) or have nothing to dispatch (pull dispatch, w = 0).
+// A 1,500 ns release fence, so that leaving it out moves most reads by a poll period. The combine's
+// clock starts at its first transfer's start, earlier than others here.
+TEST(LayerSim, PullCombinePollsTheProducersReadyFlagOncePerRoundTrip) {
+  Topology topo = simple_topology(2);
+  topo.local_fence_ns = 1500;
+  const int64_t L = 1000, P = std::max<int64_t>(100, 2 * L);
+  int checked = 0, staggered = 0;
+  for (Direction dispatch : {Direction::kPush, Direction::kPull})
+    for (int64_t tokens : {64, 200, 333}) {
+      const auto cfg = layer(2, tokens, 1, 1);
+      const Workload w = rank0_to_expert(cfg, 1, tokens, "rank 0 to rank 1");
+      ProtocolConfig p;
+      p.dispatch = dispatch;
+      p.combine = Direction::kPull;
+      p.signaling = Signaling::kFenceFlag;
+      p.comm_sms = 6;
+      p.chunk_tokens = 16;
+      SimOptions o;
+      o.record_trace = true;
+      const LayerResult r = simulate_layer(topo, w, p, o);
+      const int64_t visible = r.gpus[1].compute_done_ns + static_cast<int64_t>(topo.local_fence_ns);
+      int64_t first = INT64_MAX, last = INT64_MIN;
+      for (const TraceSpan& span : r.trace) {
+        if (span.gpu != 0 || span.name != "combine pull 1->0") continue;
+        first = std::min(first, span.start_ns);
+        last = std::max(last, span.start_ns);
+        int64_t wait_start = 0;  // the end of the same SM's dispatch transfer, if it had one
+        for (const TraceSpan& d : r.trace)
+          if (d.gpu == 0 && d.lane == span.lane && d.name == "dispatch push 0->1") wait_start = d.end_ns;
+        const int64_t k = std::max<int64_t>(0, ceil_div(visible - L - wait_start, P));
+        EXPECT_EQ(span.start_ns, wait_start + k * P + 2 * L)
+            << to_string(dispatch) << " dispatch, " << tokens << " tokens, SM " << span.lane << ": waited from "
+            << wait_start << " ns for the flag visible at " << visible << " ns";
+        ++checked;
+      }
+      EXPECT_EQ(r.combine.start_ns, first) << to_string(dispatch) << " dispatch, " << tokens << " tokens";
+      staggered += first < last;
+    }
+  EXPECT_GE(checked, 12);
+  EXPECT_GE(staggered, 1) << "no case whose combine reads start at different times";
+}
+
+// The receiver of fence_flag sweeps one flag per source, 32 flags per local read: on R GPUs a
+// sweep takes ceil(R / 32) local reads (100 ns each here, above the 100 ns poll interval from 33
+// GPUs on). One fenced push from rank 0 to rank 1: its last flag lands 2L + fence after the
+// chunk's last byte (data_end_ns), and the receiver sees it at the next sweep's end.
+TEST(LayerSim, FenceFlagSweepReadsThirtyTwoFlagsPerLocalRead) {
+  for (int ranks : {2, 32, 33, 64, 65, 100})
+    for (int64_t tokens : {48, 100}) {
+      const Topology topo = simple_topology(ranks);
+      const auto cfg = layer(ranks, tokens, 1, 1);
+      const Workload w = rank0_to_expert(cfg, 1, tokens, "one fenced push");
+      ProtocolConfig p = push_dispatch(Signaling::kFenceFlag, 1);
+      p.chunk_tokens = 16;
+      const LayerResult r = simulate_layer(topo, w, p);
+      const int64_t period = std::max<int64_t>(p.poll_interval_ns, ceil_div(ranks, 32) * 100);
+      const int64_t lands = r.dispatch.data_end_ns + 2 * 1000 + 100;
+      EXPECT_EQ(r.dispatch.end_ns, ceil_div(lands, period) * period + 100) << ranks << " ranks, " << tokens << " tokens";
+    }
+}
+
+// The critical path goes back from the GPU that finished last, the lowest-index one on a tie
+// (symmetric layers tie often): its segments join end to start from 0 to the layer's end, and
+// the last one is that GPU's. Dispatch-only and whole layers, push and pull, random routing.
+TEST(LayerSim, CriticalPathJoinsZeroToTheEndAtTheLowestLastGpu) {
+  int ties = 0;
+  for (uint64_t seed : {1, 2, 3})
+    for (Phases phases : {Phases::kDispatch, Phases::kLayer})
+      for (Direction dir : {Direction::kPush, Direction::kPull}) {
+        const int n = 4;
+        const Workload w = seed == 3 ? Workload::from_topk(layer(n, 64, 1, n - 1), all_to_all_topk(n, 64), "all-to-all")
+                                     : random_workload(n, seed);
+        ProtocolConfig p;
+        p.phases = phases;
+        p.dispatch = p.combine = dir;
+        p.comm_sms = 8;
+        const LayerResult r = simulate_layer(simple_topology(n), w, p);
+        int last = 0;
+        for (int g = 0; g < n; ++g)
+          if (r.gpus[g].done_ns > r.gpus[last].done_ns) last = g;
+        for (int g = last + 1; g < n; ++g) ties += r.gpus[g].done_ns == r.gpus[last].done_ns;
+        const std::string where = "seed " + std::to_string(seed) + (phases == Phases::kLayer ? " layer " : " dispatch ") + to_string(dir);
+        ASSERT_FALSE(r.critical_path.empty()) << where;
+        EXPECT_EQ(r.critical_path.front().start_ns, 0) << where;
+        for (size_t i = 1; i < r.critical_path.size(); ++i)
+          EXPECT_EQ(r.critical_path[i].start_ns, r.critical_path[i - 1].end_ns) << where << ", segment " << i;
+        EXPECT_EQ(r.critical_path.back().end_ns, r.layer_ns) << where;
+        const std::string& what = r.critical_path.back().what;
+        const std::string gpu = "gpu" + std::to_string(last);
+        EXPECT_EQ(what.substr(what.size() - gpu.size()), gpu) << where << ": " << what;
+      }
+  EXPECT_GE(ties, 1) << "no case where two GPUs finish last together";
+}
+
+// Under counter and barrier signaling every remote chunk into a GPU becomes known at one instant,
+// so the chunk that released a GPU's last tile is decided by the tie rule: the largest (known
+// time, piece index), i.e. the pair's last chunk. Rank 0's tokens all go to rank 1, pushed by one
+// SM in chunk order, and rank 0 finishes last (it waits for the combine): its critical path starts
+// with rank 1's dispatch data up to that chunk's last byte, which is the last dispatch byte.
+TEST(LayerSim, LastTileChunkOnAKnownTimeTieIsTheLastChunk) {
+  for (Signaling sig : {Signaling::kCounter, Signaling::kBarrier}) {
+    const auto cfg = layer(2, 256, 1, 1);
+    const Workload w = rank0_to_expert(cfg, 1, 256, "rank 0 to rank 1");
+    ProtocolConfig p;
+    p.dispatch = p.combine = Direction::kPush;
+    p.signaling = sig;
+    p.comm_sms = 1;
+    p.chunk_tokens = 32;
+    const LayerResult r = simulate_layer(simple_topology(2), w, p);
+    ASSERT_FALSE(r.critical_path.empty());
+    EXPECT_EQ(r.critical_path.front().what, "dispatch data into gpu1 (bytes that released its last tile)") << to_string(sig);
+    EXPECT_EQ(r.critical_path.front().end_ns, r.dispatch.data_end_ns) << to_string(sig);
+  }
+}
+
+// A local copy (rank 0's tokens to its own expert) is issued by one SM that both loads and
+// stores: it runs at the smaller of the two issue rates, pushed or pulled, whichever is smaller.
+TEST(LayerSim, ALocalCopyRunsAtTheSmallerOfTheLoadAndStoreIssueRates) {
+  const auto cfg = layer(2, 512, 1, 1);
+  const Workload w = rank0_to_expert(cfg, 0, 512, "one local copy");
+  const int64_t bytes = 512 * 1024 * 2;
+  for (bool load_slower : {true, false})
+    for (Direction dir : {Direction::kPush, Direction::kPull}) {
+      Topology topo = simple_topology(2);
+      topo.sm_store_gbps = topo.sm_tma_store_gbps = load_slower ? 100 : 40;
+      topo.sm_load_gbps = topo.sm_tma_load_gbps = load_slower ? 40 : 100;
+      ProtocolConfig p;
+      p.dispatch = dir;
+      p.phases = Phases::kDispatch;
+      p.comm_sms = 1;
+      const LayerResult r = simulate_layer(topo, w, p);
+      EXPECT_EQ(r.dispatch.data_end_ns, ceil_div(bytes, 40)) << to_string(dir) << (load_slower ? ", loads" : ", stores") << " slower";
+    }
+}
+
+// An expert GEMM tile costs its rows' three projections (gate, up, down: 2 x 3 x H x I FLOPs per
+// row, a partial tile as a full one) at the compute SMs' share of the GEMM rate: peak x
+// efficiency x (SMs - comm SMs) / SMs. Rank 0's 300 tokens go to rank 1's expert: ceil(300 /
+// tile rows) tiles, the busiest GPU's compute time.
+TEST(LayerSim, ExpertTilesCostThreeProjectionsAtTheComputeSmsShare) {
+  const auto cfg = layer(2, 300, 1, 1);
+  const Workload w = rank0_to_expert(cfg, 1, 300, "300 rows on rank 1");
+  const Topology topo = simple_topology(2);
+  for (int comm_sms : {1, 32, 60})
+    for (int64_t tile_rows : {64, 128, 512}) {
+      ProtocolConfig p;
+      p.comm_sms = comm_sms;
+      p.gemm_tile_rows = tile_rows;
+      const LayerResult r = simulate_layer(topo, w, p);
+      const double flops_per_ns = 1000 * 1e3 * 0.5 * (100 - comm_sms) / 100.0;
+      const auto tile_ns = static_cast<int64_t>(std::ceil(2.0 * 3.0 * 1024 * 256 * static_cast<double>(tile_rows) / flops_per_ns));
+      EXPECT_EQ(r.compute_ns_max, ceil_div(300, tile_rows) * tile_ns) << comm_sms << " comm SMs, tiles of " << tile_rows;
+    }
+}
+
+// Rank 0's tokens each go to the experts of ranks 1 and 2 (top-2), which then do the same work
+// and push their outputs back into rank 0 at the same nanosecond: the critical path names the
+// producer by the tie rule, the largest (last byte, source), i.e. gpu2.
+TEST(LayerSim, CombineProducersTyingOnTheLastByteNameTheHighestSource) {
+  const auto cfg = layer(3, 128, 1, 2);
+  std::vector<int32_t> topk(cfg.num_slots(), -1);
+  for (int64_t t = 0; t < 128; ++t) topk[t * 2] = 1, topk[t * 2 + 1] = 2;
+  const Workload w = Workload::from_topk(cfg, topk, "rank 0 to ranks 1 and 2");
+  ProtocolConfig p;
+  p.dispatch = p.combine = Direction::kPush;
+  p.signaling = Signaling::kFlagInData;
+  p.comm_sms = 3;
+  const LayerResult r = simulate_layer(simple_topology(3), w, p);
+  ASSERT_EQ(r.gpus[1].compute_done_ns, r.gpus[2].compute_done_ns);
+  bool named = false;
+  for (const PathSegment& s : r.critical_path) {
+    EXPECT_EQ(s.what.find("combine gpu1 -> "), std::string::npos) << s.what;
+    named |= s.what.rfind("combine gpu2 -> gpu0", 0) == 0;
+  }
+  EXPECT_TRUE(named) << "no segment names the combine from gpu2 to gpu0";
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "mok/sim/error.hpp"
+#include "mok/sim/protocol.hpp"
 #include "mok/sim/scenario.hpp"
 #include "mok/sim/topology.hpp"
 
@@ -130,6 +131,99 @@ TEST(Inputs, ASweepOnManyThreadsReportsTheLowestIndexFailure) {
   ASSERT_NE(one.find("s.json [/n=0]"), std::string::npos) << one;
   ASSERT_NE(one.find("1e17 ns"), std::string::npos) << one;
   for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(error_of([&] { run_points(points, "s.json", 4); }), one) << rep;
+}
+
+// Every protocol knob is read into its own field (no default left in place, no neighbour's field
+// set), and protocol_to_json writes back what protocol_from_json reads: non-default values, each
+// named as the scenario names it.
+TEST(Inputs, ProtocolKnobsAreReadIntoTheirFieldsAndWrittenBack) {
+  const nlohmann::json doc = {{"dispatch", "push"},        {"combine", "pull"},       {"signaling", "counter"},
+                              {"copy_engine", "ldst"},     {"phases", "dispatch"},    {"chunk_tokens", 64},
+                              {"comm_sms", 20},            {"signal_threads", 3},     {"poll_interval_ns", 250},
+                              {"gemm_tile_rows", 96},      {"dispatch_dtype", "fp8"}, {"dispatch_dedup", false},
+                              {"combine_reduce_per_rank", true}, {"push_order", "row_order"}};
+  const ProtocolConfig p = protocol_from_json(doc, "s.json");
+  EXPECT_EQ(p.dispatch, Direction::kPush);
+  EXPECT_EQ(p.combine, Direction::kPull);
+  EXPECT_EQ(p.signaling, Signaling::kCounter);
+  EXPECT_EQ(p.copy_engine, CopyEngine::kLdSt);
+  EXPECT_EQ(p.phases, Phases::kDispatch);
+  EXPECT_EQ(p.chunk_tokens, 64);
+  EXPECT_EQ(p.comm_sms, 20);
+  EXPECT_EQ(p.signal_threads, 3);
+  EXPECT_EQ(p.poll_interval_ns, 250);
+  EXPECT_EQ(p.gemm_tile_rows, 96);
+  EXPECT_EQ(p.dispatch_bytes_per_element, 1);
+  EXPECT_FALSE(p.dispatch_dedup);
+  EXPECT_TRUE(p.combine_reduce_per_rank);
+  EXPECT_TRUE(p.push_row_order);
+  EXPECT_EQ(protocol_to_json(p), doc);
+  // The other value of each two-way knob, and every signaling scheme, copy engine and phase set.
+  const nlohmann::json flipped = {{"dispatch", "pull"}, {"combine", "push"}, {"copy_engine", "tma"},
+                                  {"dispatch_dtype", "bf16"}, {"push_order", "per_peer"}};
+  const ProtocolConfig q = protocol_from_json(flipped, "s.json");
+  EXPECT_EQ(q.dispatch, Direction::kPull);
+  EXPECT_EQ(q.combine, Direction::kPush);
+  EXPECT_EQ(q.copy_engine, CopyEngine::kTma);
+  EXPECT_EQ(q.dispatch_bytes_per_element, 2);
+  EXPECT_FALSE(q.push_row_order);
+  EXPECT_EQ(protocol_to_json(q).count("push_order"), 0u) << "per_peer is the default and is not written";
+  for (const char* s : {"fence_flag", "counter", "flag_in_data", "barrier", "peer_fence_flag"})
+    EXPECT_EQ(protocol_to_json(protocol_from_json({{"signaling", s}}, "s.json"))["signaling"], s);
+  for (const char* s : {"layer", "dispatch", "combine"})
+    EXPECT_EQ(protocol_to_json(protocol_from_json({{"phases", s}}, "s.json"))["phases"], s);
+}
+
+TEST(Inputs, ProtocolIntegerKnobsTakeTheirWholeRange) {
+  const struct {
+    const char* key;
+    int64_t lo, hi;
+  } knobs[] = {{"chunk_tokens", 1, int64_t{1} << 24}, {"comm_sms", 1, 4096},          {"signal_threads", 1, 4096},
+               {"poll_interval_ns", 1, 100000000},    {"gemm_tile_rows", 1, 65536}};
+  for (const auto& k : knobs) {
+    for (int64_t ok : {k.lo, k.hi})
+      EXPECT_EQ(protocol_to_json(protocol_from_json({{k.key, ok}}, "s.json"))[k.key], ok) << k.key;
+    for (int64_t bad : {k.lo - 1, k.hi + 1})
+      EXPECT_NE(error_of([&] { protocol_from_json({{k.key, bad}}, "s.json"); }).find(std::string("protocol.") + k.key + " = " + std::to_string(bad) + " is out of range"),
+                std::string::npos)
+          << k.key << " = " << bad;
+  }
+}
+
+// Topology values: an integer field refuses a fraction; at most 65,536 GPUs; multi-rack:N takes N from 1 to 56 racks at
+// 400 Gb/s per GPU unless told 800; an override names itself as its value's source; a topology
+// written out keeps its sources and reads back equal (the table mok-sim topology show prints).
+TEST(Inputs, TopologyValuesRangesAndSourcesRoundTrip) {
+  nlohmann::json doc = preset_json("hgx-h200");
+  doc["gpu"]["num_sms"] = 132.5;
+  EXPECT_NE(error_of([&] { topology_from_json(doc, "my.json"); }).find("'gpu.num_sms' must be an integer"),
+            std::string::npos);
+  for (int racks : {1, 56}) {
+    const Topology t = resolve_topology("multi-rack:" + std::to_string(racks));
+    EXPECT_EQ(t.num_domains, racks);
+    EXPECT_EQ(t.num_gpus(), 72 * racks);
+    EXPECT_DOUBLE_EQ(t.nic_gbps, 50.0) << "400 Gb/s by default";
+  }
+  EXPECT_NE(error_of([] { resolve_topology("multi-rack:57"); }).find("1 <= N <= 56"), std::string::npos);
+  // At most 65,536 GPUs in all: 4,096 per domain times 17 domains is too many.
+  EXPECT_NE(error_of([] {
+              apply_overrides(resolve_topology("hgx-h200"), {{"scale_up.gpus_per_domain", 4096}, {"scale_out.num_domains", 17}},
+                              "s.json");
+            }).find("must be at most 65536"),
+            std::string::npos);
+  EXPECT_EQ(apply_overrides(resolve_topology("hgx-h200"), {{"scale_up.gpus_per_domain", 4096}, {"scale_out.num_domains", 16}},
+                            "s.json")
+                .num_gpus(),
+            65536);
+  const Topology o = apply_overrides(resolve_topology("hgx-h200"), {{"scale_up.nvlink_latency_ns", 700}}, "s.json");
+  EXPECT_EQ(o.sources.at("scale_up.nvlink_latency_ns"), "override in s.json");
+  for (const auto& name : preset_names()) {
+    const Topology t = resolve_topology(name);
+    const nlohmann::json j = topology_to_json(t);
+    const Topology back = topology_from_json(j, name);
+    EXPECT_EQ(back.sources, t.sources) << name;
+    EXPECT_EQ(topology_to_json(back), j) << name;
+  }
 }
 
 }  // namespace

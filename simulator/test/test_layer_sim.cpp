@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <vector>
 
 #include "mok/sim/error.hpp"
 #include "mok/sim/report.hpp"
@@ -958,6 +960,43 @@ TEST(LayerSim, CombineProducersTyingOnTheLastByteNameTheHighestSource) {
 
 namespace mok::sim {
 namespace {
+
+// Nearest-rank quantiles: the value at rank ceil(p x n) of the sorted samples, the same from
+// quantiles_of (completion signals) and from the engine's histogram (chunk signals), whose
+// samples from 2^18 ns on are kept apart from the dense counts.
+TEST(LayerSim, QuantilesAreNearestRankInBothSummaries) {
+  const std::vector<int64_t> seven = {70, 10, 60, 20, 50, 30, 40};
+  const Quantiles a = quantiles_of(seven);
+  EXPECT_EQ(a.count, 7);
+  EXPECT_DOUBLE_EQ(a.mean_ns, 40.0);
+  EXPECT_EQ(a.p50_ns, 40);  // rank 4 of 7
+  EXPECT_EQ(a.p90_ns, 70);  // rank 7
+  EXPECT_EQ(a.max_ns, 70);
+  std::vector<int64_t> hundred_one;
+  for (int64_t v = 1; v <= 101; ++v) hundred_one.push_back(v * 5000);  // 5 us .. 505 us: dense and overflow
+  const Quantiles b = quantiles_of(hundred_one);
+  EXPECT_EQ(b.p50_ns, 51 * 5000);  // rank 51
+  EXPECT_EQ(b.p90_ns, 91 * 5000);  // rank ceil(90.9) = 91
+  EXPECT_EQ(b.p99_ns, 100 * 5000);  // rank ceil(99.99) = 100
+  EXPECT_EQ(b.max_ns, 101 * 5000);
+  std::mt19937_64 rng(std::random_device{}());
+  for (const std::vector<int64_t>& values : {seven, hundred_one}) {
+    for (int round = 0; round < 2; ++round) {
+      std::vector<int64_t> v = values;
+      if (round == 1)
+        for (int i = 0; i < 300; ++i) v.push_back(static_cast<int64_t>(rng() % 600000));
+      detail::NsHistogram h;
+      for (int64_t x : v) h.add(x);
+      const Quantiles q = quantiles_of(v), g = h.summary();
+      EXPECT_EQ(g.count, q.count);
+      EXPECT_EQ(g.p50_ns, q.p50_ns);
+      EXPECT_EQ(g.p90_ns, q.p90_ns);
+      EXPECT_EQ(g.p99_ns, q.p99_ns);
+      EXPECT_EQ(g.max_ns, q.max_ns);
+      EXPECT_DOUBLE_EQ(g.mean_ns, q.mean_ns);
+    }
+  }
+}
 
 // Two diagnostics that clamped report instead (model audit, 2026-12-05): a chunk known before its
 // data landed (a negative signal latency, recorded as 0 before) and a critical-path segment that

@@ -4,8 +4,13 @@
 #include <rapidcheck/gtest.h>
 
 #include <cstdio>
+#include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <random>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "mok/sim/error.hpp"
 #include "mok/sim/workload.hpp"
@@ -211,6 +216,117 @@ TEST(LoadStats, KnownValues) {
   EXPECT_DOUBLE_EQ(one.gini, 0.75);
   EXPECT_DOUBLE_EQ(one.max_over_mean, 4.0);
   EXPECT_DOUBLE_EQ(one.p99, 8.0);
+  // Nearest rank: p99 of 1..200 is the value at rank ceil(198) = 198.
+  std::vector<int64_t> ramp(200);
+  for (int64_t i = 0; i < 200; ++i) ramp[i] = 200 - i;
+  const LoadStats r = load_stats(ramp);
+  EXPECT_DOUBLE_EQ(r.p99, 198.0);
+  EXPECT_DOUBLE_EQ(r.mean, 100.5);
+  EXPECT_DOUBLE_EQ(r.max, 200.0);
+  // No load at all: nothing to be imbalanced (0, not 1 or NaN).
+  const LoadStats none = load_stats({0, 0, 0});
+  EXPECT_DOUBLE_EQ(none.gini, 0.0);
+  EXPECT_DOUBLE_EQ(none.max_over_mean, 0.0);
+}
+
+// The generators' laws, measured on fresh seeds with top-1 routing (no repeats to reject, so each
+// slot is one draw from the popularity): 8 ranks x 8,192 tokens, tolerances of 6 standard deviations
+// or more of the counts (a failure prints the seed).
+spec::LayerConfig top1_cfg(int64_t experts) {
+  spec::LayerConfig cfg = small_cfg(8, 8192);
+  cfg.num_experts = experts;
+  cfg.top_k = 1;
+  return cfg;
+}
+uint64_t fresh_seed() { return std::random_device{}() | uint64_t{1} << 40; }
+// Each expert's rows, largest first (shuffle_experts permutes which ids are popular).
+std::vector<int64_t> rows_descending(const Workload& w) {
+  std::vector<int64_t> rows(w.cfg.num_experts);
+  for (int64_t e = 0; e < w.cfg.num_experts; ++e) rows[e] = w.expert_rows(e);
+  std::sort(rows.rbegin(), rows.rend());
+  return rows;
+}
+
+TEST(Workload, PowerLawExpertsFollowOneOverRankToTheExponent) {
+  // p(rank i) = i^-s / H over ranks i = 1..E: the two most popular experts in the ratio 2^s,
+  // the most popular one with a share 1/H.
+  for (double s_exp : {1.2, 1.5}) {
+    RoutingSpec s;
+    s.kind = RoutingKind::kPowerLaw;
+    s.exponent = s_exp;
+    s.seed = fresh_seed();
+    const Workload w = generate_workload(top1_cfg(16), s);
+    const std::vector<int64_t> rows = rows_descending(w);
+    double h = 0;
+    for (int i = 1; i <= 16; ++i) h += std::pow(i, -s_exp);
+    const double n = static_cast<double>(w.cfg.num_slots());
+    EXPECT_NEAR(static_cast<double>(rows[0]) / static_cast<double>(rows[1]), std::pow(2.0, s_exp), 0.12 * std::pow(2.0, s_exp))
+        << "exponent " << s_exp << ", seed " << s.seed;
+    EXPECT_NEAR(static_cast<double>(rows[0]) / n, 1.0 / h, 0.05 / h) << "exponent " << s_exp << ", seed " << s.seed;
+  }
+}
+
+TEST(Workload, HotExpertsAreHotFactorTimesAsPopular) {
+  // 3 hot experts of 32, each 8 times as popular as a cold one.
+  RoutingSpec s;
+  s.kind = RoutingKind::kHot;
+  s.num_hot = 3;
+  s.hot_factor = 8;
+  s.seed = fresh_seed();
+  const std::vector<int64_t> rows = rows_descending(generate_workload(top1_cfg(32), s));
+  double cold = 0;
+  for (size_t i = 3; i < rows.size(); ++i) cold += static_cast<double>(rows[i]);
+  cold /= static_cast<double>(rows.size() - 3);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(static_cast<double>(rows[i]) / cold, 8.0, 0.8) << "hot " << i << ", seed " << s.seed;
+  EXPECT_LT(static_cast<double>(rows[3]) / cold, 1.5) << "a fourth hot expert, seed " << s.seed;
+}
+
+TEST(Workload, DirichletAlphaSetsTheSkew) {
+  // Dir(alpha) popularity over 64 experts: alpha 0.05 puts nearly all mass on a few experts
+  // (Gini ~0.9), alpha 1000 is uniform up to sampling noise (Gini ~0.02); alpha 1 sits between.
+  for (auto [alpha, lo, hi] : {std::tuple{0.05, 0.7, 1.0}, std::tuple{1.0, 0.3, 0.7}, std::tuple{1000.0, 0.0, 0.1}}) {
+    RoutingSpec s;
+    s.kind = RoutingKind::kDirichlet;
+    s.alpha = alpha;
+    s.seed = fresh_seed();
+    const double gini = load_stats(rows_descending(generate_workload(top1_cfg(64), s))).gini;
+    EXPECT_GE(gini, lo) << "alpha " << alpha << ", seed " << s.seed;
+    EXPECT_LE(gini, hi) << "alpha " << alpha << ", seed " << s.seed;
+  }
+}
+
+TEST(Workload, PerRankSkewWeighsTheRanksOwnPreference) {
+  // Uniform popularity mixed with each rank's own Dir(0.2) preference at weight per_rank_skew:
+  // a rank's own experts are nearly even at 0.05 and concentrated at 0.95 (Gini of the rank's
+  // counts over 64 experts, 8,192 draws each).
+  for (auto [skew, lo, hi] : {std::tuple{0.05, 0.0, 0.2}, std::tuple{0.95, 0.5, 1.0}}) {
+    RoutingSpec s;
+    s.kind = RoutingKind::kUniform;
+    s.per_rank_skew = skew;
+    s.seed = fresh_seed();
+    const Workload w = generate_workload(top1_cfg(64), s);
+    const int64_t T = w.cfg.tokens_per_rank;
+    for (int64_t r = 0; r < w.cfg.num_ranks; ++r) {
+      std::vector<int64_t> own(64, 0);
+      for (int64_t t = 0; t < T; ++t) ++own[w.topk_experts[r * T + t]];
+      const double gini = load_stats(own).gini;
+      EXPECT_GE(gini, lo) << "skew " << skew << ", rank " << r << ", seed " << s.seed;
+      EXPECT_LE(gini, hi) << "skew " << skew << ", rank " << r << ", seed " << s.seed;
+    }
+  }
+}
+
+TEST(Workload, EmptySlotFractionEmptiesThatShareOfSlots) {
+  for (double f : {0.1, 0.5}) {
+    RoutingSpec s;
+    s.kind = RoutingKind::kPowerLaw;
+    s.empty_slot_fraction = f;
+    s.seed = fresh_seed();
+    const Workload w = generate_workload(small_cfg(8, 2048), s);  // 65,536 slots, top-4
+    const auto empty = std::count(w.topk_experts.begin(), w.topk_experts.end(), -1);
+    EXPECT_NEAR(static_cast<double>(empty) / static_cast<double>(w.cfg.num_slots()), f, 0.015) << "seed " << s.seed;
+    EXPECT_EQ(w.expert_offsets.back(), w.cfg.num_slots() - empty) << "seed " << s.seed;
+  }
 }
 
 }  // namespace

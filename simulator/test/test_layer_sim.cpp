@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -996,6 +997,63 @@ TEST(LayerSim, QuantilesAreNearestRankInBothSummaries) {
       EXPECT_DOUBLE_EQ(g.mean_ns, q.mean_ns);
     }
   }
+}
+
+// The report writes each field from its own source: a result with a distinct value in every
+// field, through result_to_json, flat_metrics (the CSV columns, in us) and the Chrome trace.
+TEST(LayerSim, ReportWritesEveryFieldFromItsOwnSource) {
+  LayerResult r;
+  r.layer_ns = 123456;
+  r.dispatch.simulated = true;
+  r.dispatch.end_ns = 50000;
+  r.dispatch.data_end_ns = 41000;
+  r.dispatch.chunk_signal = Quantiles{10, 1500.5, 1200, 1900, 2700, 3100};
+  r.dispatch.completion_signal = Quantiles{4, 2500.0, 2000, 2600, 2900, 3000};
+  r.compute_ns_max = 7777;
+  r.expert_load = LoadStats{10.0, 30.0, 29.0, 0.4, 3.0};
+  r.gpu_load = LoadStats{20.0, 25.0, 24.0, 0.1, 1.25};
+  r.resources.push_back(ResourceSummary{"nvlink_out", 2, 450, 999, 0.5, 0.7, "gpu1.nvlink_out"});
+  r.gpus.push_back(GpuTimeline{100, 200, 300, 400, 5, 6, 7});
+  r.trace.push_back(TraceSpan{0, -1, 1000, 3500, "tile 0", 0});
+  r.trace.push_back(TraceSpan{0, 2, 2000, 2600, "dispatch push 0->1", 64});
+  const nlohmann::json j = result_to_json(r, true);
+  EXPECT_EQ(j["dispatch"]["data_end_ns"], 41000);
+  EXPECT_EQ(j["dispatch"]["end_ns"], 50000);
+  EXPECT_EQ(j["expert_load"]["p99"], 29.0);
+  EXPECT_EQ(j["expert_load"]["max"], 30.0);
+  EXPECT_EQ(j["resources"][0]["busiest"], "gpu1.nvlink_out");
+  EXPECT_EQ(j["gpus"][0]["combine_known_ns"], 300);
+  EXPECT_EQ(j["gpus"][0]["compute_done_ns"], 200);
+  EXPECT_FALSE(j.contains("combine")) << "a phase that was not simulated is not written";
+  std::map<std::string, double> m;
+  for (const auto& [k, v] : flat_metrics(r)) m[k] = v;
+  EXPECT_DOUBLE_EQ(m.at("layer_us"), 123.456);
+  EXPECT_DOUBLE_EQ(m.at("dispatch_chunk_signal_p99_us"), 2.7);
+  EXPECT_DOUBLE_EQ(m.at("dispatch_completion_signal_mean_us"), 2.5);
+  EXPECT_DOUBLE_EQ(m.at("gpu_gini"), 0.1);
+  EXPECT_DOUBLE_EQ(m.at("expert_gini"), 0.4);
+  EXPECT_EQ(format_number(1.0 / 3.0), "0.3333333333");
+  const nlohmann::json t = nlohmann::json::parse(chrome_trace_json(r));
+  int spans = 0, instants = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "X" && e["name"] == "tile 0") {
+      EXPECT_EQ(e["tid"], 100000) << "the compute queue's thread";
+      EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 1.0);
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 2.5);
+      ++spans;
+    }
+    if (e["ph"] == "X" && e["name"] == "dispatch push 0->1") {
+      EXPECT_EQ(e["tid"], 2);
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 0.6);
+      ++spans;
+    }
+    if (e["ph"] == "i") {
+      EXPECT_NE(e["name"], "combine known complete") << "dispatch-only result";
+      ++instants;
+    }
+  }
+  EXPECT_EQ(spans, 2);
+  EXPECT_EQ(instants, 2);  // dispatch known, layer done
 }
 
 // Two diagnostics that clamped report instead (model audit, 2026-12-05): a chunk known before its

@@ -1056,6 +1056,44 @@ TEST(LayerSim, ReportWritesEveryFieldFromItsOwnSource) {
   EXPECT_EQ(instants, 2);  // dispatch known, layer done
 }
 
+// The fixed-width table (mok-sim's default output): every figure in its own column, from its own
+// field, in microseconds where the field holds nanoseconds; a phase that was not simulated has
+// no row. Each value below is distinct, so a field written from the wrong source shows.
+TEST(LayerSim, TableWritesEveryFieldInItsColumn) {
+  LayerResult r;
+  r.layer_ns = 123456;
+  r.compute_ns_max = 7777;
+  r.combine.simulated = true;
+  r.combine.end_ns = 50000;
+  r.combine.data_end_ns = 41000;
+  r.combine.recv_gbps_per_gpu = 321.5;
+  r.combine.nvlink_utilization = 0.625;
+  r.combine.chunk_signal = Quantiles{10, 1500.5, 1200, 1900, 2700, 3100};
+  r.combine.completion_signal = Quantiles{4, 2500.0, 2000, 2600, 2900, 3300};
+  r.combine.num_chunks = 4321;
+  r.expert_load = LoadStats{10.5, 30.0, 29.0, 0.4, 3.0};
+  r.gpu_load = LoadStats{20.5, 25.0, 24.0, 0.125, 1.25};
+  r.critical_path.push_back(PathSegment{"gpu 3 expert GEMMs", 1500, 9250});
+  r.resources.push_back(ResourceSummary{"nvlink_out", 72, 450, 999, 0.5, 0.75, "gpu1.nvlink_out"});
+  const std::string want =
+      "the title\n"
+      "layer time 123.456 us   compute (busiest GPU) 7.777 us\n"
+      "\n"
+      "phase         end_us    data_us  recv_GB/s  nvl_util  sig_p50_us  sig_p99_us   compl_max    chunks\n"
+      "combine       50.000     41.000      321.5     0.625       1.200       2.700       3.300      4321\n"
+      "\n"
+      "load                mean        max        p99     gini\n"
+      "expert rows         10.5         30         29    0.400\n"
+      "GPU rows            20.5         25         24    0.125\n"
+      "\n"
+      "critical path\n"
+      "       1.500 ..      9.250 us  (    7.750)  gpu 3 expert GEMMs\n"
+      "\n"
+      "resource     count  GB/s each util_mean  util_max  busiest\n"
+      "nvlink_out      72      450.0     0.500     0.750  gpu1.nvlink_out\n";
+  EXPECT_EQ(format_table(r, "the title"), want);
+}
+
 // Two diagnostics that clamped report instead (model audit, 2026-12-05): a chunk known before its
 // data landed (a negative signal latency, recorded as 0 before) and a critical-path segment that
 // ends before it starts (dropped before) are internal errors, exit code 1, naming the quantity.

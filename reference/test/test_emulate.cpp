@@ -56,7 +56,7 @@ void expect_rows_equal(const Tensor& a, const std::vector<int64_t>& a_rows, cons
   for (size_t r = 0; r < a_rows.size(); ++r) {
     const bool same = std::memcmp(static_cast<const char*>(a.raw()) + a_rows[r] * row_bytes,
                                   static_cast<const char*>(b.raw()) + b_rows[r] * row_bytes, row_bytes) == 0;
-    RC_ASSERT_FALSE(!same && (RC_LOG() << what << " differs at token row " << a_rows[r] << "\n", true));
+    MOK_RC_REQUIRE(same, what << " differs at token row " << a_rows[r]);
   }
 }
 
@@ -90,8 +90,7 @@ int64_t check_within_bounds(const Case& c, bool check_tightness) {
       const double err = std::fabs(t.value_at(i) - ex.value_at(i));
       const double r = bd.value_at(i);
       RC_ASSERT(std::isfinite(r));
-      RC_ASSERT_FALSE(!(err <= r) && (RC_LOG() << p << " " << ref::locate(*s, c.cfg, i) << " err " << err
-                                                 << " bound " << r << "\n", true));
+      MOK_RC_REQUIRE(err <= r, p << " " << ref::locate(*s, c.cfg, i) << " err " << err << " bound " << r);
       if (check_tightness) RC_ASSERT(r <= 0x1.0p-6 * std::fabs(ex.value_at(i)) + 1e-3);
       ++checked;
     }
@@ -167,7 +166,7 @@ RC_GTEST_PROP(Emulate, IdenticalForEverySplitIntoRanks, ()) {
       if (p.find("shared") != std::string::npos && p.rfind("grads/", 0) == 0) continue;  // per-rank by contract
       RC_ASSERT(split.count(p) == 1);
       const bool same = std::memcmp(t.raw(), split.at(p).raw(), t.size_bytes()) == 0;
-      RC_ASSERT_FALSE(!same && (RC_LOG() << p << " differs between R=1 and R=" << r << "\n", true));
+      MOK_RC_REQUIRE(same, p << " differs between R=1 and R=" << r);
     }
     // Shared-expert weight gradients are per rank: rank q's equal a one-rank run on its tokens.
     if (cfg.has_shared()) {
@@ -432,17 +431,16 @@ int64_t check_intermediates(const spec::LayerConfig& cfg, const TensorMap& input
   for (const auto& [p, t] : emu) {
     if (!is_intermediate(p)) continue;
     if (!only.empty() && std::find(only.begin(), only.end(), p) == only.end()) continue;
-    RC_ASSERT_FALSE(!b.count(ref::bound_exact_path(p)) && (RC_LOG() << p << " has no bound\n", true));
+    MOK_RC_REQUIRE(b.count(ref::bound_exact_path(p)), p << " has no bound");
     const Tensor& ex = b.at(ref::bound_exact_path(p));
     const Tensor& bd = b.at(ref::bound_radius_path(p));
     const ref::TensorSpec* s = ref::find_spec(p);
     for (int64_t i = 0; i < t.numel(); ++i) {
       const double err = std::fabs(t.value_at(i) - ex.value_at(i));
       const double r = bd.value_at(i);
-      RC_ASSERT_FALSE(!std::isfinite(r) && (RC_LOG() << p << " " << ref::locate(*s, cfg, i) << " not bounded\n", true));
-      RC_ASSERT_FALSE(!(err <= r) && (RC_LOG() << p << " " << ref::locate(*s, cfg, i) << " value " << t.value_at(i)
-                                               << " exact " << ex.value_at(i) << " err " << err << " bound " << r
-                                               << "\n", true));
+      MOK_RC_REQUIRE(std::isfinite(r), p << " " << ref::locate(*s, cfg, i) << " not bounded");
+      MOK_RC_REQUIRE(err <= r, p << " " << ref::locate(*s, cfg, i) << " value " << t.value_at(i) << " exact "
+                                << ex.value_at(i) << " err " << err << " bound " << r);
       if (tight) RC_ASSERT(r <= 0x1.0p-6 * std::fabs(ex.value_at(i)) + 1e-3);
       ++checked;
     }
@@ -595,7 +593,7 @@ RC_GTEST_PROP(OracleIntermediates, RoundedValueOfADotProductIsCorrectlyRounded, 
     };
     const big d = abs(exact - v(q)), lo = abs(exact - v(step_value(rt.dtype(), q, false))),
               hi = abs(exact - v(step_value(rt.dtype(), q, true)));
-    RC_ASSERT_FALSE((d > lo || d > hi) && (RC_LOG() << path << " element " << i << " not the nearest\n", true));
+    MOK_RC_REQUIRE(!(d > lo || d > hi), path << " element " << i << " not the nearest");
     if (d == lo || d == hi) RC_ASSERT((q & 1) == 0);
   };
   for (int64_t slot = 0; slot < c.cfg.num_tokens() * K; ++slot) {
@@ -673,8 +671,7 @@ RC_GTEST_PROP(Emulate, ThreadCountAndSamplingDoNotChangeBits, ()) {
     for (int64_t i = 0; i < t.numel(); ++i) {
       if (!sample.covers(p, c.cfg, i)) continue;
       ++covered;
-      RC_ASSERT_FALSE(t.bits_at(i) != s.at(p).bits_at(i) &&
-                      (RC_LOG() << p << " " << ref::locate(*ref::find_spec(p), c.cfg, i) << "\n", true));
+      MOK_RC_REQUIRE(t.bits_at(i) == s.at(p).bits_at(i), p << " " << ref::locate(*ref::find_spec(p), c.cfg, i));
     }
   }
   RC_ASSERT(covered > 0);
@@ -746,8 +743,8 @@ RC_GTEST_PROP(Emulate, EveryStageIsTheProfilesFormulaOfItsOperands, ()) {
   const uint16_t *act = e16("intermediates/act"), *y = e16("intermediates/y"), *dy = e16("intermediates/dy"),
                  *dg = e16("intermediates/d_gate"), *du = e16("intermediates/d_up"), *dxs = e16("intermediates/dx_slot");
   auto same = [](const char* what, int64_t i, uint32_t got, uint32_t want) {
-    RC_ASSERT_FALSE(got != want && (RC_LOG() << what << " element " << i << ": 0x" << std::hex << got << ", the formula 0x"
-                                             << want << std::dec << "\n", true));
+    MOK_RC_REQUIRE(got == want, what << " element " << i << ": 0x" << std::hex << got << ", the formula 0x" << want
+                                    << std::dec);
   };
   auto f32 = [](float v) { return spec::f32_bits(v); };
   for (int64_t slot = 0; slot < G * K; ++slot) {
@@ -962,7 +959,7 @@ void assert_emulator_within_end_to_end(const Case& c) {
   for (const char* p : kEndToEnd) {
     if (!emu.count(p)) continue;
     const EndToEnd r = check_end_to_end(b, emu, p);
-    RC_ASSERT_FALSE(!r.failure.empty() && (RC_LOG() << r.failure << "\n", true));
+    MOK_RC_REQUIRE(r.failure.empty(), r.failure);
     RC_ASSERT(r.checked == emu.at(p).numel());
   }
 }

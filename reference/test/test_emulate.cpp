@@ -820,8 +820,22 @@ RC_GTEST_PROP(Emulate, EveryStageIsTheProfilesFormulaOfItsOperands, ()) {
     }
   }
   // Weight gradients: routed over each expert's rows sorted by token, then slot; shared over each
-  // rank's tokens in order. Operands gathered into contiguous columns.
-  const float *dwg = e32("grads/d_w_routed_gate"), *dwu = e32("grads/d_w_routed_up"), *dwd = e32("grads/d_w_routed_down");
+  // rank's tokens in order. Operands gathered into contiguous columns (x; dc, the gradient of down's output: dy or
+  // d_output; act ac, d_gate gc, d_up uc), each gradient one chain over them: gate and up at gi, down at di.
+  struct WeightGrads {
+    const char *gate_name, *up_name, *down_name;
+    const float *gate, *up, *down;
+  };
+  auto same_wgrads = [&](const WeightGrads& w, int64_t gi, int64_t di, const std::vector<uint16_t>& xc,
+                         const std::vector<uint16_t>& dc, const std::vector<uint16_t>& ac,
+                         const std::vector<uint16_t>& gc, const std::vector<uint16_t>& uc) {
+    const int64_t n = static_cast<int64_t>(xc.size());
+    same(w.gate_name, gi, f32(w.gate[gi]), f32(spec::dot_chain_bf16(m, 0.0f, gc.data(), 1, xc.data(), 1, n)));
+    same(w.up_name, gi, f32(w.up[gi]), f32(spec::dot_chain_bf16(m, 0.0f, uc.data(), 1, xc.data(), 1, n)));
+    same(w.down_name, di, f32(w.down[di]), f32(spec::dot_chain_bf16(m, 0.0f, dc.data(), 1, ac.data(), 1, n)));
+  };
+  const WeightGrads routed{"d_w_routed_gate", "d_w_routed_up", "d_w_routed_down", e32("grads/d_w_routed_gate"),
+                           e32("grads/d_w_routed_up"), e32("grads/d_w_routed_down")};
   for (int64_t e = 0; e < E; ++e) {
     std::vector<int64_t> rows;  // slots of e in canonical order
     for (int64_t slot = 0; slot < G * K; ++slot)
@@ -838,14 +852,12 @@ RC_GTEST_PROP(Emulate, EveryStageIsTheProfilesFormulaOfItsOperands, ()) {
           gc[r] = dg[slot * I + i];
           uc[r] = du[slot * I + i];
         }
-        const int64_t gi = (e * I + i) * H + h, di = (e * H + h) * I + i;
-        same("d_w_routed_gate", gi, f32(dwg[gi]), f32(spec::dot_chain_bf16(m, 0.0f, gc.data(), 1, xc.data(), 1, n)));
-        same("d_w_routed_up", gi, f32(dwu[gi]), f32(spec::dot_chain_bf16(m, 0.0f, uc.data(), 1, xc.data(), 1, n)));
-        same("d_w_routed_down", di, f32(dwd[di]), f32(spec::dot_chain_bf16(m, 0.0f, dyc.data(), 1, ac.data(), 1, n)));
+        same_wgrads(routed, (e * I + i) * H + h, (e * H + h) * I + i, xc, dyc, ac, gc, uc);
       }
   }
   if (Is == 0) return;
-  const float *dsg = e32("grads/d_w_shared_gate"), *dsu = e32("grads/d_w_shared_up"), *dsd = e32("grads/d_w_shared_down");
+  const WeightGrads shared{"d_w_shared_gate", "d_w_shared_up", "d_w_shared_down", e32("grads/d_w_shared_gate"),
+                           e32("grads/d_w_shared_up"), e32("grads/d_w_shared_down")};
   std::vector<uint16_t> xc(T), dc(T), ac(T), gc(T), uc(T);
   for (int64_t rank = 0; rank < R; ++rank)
     for (int64_t j = 0; j < Is; ++j)
@@ -858,10 +870,7 @@ RC_GTEST_PROP(Emulate, EveryStageIsTheProfilesFormulaOfItsOperands, ()) {
           gc[t] = sdg[g * Is + j];
           uc[t] = sdu[g * Is + j];
         }
-        const int64_t gi = (rank * Is + j) * H + h, di = (rank * H + h) * Is + j;
-        same("d_w_shared_gate", gi, f32(dsg[gi]), f32(spec::dot_chain_bf16(m, 0.0f, gc.data(), 1, xc.data(), 1, T)));
-        same("d_w_shared_up", gi, f32(dsu[gi]), f32(spec::dot_chain_bf16(m, 0.0f, uc.data(), 1, xc.data(), 1, T)));
-        same("d_w_shared_down", di, f32(dsd[di]), f32(spec::dot_chain_bf16(m, 0.0f, dc.data(), 1, ac.data(), 1, T)));
+        same_wgrads(shared, (rank * Is + j) * H + h, (rank * H + h) * Is + j, xc, dc, ac, gc, uc);
       }
 }
 

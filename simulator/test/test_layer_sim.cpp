@@ -980,7 +980,9 @@ TEST(LayerSim, QuantilesAreNearestRankInBothSummaries) {
   EXPECT_EQ(b.p90_ns, 91 * 5000);  // rank ceil(90.9) = 91
   EXPECT_EQ(b.p99_ns, 100 * 5000);  // rank ceil(99.99) = 100
   EXPECT_EQ(b.max_ns, 101 * 5000);
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("random samples from seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   for (const std::vector<int64_t>& values : {seven, hundred_one}) {
     for (int round = 0; round < 2; ++round) {
       std::vector<int64_t> v = values;

@@ -1222,6 +1222,120 @@ TEST(OracleEndToEnd, EmptySlotsHaveTheExactValueZeroAndNoRadius) {
   EXPECT_GT(empty, 0);
 }
 
+// One token, one expert, one slot of router weight 1, no shared expert (H = I = 16), every bf16
+// input zero: the crafted cases below set the few elements they need.
+TensorMap zero_layer(const spec::LayerConfig& cfg) {
+  TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 1);
+  for (auto& [p, t] : in)
+    if (t.dtype() == ref::DType::kBf16) std::fill(t.data<uint16_t>(), t.data<uint16_t>() + t.numel(), uint16_t{0});
+  in.at("inputs/router_weights").data<float>()[0] = 1.0f;
+  return in;
+}
+
+// The true value's dot products are exact sums of exact products. A product of a double operand
+// (act, y, d_gate, ...) and a bf16 weight has up to 61 significant bits, so the end-to-end oracle
+// adds its double rounding and the fma's error term (add_product). That term is at most 2^-53 of
+// the product, so the stored fp32 value shows it only where the sum cancels below about 2^-29 of
+// its products, which random inputs never do. Here act is exactly 1 + 2^-52 in column 0 and 1 in
+// column 1: gate 64 in both (1 + e^-64 is 1 in double, so silu(64) is 64), up 2^-6 + 2^-58 and
+// 2^-6. W_down's row 0 is (3, -3), so y's products are 3 + 3 2^-52, which double rounds (a tie,
+// to even) to 3 + 2^-50 with error term -2^-52, and -3. The true y, and the output (weight 1), is
+// 3 2^-52 (times 1 - 1.6e-28, far below fp32's and double's resolution); without the error term
+// the sum is 2^-50, 4/3 of it (mutation-checked: add_product without the error term passed every
+// other test and fails here). The expected value comes from a 50-digit evaluation of the layer.
+TEST(OracleEndToEnd, TrueValueKeepsEachProductsRoundingErrorUnderCancellation) {
+  using hp = boost::multiprecision::cpp_bin_float_50;
+  const spec::LayerConfig cfg{16, 16, 0, 1, 1, 1, 1};  // H I Is E K R T
+  TensorMap in = zero_layer(cfg);
+  ASSERT_EQ(in.at("inputs/topk_experts").data<int32_t>()[0], 0);
+  constexpr uint16_t kOne = 0x3F80, k64 = 0x4280, k2m6 = 0x3C80, k2m26 = 0x3280, k2m32 = 0x2F80, kThree = 0x4040,
+                     kMinusThree = 0xC040;
+  const int64_t H = cfg.hidden, I = cfg.intermediate;
+  uint16_t* x = in.at("inputs/x").data<uint16_t>();
+  uint16_t* wg = in.at("inputs/w_routed_gate").data<uint16_t>();  // [E, I, H]
+  uint16_t* wu = in.at("inputs/w_routed_up").data<uint16_t>();    // [E, I, H]
+  uint16_t* wd = in.at("inputs/w_routed_down").data<uint16_t>();  // [E, H, I]
+  x[0] = kOne, x[1] = k2m26;
+  wg[0 * H + 0] = k64, wu[0 * H + 0] = k2m6, wu[0 * H + 1] = k2m32;  // column 0: g 64, u 2^-6 + 2^-58
+  wg[1 * H + 0] = k64, wu[1 * H + 0] = k2m6;                         // column 1: g 64, u 2^-6
+  wd[0 * I + 0] = kThree, wd[0 * I + 1] = kMinusThree;               // y[0] = 3 act0 - 3 act1
+
+  // The layer's output at 50 digits, from the inputs (sigmoid by Boost's exp).
+  auto bf = [&](const char* p, int64_t i) { return hp(spec::f32_from_bf16(in.at(p).data<uint16_t>()[i])); };
+  std::vector<hp> out(H);
+  for (int64_t j = 0; j < I; ++j) {
+    hp g = 0, u = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      g += bf("inputs/x", h) * bf("inputs/w_routed_gate", j * H + h);
+      u += bf("inputs/x", h) * bf("inputs/w_routed_up", j * H + h);
+    }
+    const hp act = g / (1 + boost::multiprecision::exp(-g)) * u;
+    for (int64_t h = 0; h < H; ++h) out[h] += act * bf("inputs/w_routed_down", h * I + j);
+  }
+  const TensorMap b = ref::oracle_forward_end_to_end(cfg, in);
+  const Tensor& ex = b.at(ref::bound_exact_path("outputs/output"));
+  const float want0 = static_cast<float>(static_cast<double>(out[0]));
+  EXPECT_EQ(want0, 0x1.8p-51f);  // 3 2^-52: the case is what the comment says
+  for (int64_t h = 0; h < H; ++h) {
+    const float got = static_cast<float>(ex.value_at(h));  // an fp32 tensor: exact
+    EXPECT_EQ(got, static_cast<float>(static_cast<double>(out[h]))) << "output element " << h << ": oracle " << got
+                                                                    << ", 50 digits " << static_cast<double>(out[h]);
+  }
+  // A layer like any other: the emulator (whose MMA truncates up's 2^-58 away, so act is 1 in
+  // both columns and its output 0) lies within the radius.
+  const EndToEnd r = check_end_to_end(b, ref::emulate(cfg, in), "outputs/output");
+  EXPECT_TRUE(r.failure.empty()) << r.failure;
+}
+
+// y is rounded to bf16 in every implementation, so y's end-to-end radius holds half a bf16 ulp of
+// y besides the chain's own. On most random inputs that term hides behind act's radii propagated
+// through the chain (each act carries its own bf16 half ulp, of the same size), and the output's
+// radius adds the output's bf16 half ulp, again of the same size: a y radius without it mostly
+// still held the emulator. Here act is the same in every implementation and y's rounding
+// error is close to its maximum: gate 64 (sigmoid_f32 rounds 1 + e^-64 to 1, so silu_f32(64) is
+// 64) times up 255 2^-13 is 255/128 = 0x3FFF, a bf16 value, so act's radius is only its bf16 half
+// ulp 2^-8 (plus about 2^-17 for silu and the chains). W_down's one non-zero weight, 1 + 2^-7,
+// makes y = 255 129 2^-14 = 2 + 127 2^-14, just under the bf16 tie 2 + 2^-7; every implementation's
+// y is 2 (the MMA step's one product is exact in fp32), an error of 127 2^-14 = 0.00775, about twice
+// the radius propagated from act (2^-8 (1 + 2^-7) = 0.00394). d_router_weights = sum over h of
+// d_output y, with d_output (1, 0, ...), has no bf16 rounding of its own, so its radius is y's
+// radius plus fp32 half ulps: it holds the emulator's 2 only if y's radius includes y's own
+// rounding (mutation-checked: with the end-to-end y rounded to 24 bits instead of bf16 this test
+// fails on every run, while EmulatorWithinTheBoundEverywhere failed in 3 of 6 runs of 100 random
+// cases, where several slots' y roundings add up in the output).
+TEST(OracleEndToEnd, RouterGradientRadiusHoldsYsOwnBf16Rounding) {
+  const spec::LayerConfig cfg{16, 16, 0, 1, 1, 1, 1};  // H I Is E K R T
+  TensorMap in = zero_layer(cfg);
+  ASSERT_EQ(in.at("inputs/topk_experts").data<int32_t>()[0], 0);
+  constexpr uint16_t kOne = 0x3F80, k64 = 0x4280, kUp = 0x3CFF /* 255 2^-13 */, kDown = 0x3F81 /* 1 + 2^-7 */;
+  in.at("inputs/x").data<uint16_t>()[0] = kOne;
+  in.at("inputs/w_routed_gate").data<uint16_t>()[0] = k64;  // column 0
+  in.at("inputs/w_routed_up").data<uint16_t>()[0] = kUp;
+  in.at("inputs/w_routed_down").data<uint16_t>()[0] = kDown;  // row h = 0, column 0
+  in.at("inputs/d_output").data<uint16_t>()[0] = kOne;
+
+  const TensorMap emu = ref::emulate(cfg, in);
+  // The case is what the comment says: act exact, y rounded down by 127 2^-14 to 2.
+  ASSERT_EQ(emu.at("intermediates/act").bits_at(0), 0x3FFFu);
+  ASSERT_EQ(emu.at("intermediates/y").bits_at(0), 0x4000u);
+  const TensorMap b = ref::oracle_end_to_end(cfg, in);
+  const Tensor& ex = b.at(ref::bound_exact_path("grads/d_router_weights"));
+  const Tensor& bd = b.at(ref::bound_radius_path("grads/d_router_weights"));
+  EXPECT_EQ(ex.value_at(0), 255.0 * 129.0 * 0x1.0p-14);
+  EXPECT_EQ(emu.at("grads/d_router_weights").value_at(0), 2.0);
+  const double err = 127 * 0x1.0p-14;
+  // More than act's half ulp carried through W_down (twice it): only y's own rounding covers it.
+  EXPECT_GT(err, 1.9 * 0x1.0p-8 * (1 + 0x1.0p-7));
+  // The radius holds the propagated act half ulp and y's bf16 half ulp (2^-7: y's bound is above 2).
+  EXPECT_GE(bd.value_at(0), 0x1.0p-8 * (1 + 0x1.0p-7) + 0x1.0p-7);
+  // And so the emulator, and every covered tensor, lies within its bound.
+  for (const char* p : kEndToEnd) {
+    if (!emu.count(p)) continue;
+    const EndToEnd r = check_end_to_end(b, emu, p);
+    EXPECT_TRUE(r.failure.empty()) << r.failure;
+  }
+}
+
 // A sample: only the sampled tokens' rows and the sampled columns' weight gradients are computed
 // (the rest NaN), with the same values as the full run.
 TEST(OracleEndToEnd, SampledElementsGetTheSameValuesAndTheRestNaN) {

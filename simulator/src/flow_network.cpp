@@ -121,6 +121,24 @@ void FlowNetwork::reserve_slots(int num_slots) {
 }
 
 int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot) {
+  // A bad flow is refused before it touches any list. A resource may appear at most twice on a
+  // path (the incremental update's accounts are only shown for that; notes/mutation_v46.md, F23).
+  if (path_len < 0 || path_len > kMaxPathLen)
+    throw Error("flow network: a flow's path has " + std::to_string(path_len) + " resources; it may have 0 to " +
+                std::to_string(kMaxPathLen));
+  for (int i = 0; i < path_len; ++i) {
+    if (path[i] < 0 || path[i] >= num_resources())
+      throw Error("flow network: a flow's path names resource " + std::to_string(path[i]) + "; the network has " +
+                  std::to_string(num_resources()) + " (0 to " + std::to_string(num_resources() - 1) + ")");
+    int times = 0;
+    for (int j = 0; j < path_len; ++j) times += path[j] == path[i];
+    if (times > 2)
+      throw Error("flow network: resource '" + names_[path[i]] + "' appears " + std::to_string(times) +
+                  " times on one flow's path; a resource may appear at most twice (e.g. a local copy's HBM read and write)");
+  }
+  if (!(demand_gbps >= 0) || bytes < 0)
+    throw Error("flow network: a flow needs a demand >= 0 GB/s and bytes >= 0 (got " + std::to_string(demand_gbps) +
+                " GB/s, " + std::to_string(bytes) + " bytes)");
   int idx;
   if (slot >= 0 && slot < num_slots_ && !links_[slot].active) {
     idx = slot;
@@ -623,16 +641,13 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
   auto status = [&](int f) { return (key_[f].mark >> 2) == stamp_ ? static_cast<uint8_t>(key_[f].mark & 3) : kFixed; };
   auto set_status = [&](int f, uint8_t st) { key_[f].mark = stamp_ << 2 | st; };
   // Free flows not yet frozen. A flow whose demand is unreachable gets no demand event: in the
-  // filling a saturation step freezes it first. An attempt that leaves one unfrozen is therefore
-  // not the filling's: a resource on its path was wrongly assumed passive (every resource on a
-  // free flow's path is dirty, and a tracked one would have saturated with it). Those resources
-  // are tracked in the repeated attempt.
+  // filling a saturation step freezes it first, so it needs a tracked resource on its path (the
+  // loop before the filling sees to that for new flows; a flow freed later comes out of a tracked
+  // resource's pool).
   int64_t free_left = 0;
-  freed_.clear();
   auto free_flow = [&](int f) {
     set_status(f, kFree);
     ++free_left;
-    freed_.push_back(f);
     if (!key_[f].demand_unreachable) push_event(flows_[f].demand_units, 0, 1, f);
   };
   auto freeze_new = [&](int f, int64_t rate) {
@@ -648,8 +663,8 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
       for (int i = 0; i < flows_[f].path_len; ++i) make_dirty(flows_[f].path[i], -1, 1);
   for (int r : pending_resources_) make_dirty(r, -1, 1);
   // A new flow whose demand is unreachable must be frozen by a tracked resource on its path; if
-  // every resource on its path was guessed passive, the attempt would certainly be repeated
-  // (free_left below), so those resources are tracked now, before the filling starts.
+  // every resource on its path was guessed passive, nothing would freeze it, so those resources
+  // are tracked now, before the filling starts.
   for (int f : pending_flows_) {
     if (!links_[f].active || !fill_mark_[f].fresh || !key_[f].demand_unreachable) continue;
     const Flow& fl = flows_[f];
@@ -772,23 +787,11 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     }
   }
 
-  if (free_left != 0) {
-    bool forced = false;
-    for (int f : freed_) {
-      if (status(f) != kFree) continue;
-      const Flow& fl = flows_[f];
-      for (int i = 0; i < fl.path_len; ++i) {
-        const int r = fl.path[i];
-        if (acct_[r].stamp_mode == (stamp_ << 2 | kPassive) && force_stamp_[r] != update_id_) {
-          force_stamp_[r] = update_id_;
-          forced = true;
-        }
-      }
-    }
-    if (forced) return Attempt::kRetry;
-    ++num_stranded_;
-    return Attempt::kTooBig;
-  }
+  // Every free flow has a demand event or sits, counted, in the pool of a tracked resource whose
+  // event stays in the heap until its saturation scan freezes it (the unreachable-demand loop
+  // before the filling and the candidates' loop keep that true; notes/mutation_v46.md, F23), so
+  // an empty heap leaves none free.
+  if (free_left != 0) internal("an update attempt left a free flow unfrozen");
   // Passive resources: final slack must be at least their number of flow entries. The residuals
   // move to the new rates here, once per frozen flow and path entry: the commit keeps them, a
   // repeated attempt gets them back.

@@ -23,7 +23,7 @@ int64_t rate_units(double gbps);  // nearest unit, clamped to [0, kMaxRateUnits]
 inline double units_to_gbps(int64_t units) { return static_cast<double>(units) * (1.0 / 4294967296.0); }
 static_assert(kRateFracBits == 32, "units_to_gbps multiplies by 2^-32");
 
-// One flow: `total_bytes` over `path` (a resource may appear twice, e.g. HBM read and write of
+// One flow: `total_bytes` over `path` (a resource may appear at most twice, e.g. HBM read and write of
 // a local copy, and then counts twice), never faster than its demand. The caller tracks
 // progress; the network only assigns rates.
 struct alignas(64) Flow {  // one cache line: what a rate assignment reads and writes
@@ -63,6 +63,8 @@ class FlowNetwork {
   void reserve_slots(int num_slots);
   // Starts a flow with rate 0; rates are stale until recompute_rates(), update_rates() or admit().
   // Its index is `slot` when that is a reserved slot with no active flow, else a free index.
+  // Throws Error (bad input), changing nothing, for a path longer than kMaxPathLen, a resource
+  // index out of range or named more than twice, a negative or NaN demand, or negative bytes.
   int start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot = -1);
   // Ends a flow (its bytes are credited to the resources on its path).
   void finish_flow(int flow_idx);
@@ -107,10 +109,6 @@ class FlowNetwork {
   int64_t num_tracked_resources() const { return num_tracked_; }
   int64_t num_retries() const { return num_retries_; }
   int64_t num_full_fallbacks() const { return num_fallbacks_; }
-  // Attempts that ended with a free flow unfrozen and no resource on its path left to track:
-  // handed to recompute_rates() (same result), but none is expected (every free flow has a
-  // tracked or a passive resource on its path), so the tests check that this stays 0.
-  int64_t num_stranded_attempts() const { return num_stranded_; }
 
  private:
   static constexpr int64_t kInf = INT64_MAX;
@@ -135,7 +133,7 @@ class FlowNetwork {
   int num_slots_ = 0;
   std::vector<int> active_;        // active flow indices (order: a function of the call sequence)
   std::vector<int> active_pos_;    // flow -> position in active_
-  int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0, num_stranded_ = 0;
+  int64_t num_recomputes_ = 0, num_tracked_ = 0, num_retries_ = 0, num_fallbacks_ = 0;
   bool last_fell_back_ = false;  // the last update_rates() ended in a full filling
   // Demand classes: the distinct demand values, ascending; the active flows of each; and a bit
   // per class that has any, so that a recompute visits demands in order without sorting.
@@ -198,7 +196,7 @@ class FlowNetwork {
   std::vector<ResAcct> acct_;
   bool dirty(int r) const { return (acct_[r].stamp_mode >> 2) == stamp_; }
   uint8_t mode(int r) const { return static_cast<uint8_t>(acct_[r].stamp_mode & 3); }
-  std::vector<int> tracked_, passive_, done_, spread_, candidates_, freed_;
+  std::vector<int> tracked_, passive_, done_, spread_, candidates_;
   // A tracked resource's fixed flows not yet frozen when it became dirty, with their old
   // freezing points (advance() accounts for them lazily as the filling passes their points), and
   // its flows that were free then (point kInf): the saturation and candidates scans need only

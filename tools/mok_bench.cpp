@@ -88,7 +88,8 @@ bool torch_routing(const std::string& r) {
 
 // One traced pass (KernelOptions::trace): where the blocks' time went, in ms from the first
 // block's start (marks) and per block (sums), min / mean / max over the blocks.
-void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per_rank, int blocks_per_rank) {
+void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per_rank, int blocks_per_rank,
+                 int wide_ranks) {
   using namespace mok::kernel;
   const size_t nb = tr.size() / kTraceSlots;
   if (nb == 0) return;
@@ -101,7 +102,7 @@ void print_trace(const char* pass, const std::vector<uint64_t>& tr, int comm_per
     double lo = 1e300, hi = -1e300, sum = 0;
     size_t n = 0;
     for (size_t b = 0; b < nb; ++b) {
-      if (comm_only && static_cast<int>(b % blocks_per_rank) >= comm_per_rank) continue;
+      if (comm_only && rank_block_of(static_cast<int>(b), blocks_per_rank, wide_ranks).block >= comm_per_rank) continue;
       const double v = (mark ? static_cast<double>(at(b, slot) - t0) : static_cast<double>(at(b, slot))) * scale;
       lo = std::min(lo, v), hi = std::max(hi, v), sum += v, ++n;
     }
@@ -574,7 +575,7 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&b));
     // The fused kernel: median pass times, its launch shape and its output (for the sanity check).
     float f_ms = 0, b_ms = 0;
-    int blocks_per_rank = 0, comm_per_rank = 0;
+    int blocks_per_rank = 0, wide_ranks = 0, comm_per_rank = 0;
     bool tma_on = false;
     mok::ref::Tensor fused(mok::ref::DType::kBf16, {G, Hc});
     std::string per_rank_line;
@@ -637,6 +638,7 @@ int main(int argc, char** argv) {
       f_ms = fwd[fwd.size() / 2];
       b_ms = bwd.empty() ? 0.0f : bwd[bwd.size() / 2];
       blocks_per_rank = layer.blocks_per_rank();
+      wide_ranks = layer.wide_ranks();
       comm_per_rank = layer.comm_blocks_per_rank();
       tma_on = layer.uses_tma();
       // The last forward's output (a backward pass does not write it).
@@ -648,11 +650,13 @@ int main(int argc, char** argv) {
         traced.forward(di, o);  // warm: maps, caches
         traced.forward(di, o);
         traced.check_errors();
-        print_trace("forward", traced.trace(), traced.forward_comm_blocks_per_rank(), traced.blocks_per_rank());
+        print_trace("forward", traced.trace(), traced.forward_comm_blocks_per_rank(), traced.blocks_per_rank(),
+                    traced.wide_ranks());
         if (backward) {
           traced.backward(di, o);
           traced.check_errors();
-          print_trace("backward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank());
+          print_trace("backward", traced.trace(), traced.comm_blocks_per_rank(), traced.blocks_per_rank(),
+                      traced.wide_ranks());
         }
       }
     } else {
@@ -664,8 +668,8 @@ int main(int argc, char** argv) {
       if (my_rank != 0) return 0;  // every process has every rank's times; rank 0 reports
       for (int r = 0; trace && r < t.num_ranks; ++r) {  // each rank's marks from its own GPU's first block
         const std::string f = "forward, rank " + std::to_string(r), b = "backward, rank " + std::to_string(r);
-        print_trace(f.c_str(), t.trace_forward[r], t.forward_comm_blocks_per_rank, t.blocks_per_rank);
-        if (backward) print_trace(b.c_str(), t.trace_backward[r], t.comm_blocks_per_rank, t.blocks_per_rank);
+        print_trace(f.c_str(), t.trace_forward[r], t.forward_comm_blocks_per_rank, t.blocks_per_rank, 0);
+        if (backward) print_trace(b.c_str(), t.trace_backward[r], t.comm_blocks_per_rank, t.blocks_per_rank, 0);
       }
       f_ms = mok::kernel::median_of_slowest_rank(t.forward_ms, t.num_ranks, t.reps);
       b_ms = mok::kernel::median_of_slowest_rank(t.backward_ms, t.num_ranks, t.reps);
@@ -827,12 +831,15 @@ int main(int argc, char** argv) {
     const double bwd_bytes = 4.0 * G * Hc + 8.0 * G * Kc + 2.0 * w_elems + 2.0 * G * Hc + 4.0 * G * Kc + 4.0 * wg_elems;
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("# mok-bench %s%s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank "
+    const std::string wide_note =
+        wide_ranks > 0 ? " (" + std::to_string(blocks_per_rank + 1) + " on the first " + std::to_string(wide_ranks) + ")"
+                       : std::string();
+    std::printf("# mok-bench %s%s: G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld R=%lld, %lld routed rows, %d blocks/rank%s "
                 "(%d comm), TMA %s, SwiGLU epilogue %s, x rows %s, item groups of %d row tiles, median of %d after %d "
                 "warm-up, %s\n",
                 nccl ? (std::to_string(gpus) + " x ").c_str() : "", prop.name, (long long)G, (long long)Hc,
                 (long long)Ic, (long long)Isc, (long long)Ec, (long long)Kc, (long long)Rn, (long long)rows,
-                blocks_per_rank, comm_per_rank, tma_on ? "on" : "off",
+                blocks_per_rank, wide_note.c_str(), comm_per_rank, tma_on ? "on" : "off",
                 !tma_on ? "fragments (no fast engine)"
                 : mok::kernel::resolve_swiglu(ko.swiglu, Hc) == mok::kernel::SwigluEpilogue::kStaged
                     ? (swiglu == "auto" ? "staged (auto)" : "staged")

@@ -32,6 +32,7 @@ inline constexpr int64_t kAtomicSplits = 4;
 struct Role {
   int rank;
   int block;         // within the rank
+  int blocks;        // the rank's blocks (rank_block_of: one more on the first P.wide_ranks ranks)
   bool comm;
   int index;         // within the role
   int count;         // blocks in the role
@@ -39,26 +40,28 @@ struct Role {
 
 __device__ inline Role my_role(const LaunchParams& P, bool forward) {
   const int comm = forward ? P.comm_blocks_forward : P.comm_blocks_per_rank;
+  const RankBlock rb = rank_block_of(static_cast<int>(blockIdx.x), P.blocks_per_rank, P.wide_ranks);
   Role r;
-  r.rank = P.first_rank + static_cast<int>(blockIdx.x) / P.blocks_per_rank;
-  r.block = static_cast<int>(blockIdx.x) % P.blocks_per_rank;
+  r.rank = P.first_rank + rb.local;
+  r.block = rb.block;
+  r.blocks = rb.count;
   r.comm = r.block < comm;
   r.index = r.comm ? r.block : r.block - comm;
-  r.count = r.comm ? comm : P.blocks_per_rank - comm;
+  r.count = r.comm ? comm : r.blocks - comm;
   return r;
 }
 
 __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The tokens whose routing rows block `block` of a rank reads while counting and planning: a
-// contiguous slice of the G tokens of every rank, the same slice in both steps (the plan's row
-// positions start from the counts of the slices before it).
+// The tokens whose routing rows a block of a rank reads while counting and planning: a
+// contiguous slice of the G tokens of every rank (one of role.blocks), the same slice in both
+// steps (the plan's row positions start from the counts of the slices before it).
 struct TokenSlice {
   int64_t lo, hi;
 };
-__device__ __forceinline__ TokenSlice token_slice(const LaunchParams& P, int block) {
-  const int64_t G = P.cfg.num_tokens(), per = ceil_div(G, P.blocks_per_rank);
-  const int64_t lo = min(G, block * per);
+__device__ __forceinline__ TokenSlice token_slice(const LaunchParams& P, const Role& role) {
+  const int64_t G = P.cfg.num_tokens(), per = ceil_div(G, role.blocks);
+  const int64_t lo = min(G, role.block * per);
   return TokenSlice{lo, min(G, lo + per)};
 }
 
@@ -84,7 +87,7 @@ __device__ inline void count_rows(const LaunchParams& P, const Role& role) {
   const int64_t K = c.top_k, T = c.tokens_per_rank, E_local = c.experts_per_rank();
   const RankState& S = P.state[role.rank];
   __shared__ unsigned int counts[256];
-  const TokenSlice ts = token_slice(P, role.block);
+  const TokenSlice ts = token_slice(P, role);
   const int64_t lo = ts.lo * K, hi = ts.hi * K;
   for (int64_t e0 = 0; e0 < E_local; e0 += 256) {
     for (int i = threadIdx.x; i < 256; i += kThreads) counts[i] = 0;
@@ -202,7 +205,7 @@ __device__ inline void plan_slice(const LaunchParams& P, const Role& role, uint8
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem);                      // [kWarps][kPlanExperts]
   int64_t* base = reinterpret_cast<int64_t*>(masks + kWarps * kPlanExperts);  // [kPlanExperts]
   __shared__ int64_t scan[kWarps];
-  const TokenSlice ts = token_slice(P, role.block);
+  const TokenSlice ts = token_slice(P, role);
   const int64_t stride = block_counts_stride(P.blocks_per_rank);
   int64_t before = 0;  // rows of the local experts before this group (every thread's copy)
   int64_t bad_index = -1;
@@ -329,7 +332,7 @@ __device__ inline int64_t shared_tiles(const spec::LayerConfig& c) {
 // integer sums) before a rank barrier that precedes every wait on it.
 __device__ inline void count_expected_arrivals(const LaunchParams& P, const Role& role) {
   const int64_t n_slots = P.cfg.tokens_per_rank * P.cfg.top_k;
-  const int64_t per = ceil_div(n_slots, P.blocks_per_rank), lo = min(n_slots, role.block * per),
+  const int64_t per = ceil_div(n_slots, role.blocks), lo = min(n_slots, role.block * per),
                 hi = min(n_slots, lo + per);
   __shared__ unsigned int total;
   if (threadIdx.x == 0) total = 0;
@@ -620,7 +623,7 @@ __device__ inline void finish_from_acc(const LaunchParams& P, const Role& role, 
   const int64_t n = P.cfg.tokens_per_rank * P.cfg.hidden;
   const float* acc = P.peers[role.rank].acc;
   for (int64_t i = (int64_t{role.block} * kThreads + threadIdx.x) * 2; i < n;
-       i += int64_t{P.blocks_per_rank} * kThreads * 2) {
+       i += int64_t{role.blocks} * kThreads * 2) {
     if (i + 1 < n) {
       const float2 v = __ldcg(reinterpret_cast<const float2*>(acc + i));
       *reinterpret_cast<uint32_t*>(out + i) = pack2(spec::bf16_from_f32_rne(v.x), spec::bf16_from_f32_rne(v.y));
@@ -924,7 +927,7 @@ __device__ bool run_phases(const LaunchParams& P, const Role& role, uint8_t* sme
 template <class Body>
 __device__ __forceinline__ bool for_item_ranks(const LaunchParams& P, const Role& role, uint32_t planned_gen, Body body) {
   if (!P.shared_items) return body(role);
-  const int local = static_cast<int>(gridDim.x) / P.blocks_per_rank;
+  const int local = P.local_ranks;
   for (int k = 0; k < local; ++k) {
     Role w = role;
     w.rank = P.first_rank + k;
@@ -951,7 +954,7 @@ __device__ __forceinline__ bool for_item_ranks(const LaunchParams& P, const Role
 // so every block has finished every rank's items). Block-wide; false when aborting.
 __device__ inline bool all_ranks_passed(const LaunchParams& P, uint32_t gen) {
   if (!P.shared_items) return true;
-  const int local = static_cast<int>(gridDim.x) / P.blocks_per_rank;
+  const int local = P.local_ranks;
   for (int k = 0; k < local; ++k)
     if (!block_wait(P, &P.state[P.first_rank + k].counters[1], gen, P.first_rank + k, kFlagRankBarrier, -1))
       return false;
@@ -978,7 +981,7 @@ __device__ inline void combine_columns(const LaunchParams& P, const Role& role, 
                                        uint16_t* out) {
   const int64_t H = P.cfg.hidden, K = KC > 0 ? KC : P.cfg.top_k, T = P.cfg.tokens_per_rank;
   for (int64_t i = (role.block * kThreads + threadIdx.x) * int64_t{V}; i < T * H;
-       i += int64_t{P.blocks_per_rank} * kThreads * V) {
+       i += int64_t{role.blocks} * kThreads * V) {
     const int64_t t = i / H, h = i % H;
     float acc[V];
     if constexpr (V == 8) {
@@ -1493,7 +1496,7 @@ __device__ inline void router_grads(const LaunchParams& P, const Role& role, uin
     // Two buffers per warp, each a chunk of both rows; the warp's (slot, chunk) sequence is its
     // live slots in increasing s, each slot's chunks in increasing h.
     uint16_t* const base = reinterpret_cast<uint16_t*>(smem) + warp * 4 * C;
-    const int64_t stride = int64_t{P.blocks_per_rank} * kWarps, TK = T * K;
+    const int64_t stride = int64_t{role.blocks} * kWarps, TK = T * K;
     auto live_from = [&](int64_t s) {  // the first live slot at or after s; empty slots get 0
       for (; s < TK; s += stride) {
         if (__ldg(&topk[s]) >= 0) break;
@@ -1546,7 +1549,7 @@ __device__ inline void router_grads(const LaunchParams& P, const Role& role, uin
   }
   [[maybe_unused]] uint16_t* sd = reinterpret_cast<uint16_t*>(smem) + warp * 2 * C;
   [[maybe_unused]] uint16_t* sy = sd + C;
-  for (int64_t s = role.block * kWarps + warp; s < T * K; s += P.blocks_per_rank * kWarps) {
+  for (int64_t s = role.block * kWarps + warp; s < T * K; s += role.blocks * kWarps) {
     if (topk[s] < 0) {
       if (lane == 0) d_router_weights[s] = 0.0f;
       continue;

@@ -108,7 +108,8 @@ __device__ inline bool rank_barrier(const LaunchParams& P, int rank) {
     ok = 1;
     const uint32_t gen = load_volatile(&counters[1]);
     __threadfence();
-    if (atomicAdd(&counters[0], 1u) == static_cast<uint32_t>(P.blocks_per_rank) - 1) {
+    const int blocks = rank_block_count(rank - P.first_rank, P.blocks_per_rank, P.wide_ranks);
+    if (atomicAdd(&counters[0], 1u) == static_cast<uint32_t>(blocks) - 1) {
       atomicExch(&counters[0], 0u);
       __threadfence();
       atomicAdd(&counters[1], 1u);

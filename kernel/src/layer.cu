@@ -131,7 +131,10 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
                                                          smem_bytes_));
   const int resident = sms * std::min(per_sm_fwd, per_sm_bwd);
   const int L = local_ranks;
+  // Filling the GPU, the blocks that do not divide evenly go one each to the first ranks (132 SMs,
+  // 8 ranks: four ranks of 17 blocks and four of 16; rank_block_of in params.hpp), so no SM idles.
   blocks_per_rank_ = options.blocks_per_rank > 0 ? options.blocks_per_rank : resident / L;
+  wide_ranks_ = options.blocks_per_rank > 0 ? 0 : resident % L;
   if (int64_t{blocks_per_rank_} * L > resident)
     throw Error("kernel: " + std::to_string(blocks_per_rank_) + " blocks per rank x " + std::to_string(L) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
@@ -190,7 +193,9 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   P.cfg = cfg;
   P.num_ranks = static_cast<int32_t>(cfg.num_ranks);
   P.first_rank = first_rank;
+  P.local_ranks = L;
   P.blocks_per_rank = blocks_per_rank_;
+  P.wide_ranks = wide_ranks_;
   P.comm_blocks_per_rank = options_.comm_blocks_per_rank;
   P.comm_blocks_forward = options_.forward_comm_blocks_per_rank;
   P.silent_rank = options.silent_rank;
@@ -207,7 +212,7 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
   P.maps = device_maps_;
   P.error = error_;
   P.abort = control_ + int64_t{L} * 8;
-  if (options.trace) trace_ = device_alloc<uint64_t>(owned_, int64_t{L} * blocks_per_rank_ * kTraceSlots);
+  if (options.trace) trace_ = device_alloc<uint64_t>(owned_, int64_t{launch_blocks()} * kTraceSlots);
   P.trace = trace_;
   for (int r = first_rank; r < first_rank + L; ++r) {
     RankState& s = P.state[r];
@@ -325,9 +330,9 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   // so forward(); backward(); check_errors(); reports a failed forward rather than losing it to
   // the backward's launch (and the backward refuses a plan the forward left incomplete).
   if (trace_)
-    MOK_CUDA(cudaMemsetAsync(trace_, 0, int64_t{local_ranks_} * blocks_per_rank_ * kTraceSlots * sizeof(uint64_t), stream));
+    MOK_CUDA(cudaMemsetAsync(trace_, 0, int64_t{launch_blocks()} * kTraceSlots * sizeof(uint64_t), stream));
   void* args[] = {&host_};
-  MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(local_ranks_ * blocks_per_rank_), dim3(device::kThreads), args,
+  MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(launch_blocks()), dim3(device::kThreads), args,
                                        smem_bytes_, stream));
   if (kernel == forward_kernel()) forward_launched_ = true;  // launched (whether it succeeds, check_errors says)
 }
@@ -343,7 +348,7 @@ void LayerCore::require_forward() const {
 
 std::vector<uint64_t> LayerCore::read_trace(cudaStream_t stream) const {
   if (!trace_) return {};
-  std::vector<uint64_t> out(static_cast<size_t>(local_ranks_) * blocks_per_rank_ * kTraceSlots);
+  std::vector<uint64_t> out(static_cast<size_t>(launch_blocks()) * kTraceSlots);
   MOK_CUDA(cudaStreamSynchronize(stream));
   MOK_CUDA(cudaMemcpy(out.data(), trace_, out.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   return out;
@@ -503,6 +508,8 @@ void Layer::backward(const DeviceInputs& in, const DeviceOutputs& out, void* str
 
 void Layer::check_errors(void* stream) { impl_->core.check_errors(static_cast<cudaStream_t>(stream)); }
 int Layer::blocks_per_rank() const { return impl_->core.blocks_per_rank(); }
+int Layer::wide_ranks() const { return impl_->core.wide_ranks(); }
+int Layer::launch_blocks() const { return impl_->core.launch_blocks(); }
 std::vector<uint64_t> Layer::trace(void* stream) const {
   return impl_->core.read_trace(static_cast<cudaStream_t>(stream));
 }

@@ -78,6 +78,8 @@ class LayerCore {
   const spec::LayerConfig& cfg() const { return host_.cfg; }
   const KernelOptions& options() const { return options_; }
   int blocks_per_rank() const { return blocks_per_rank_; }
+  int wide_ranks() const { return wide_ranks_; }
+  int launch_blocks() const { return local_ranks_ * blocks_per_rank_ + wide_ranks_; }
   bool uses_tma() const { return fast_; }
   PeerBuffers& peer(int r) { return host_.peers[r]; }
   const RankState& state(int r) const { return host_.state[r]; }  // rank r's workspace (device pointers)
@@ -85,7 +87,7 @@ class LayerCore {
 
  private:
   KernelOptions options_;
-  int first_rank_ = 0, local_ranks_ = 0, blocks_per_rank_ = 0;
+  int first_rank_ = 0, local_ranks_ = 0, blocks_per_rank_ = 0, wide_ranks_ = 0;
   bool hopper_ = false, fast_ = false;
   size_t smem_bytes_ = 0;
   uint32_t epoch_ = 0;

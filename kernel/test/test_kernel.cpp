@@ -150,10 +150,33 @@ TEST(Kernel, FastEngineBitExactWithTheEmulator) {
 // static table holds 512, the backward's, in the ring's padding, 236). 520 experts: at R = 1 both
 // passes walk, at R = 2 (260 local) the forward searches and the backward walks, at R = 4 (130)
 // both search. Zipf routing: a few hot experts take several row tiles, most one, some none.
-// Top-10 also takes the combines past their first batch of 8 slots.
+// Top-10 also takes the combines past their first batch of 8 slots. R = 8 with the GPU filled
+// gives uneven ranks where the SMs do not divide by 8 (132 SMs: four ranks of 17 blocks, four of
+// 16; the next test checks the split).
 TEST(Kernel, FastEngineRowTileTablesAndWalksAgree) {
   REQUIRE_GPU();
-  check_fast_engine(spec::LayerConfig{128, 128, 64, 520, 10, 1, 512}, {1, 2, 4});
+  check_fast_engine(spec::LayerConfig{128, 128, 64, 520, 10, 1, 512}, {1, 2, 4, 8});
+}
+
+// Filling the GPU (blocks_per_rank = 0), every co-resident block serves a rank: the blocks that do
+// not divide among the ranks go one each to the first ranks (rank_block_of), none is left idle.
+TEST(Kernel, FilledLaunchUsesEverySmWithUnevenRanks) {
+  REQUIRE_GPU();
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  for (int R : {1, 3, 5, 8}) {
+    spec::LayerConfig cfg{128, 128, 64, 120, 4, R, 64};
+    kernel::Layer layer(cfg, kernel::KernelOptions{});
+    // One block of 256 threads per SM (the ring takes most of its shared memory).
+    EXPECT_EQ(layer.launch_blocks(), prop.multiProcessorCount) << "R=" << R;
+    EXPECT_EQ(layer.blocks_per_rank(), prop.multiProcessorCount / R) << "R=" << R;
+    EXPECT_EQ(layer.wide_ranks(), prop.multiProcessorCount % R) << "R=" << R;
+    kernel::KernelOptions fixed;
+    fixed.blocks_per_rank = 3;  // a given count is every rank's
+    kernel::Layer even(cfg, fixed);
+    EXPECT_EQ(even.wide_ranks(), 0);
+    EXPECT_EQ(even.launch_blocks(), 3 * R);
+  }
 }
 
 // The routing plan (moe.cuh, plan_slice): each block places the rows of its token slice, 256

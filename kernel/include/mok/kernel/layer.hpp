@@ -48,7 +48,8 @@ constexpr XRows resolve_x_rows(XRows requested, int64_t hidden) {
 }
 
 struct KernelOptions {
-  int blocks_per_rank = 0;       // 0: as many as fit co-resident on the GPU, divided among ranks
+  int blocks_per_rank = 0;       // 0: as many as fit co-resident on the GPU, divided among ranks as evenly
+                                 // as they go (the first ranks take one more: Layer::wide_ranks); N > 0: N each
   int comm_blocks_per_rank = 0;  // communication blocks of each rank (0: blocks_per_rank - 1, at least 1;
                                  // they gather rows, then join the GEMM work items)
   double wait_timeout_s = 10.0;  // bound on every wait for a flag; a timeout ends the pass with a diagnostic
@@ -136,11 +137,14 @@ class Layer {
   void check_errors(void* stream = nullptr);
 
   // With KernelOptions::trace: the last pass's profile, kTraceSlots words per block in launch
-  // order (block b serves rank b / blocks_per_rank()); synchronises `stream`, which must be the
-  // stream the pass ran on (or one ordered after it). Empty when off.
+  // order (block b serves local rank rank_block_of(b, blocks_per_rank(), wide_ranks()).local);
+  // synchronises `stream`, which must be the stream the pass ran on (or one ordered after it).
+  // Empty when off.
   std::vector<uint64_t> trace(void* stream = nullptr) const;
 
-  int blocks_per_rank() const;
+  int blocks_per_rank() const;  // the fewest blocks a rank has; the first wide_ranks() ranks have one more
+  int wide_ranks() const;
+  int launch_blocks() const;    // blocks of a launch: local ranks x blocks_per_rank() + wide_ranks()
   int comm_blocks_per_rank() const;
   int forward_comm_blocks_per_rank() const;  // the forward's (KernelOptions::forward_comm_blocks_per_rank, resolved)
   bool uses_tma() const;  // true when the fast engine runs (sm_90a, TMA, H, I, Is multiples of 64)

@@ -83,8 +83,26 @@ struct RankTensorMaps {
   TensorMapBytes w_shared_down;  // [H, Is]
 };
 
-// Row length of RankState::block_counts: the rank's blocks rounded up to whole 16-byte vectors.
-constexpr int64_t block_counts_stride(int64_t blocks_per_rank) { return (blocks_per_rank + 3) / 4 * 4; }
+// Row length of RankState::block_counts: room for the blocks of a rank with the most of them
+// (blocks_per_rank + 1: rank_block_of below), rounded up to whole 16-byte vectors.
+constexpr int64_t block_counts_stride(int64_t blocks_per_rank) { return (blocks_per_rank + 1 + 3) / 4 * 4; }
+
+// Which local rank a block of a launch serves. The launch's blocks go to its local ranks in order:
+// the first `wide` ranks take per + 1 blocks each, the others per, so L ranks run L * per + wide
+// blocks (wide < L). `wide` is 0 unless the GPU's co-resident blocks do not divide evenly among
+// the ranks (KernelOptions::blocks_per_rank = 0: 132 SMs and 8 ranks give four ranks 17 and four
+// 16, instead of leaving four SMs idle).
+struct RankBlock {
+  int local;  // local rank: the rank is first_rank + local
+  int block;  // the block's index within its rank
+  int count;  // the blocks its rank has
+};
+constexpr int rank_block_count(int local, int per, int wide) { return per + (local < wide ? 1 : 0); }
+constexpr RankBlock rank_block_of(int b, int per, int wide) {
+  const int wide_blocks = wide * (per + 1);
+  if (b < wide_blocks) return RankBlock{b / (per + 1), b % (per + 1), per + 1};
+  return RankBlock{wide + (b - wide_blocks) / per, (b - wide_blocks) % per, per};
+}
 
 // One rank's private state (workspace), written only by blocks of the launch that holds the rank
 // (its own blocks, and with shared_items the other local ranks' blocks working its GEMM items).
@@ -179,9 +197,11 @@ static_assert(kTrLaps2 - kTrLaps1 == kLapWords && kTrBetween == kTrLapsW + kLapW
 struct LaunchParams {
   spec::LayerConfig cfg;
   int32_t num_ranks;
-  int32_t first_rank;             // the launch holds ranks first_rank .. first_rank + gridDim/blocks_per_rank - 1
+  int32_t first_rank;             // the launch holds ranks first_rank .. first_rank + local_ranks - 1
                                   // (0 and all of them for the virtual rack; its own rank for NCCL)
-  int32_t blocks_per_rank;
+  int32_t local_ranks;
+  int32_t blocks_per_rank;        // the fewest blocks a local rank has (rank_block_of)
+  int32_t wide_ranks;             // the first wide_ranks local ranks have blocks_per_rank + 1 blocks
   int32_t comm_blocks_per_rank;   // the backward's communication blocks per rank
   int32_t comm_blocks_forward;    // the forward's
   int32_t silent_rank;            // testing: this rank does nothing (-1: none)

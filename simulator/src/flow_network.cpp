@@ -129,7 +129,9 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
   for (int i = 0; i < path_len; ++i) {
     if (path[i] < 0 || path[i] >= num_resources())
       throw Error("flow network: a flow's path names resource " + std::to_string(path[i]) + "; the network has " +
-                  std::to_string(num_resources()) + " (0 to " + std::to_string(num_resources() - 1) + ")");
+                  (num_resources() == 0 ? std::string("none")
+                                        : std::to_string(num_resources()) + " (0 to " +
+                                              std::to_string(num_resources() - 1) + ")"));
     int times = 0;
     for (int j = 0; j < path_len; ++j) times += path[j] == path[i];
     if (times > 2)

@@ -218,6 +218,16 @@ TEST(FlowNetwork, RefusesABadFlowAndChangesNothing) {
   refused({b, a, b, a, b}, 1.0, 1, "resource 'nvl0' appears 3 times");
   refused({a, 2}, 1.0, 1, "names resource 2; the network has 2");
   refused({-1}, 1.0, 1, "names resource -1");
+  {
+    FlowNetwork empty;
+    const int p0[1] = {0};
+    try {
+      empty.start_flow(p0, 1, 1.0, 1);
+      ADD_FAILURE() << "a network without resources accepted a path";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("names resource 0; the network has none"), std::string::npos) << e.what();
+    }
+  }
   refused(std::vector<int>(kMaxPathLen + 1, a), 1.0, 1, "has 7 resources; it may have 0 to 6");
   refused({a}, -1.0, 1, "demand >= 0");
   refused({a}, std::nan(""), 1, "demand >= 0");

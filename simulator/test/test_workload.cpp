@@ -238,7 +238,13 @@ spec::LayerConfig top1_cfg(int64_t experts) {
   cfg.top_k = 1;
   return cfg;
 }
-uint64_t fresh_seed() { return std::random_device{}() | uint64_t{1} << 40; }
+// A routing spec of `kind` with a fresh random seed (each test names the seed on failure).
+RoutingSpec fresh_spec(RoutingKind kind) {
+  RoutingSpec s;
+  s.kind = kind;
+  s.seed = std::random_device{}() | uint64_t{1} << 40;
+  return s;
+}
 // Each expert's rows, largest first (shuffle_experts permutes which ids are popular).
 std::vector<int64_t> rows_descending(const Workload& w) {
   std::vector<int64_t> rows(w.cfg.num_experts);
@@ -251,10 +257,8 @@ TEST(Workload, PowerLawExpertsFollowOneOverRankToTheExponent) {
   // p(rank i) = i^-s / H over ranks i = 1..E: the two most popular experts in the ratio 2^s,
   // the most popular one with a share 1/H.
   for (double s_exp : {1.2, 1.5}) {
-    RoutingSpec s;
-    s.kind = RoutingKind::kPowerLaw;
+    RoutingSpec s = fresh_spec(RoutingKind::kPowerLaw);
     s.exponent = s_exp;
-    s.seed = fresh_seed();
     const Workload w = generate_workload(top1_cfg(16), s);
     const std::vector<int64_t> rows = rows_descending(w);
     double h = 0;
@@ -268,11 +272,9 @@ TEST(Workload, PowerLawExpertsFollowOneOverRankToTheExponent) {
 
 TEST(Workload, HotExpertsAreHotFactorTimesAsPopular) {
   // 3 hot experts of 32, each 8 times as popular as a cold one.
-  RoutingSpec s;
-  s.kind = RoutingKind::kHot;
+  RoutingSpec s = fresh_spec(RoutingKind::kHot);
   s.num_hot = 3;
   s.hot_factor = 8;
-  s.seed = fresh_seed();
   const std::vector<int64_t> rows = rows_descending(generate_workload(top1_cfg(32), s));
   double cold = 0;
   for (size_t i = 3; i < rows.size(); ++i) cold += static_cast<double>(rows[i]);
@@ -285,10 +287,8 @@ TEST(Workload, DirichletAlphaSetsTheSkew) {
   // Dir(alpha) popularity over 64 experts: alpha 0.05 puts nearly all mass on a few experts
   // (Gini ~0.9), alpha 1000 is uniform up to sampling noise (Gini ~0.02); alpha 1 sits between.
   for (auto [alpha, lo, hi] : {std::tuple{0.05, 0.7, 1.0}, std::tuple{1.0, 0.3, 0.7}, std::tuple{1000.0, 0.0, 0.1}}) {
-    RoutingSpec s;
-    s.kind = RoutingKind::kDirichlet;
+    RoutingSpec s = fresh_spec(RoutingKind::kDirichlet);
     s.alpha = alpha;
-    s.seed = fresh_seed();
     const double gini = load_stats(rows_descending(generate_workload(top1_cfg(64), s))).gini;
     EXPECT_GE(gini, lo) << "alpha " << alpha << ", seed " << s.seed;
     EXPECT_LE(gini, hi) << "alpha " << alpha << ", seed " << s.seed;
@@ -300,10 +300,8 @@ TEST(Workload, PerRankSkewWeighsTheRanksOwnPreference) {
   // a rank's own experts are nearly even at 0.05 and concentrated at 0.95 (Gini of the rank's
   // counts over 64 experts, 8,192 draws each).
   for (auto [skew, lo, hi] : {std::tuple{0.05, 0.0, 0.2}, std::tuple{0.95, 0.5, 1.0}}) {
-    RoutingSpec s;
-    s.kind = RoutingKind::kUniform;
+    RoutingSpec s = fresh_spec(RoutingKind::kUniform);
     s.per_rank_skew = skew;
-    s.seed = fresh_seed();
     const Workload w = generate_workload(top1_cfg(64), s);
     const int64_t T = w.cfg.tokens_per_rank;
     for (int64_t r = 0; r < w.cfg.num_ranks; ++r) {
@@ -318,10 +316,8 @@ TEST(Workload, PerRankSkewWeighsTheRanksOwnPreference) {
 
 TEST(Workload, EmptySlotFractionEmptiesThatShareOfSlots) {
   for (double f : {0.1, 0.5}) {
-    RoutingSpec s;
-    s.kind = RoutingKind::kPowerLaw;
+    RoutingSpec s = fresh_spec(RoutingKind::kPowerLaw);
     s.empty_slot_fraction = f;
-    s.seed = fresh_seed();
     const Workload w = generate_workload(small_cfg(8, 2048), s);  // 65,536 slots, top-4
     const auto empty = std::count(w.topk_experts.begin(), w.topk_experts.end(), -1);
     EXPECT_NEAR(static_cast<double>(empty) / static_cast<double>(w.cfg.num_slots()), f, 0.015) << "seed " << s.seed;

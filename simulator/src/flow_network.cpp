@@ -121,8 +121,8 @@ void FlowNetwork::reserve_slots(int num_slots) {
 }
 
 int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot) {
-  // A bad flow is refused before it touches any list. A resource may appear at most twice on a
-  // path (the incremental update's accounts are only shown for that; notes/mutation_v46.md, F23).
+  // A bad flow is refused before it touches any list. A resource may appear on a path more than
+  // once (a local copy's HBM read and write); each appearance is its own list entry.
   if (path_len < 0 || path_len > kMaxPathLen)
     throw Error("flow network: a flow's path has " + std::to_string(path_len) + " resources; it may have 0 to " +
                 std::to_string(kMaxPathLen));
@@ -132,11 +132,6 @@ int FlowNetwork::start_flow(const int* path, int path_len, double demand_gbps, i
                   (num_resources() == 0 ? std::string("none")
                                         : std::to_string(num_resources()) + " (0 to " +
                                               std::to_string(num_resources() - 1) + ")"));
-    int times = 0;
-    for (int j = 0; j < path_len; ++j) times += path[j] == path[i];
-    if (times > 2)
-      throw Error("flow network: resource '" + names_[path[i]] + "' appears " + std::to_string(times) +
-                  " times on one flow's path; a resource may appear at most twice (e.g. a local copy's HBM read and write)");
   }
   if (!(demand_gbps >= 0) || bytes < 0)
     throw Error("flow network: a flow needs a demand >= 0 GB/s and bytes >= 0 (got " + std::to_string(demand_gbps) +
@@ -193,9 +188,14 @@ void FlowNetwork::finish_flow(int flow_idx) {
     resource_bytes_[r] += f.total_bytes;
     residual_[r] += f.rate_units;
     pending_resources_.push_back(r);
-    // Swap-remove from the resource's list; fix the moved flow's slot for this resource.
+    // Swap-remove from the resource's list; fix the moved flow's slot for this resource. The
+    // entry's slot is cleared as it is taken out: when the entry moved is this flow's own (a later
+    // appearance of r on its path), the search below must not find an appearance already taken
+    // out whose old slot happens to name the list's last position (with r three times on a path
+    // that mended the wrong slot and dropped another flow's entry; notes/mutation_v46.md).
     auto& list = res_flows_[r];
     const int pos = l.slot[i];
+    l.slot[i] = -1;
     const int moved = list.back();
     list.pop_back();
     if (pos < static_cast<int>(list.size())) {
@@ -675,7 +675,7 @@ FlowNetwork::Attempt FlowNetwork::attempt_update() {
     if (any_tracked) continue;
     for (int i = 0; i < fl.path_len; ++i) {
       const int r = fl.path[i];
-      if (mode(r) != kPassive) continue;  // a path may hold a resource twice
+      if (mode(r) != kPassive) continue;  // a path may hold a resource more than once
       acct_[r].stamp_mode = kPassive;  // not dirty; a stale entry in passive_ (skipped below once tracked)
       force_stamp_[r] = update_id_;
       make_dirty(r, -1, 1);

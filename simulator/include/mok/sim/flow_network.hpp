@@ -23,8 +23,8 @@ int64_t rate_units(double gbps);  // nearest unit, clamped to [0, kMaxRateUnits]
 inline double units_to_gbps(int64_t units) { return static_cast<double>(units) * (1.0 / 4294967296.0); }
 static_assert(kRateFracBits == 32, "units_to_gbps multiplies by 2^-32");
 
-// One flow: `total_bytes` over `path` (a resource may appear at most twice, e.g. HBM read and write of
-// a local copy, and then counts twice), never faster than its demand. The caller tracks
+// One flow: `total_bytes` over `path` (a resource may appear more than once, e.g. HBM read and write
+// of a local copy, and then counts once per appearance), never faster than its demand. The caller tracks
 // progress; the network only assigns rates.
 struct alignas(64) Flow {  // one cache line: what a rate assignment reads and writes
   int path[kMaxPathLen];
@@ -64,7 +64,7 @@ class FlowNetwork {
   // Starts a flow with rate 0; rates are stale until recompute_rates(), update_rates() or admit().
   // Its index is `slot` when that is a reserved slot with no active flow, else a free index.
   // Throws Error (bad input), changing nothing, for a path longer than kMaxPathLen, a resource
-  // index out of range or named more than twice, a negative or NaN demand, or negative bytes.
+  // index out of range, a negative or NaN demand, or negative bytes.
   int start_flow(const int* path, int path_len, double demand_gbps, int64_t bytes, int slot = -1);
   // Ends a flow (its bytes are credited to the resources on its path).
   void finish_flow(int flow_idx);
@@ -119,7 +119,7 @@ class FlowNetwork {
   std::vector<int64_t> resource_bytes_;
   std::vector<int64_t> residual_;             // capacity minus the rates of active flows (exact)
   std::vector<int64_t> level_;                // level at which the resource saturated; kInf: never
-  std::vector<std::vector<int>> res_flows_;   // resource -> active flows through it (a flow twice if its path repeats it)
+  std::vector<std::vector<int>> res_flows_;   // resource -> active flows through it (a flow once per appearance on its path)
   std::vector<Flow> flows_;
   struct Links {  // where a flow sits in the per-resource and per-class lists
     int slot[kMaxPathLen];

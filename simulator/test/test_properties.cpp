@@ -215,8 +215,9 @@ TEST(Properties, SweepResultsDoNotDependOnThreadCount) {
 // of flow starts and finishes; and at the end of each sequence, the rates of a fresh network that
 // holds only the live flows (which both networks' flow lists must agree with: a list that lost a
 // live flow misleads both fillings alike). About one flow in eight names a GPU's HBM three to five
-// times (a list-upkeep case the simulator's own paths, at most twice, never make). Capacities and demands come from small sets so that ties between
-// resources, and between a demand and a share, are common. The cases that tell a wrong update
+// times (a list-upkeep case the simulator's own paths, at most twice, never make). Capacities
+// and demands come from small sets so that ties between resources, and between a demand and a
+// share, are common. The cases that tell a wrong update
 // apart are rare (a demand equal to a share as the filling passes it; a tracked resource's fixed
 // flow accounted one point late): such mutants of flow_network.cpp failed only after 80 to 3,400
 // sequences (mutation testing, simulator/notes/mutation_v46.md), so each case runs

@@ -82,9 +82,10 @@ What it models
 
 Examples
   mok-sim run                                   DeepSeek-V3-like layer on hgx-h200, defaults
-  mok-sim run --topology gb200-nvl72 --set /protocol/dispatch=\"push\"
-  mok-sim run simulator/scenarios/push_vs_pull_skew_hgx_h200.json --out results/
-  mok-sim run s.json --format json --trace trace.json   then open trace.json in ui.perfetto.dev
+  mok-sim run --topology gb200-nvl72 --set /protocol/dispatch=push
+  mok-sim run simulator/scenarios/push_vs_pull_skew_hgx_h200.json --out /tmp/pvp   (a sweep: CSV + SVG)
+  mok-sim run --topology gb200-nvl72 --format json --trace trace.json   then open trace.json in
+                                                ui.perfetto.dev (a single run; sweeps print CSV)
   mok-sim topology list
   mok-sim topology show gb200-nvl72
   mok-sim example > my_scenario.json

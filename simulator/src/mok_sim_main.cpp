@@ -396,7 +396,18 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     } else if (doc.contains("layer")) {
       throw Error(origin + ": a golden workload fixes the layer; remove \"layer\" from the scenario");
     }
-    golden = read_golden_workload(spec.golden_file);
+    try {
+      golden = read_golden_workload(spec.golden_file);
+    } catch (const Error& e) {
+      if (!golden_path.empty()) throw;  // --golden FILE: the message names the file already
+      // From a scenario: name the scenario and the field, and where a relative path was looked for.
+      std::string where = origin + ": /workload/file '" + spec.golden_file + "': " + e.what();
+      if (fs::path(spec.golden_file).is_relative()) {
+        std::error_code ec;
+        where += " (a relative path is read from the current folder, " + fs::current_path(ec).string() + ")";
+      }
+      throw Error(where, e.kind());
+    }
     doc["layer"] = layer_to_json(golden->cfg);
   }
   const std::vector<mok::sim::SweepPoint> points = mok::sim::expand_sweep(doc, origin);
@@ -438,6 +449,18 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   }
   PendingFiles files;
   if (!many) {
+    // A routing file named without the kind that reads it is kept (a sweep over /workload/kind can
+    // use it) but unused in a single run: say so, since the run goes on with another routing.
+    if (points[0].doc.contains("workload") && points[0].doc["workload"].is_object()) {
+      const nlohmann::json& wl = points[0].doc["workload"];
+      const std::string kind = wl.value("kind", nlohmann::json("uniform")).is_string()
+                                   ? wl.value("kind", std::string("uniform"))
+                                   : std::string("uniform");
+      for (const auto& [key, needs] : {std::pair{"topk_file", "topk_file"}, std::pair{"file", "golden"}})
+        if (wl.contains(key) && kind != needs)
+          std::cerr << "mok-sim: note: " << origin << ": /workload/" << key << " is set but /workload/kind is \""
+                    << kind << "\", so it is not used; add \"kind\": \"" << needs << "\" to route by it\n";
+    }
     mok::sim::RoutingSpec routing = first.routing;
     mok::sim::SimOptions opt = first.options;
     opt.record_trace = !trace_path.empty();

@@ -160,7 +160,9 @@ std::vector<int32_t> read_topk_file(const spec::LayerConfig& cfg, const std::str
   if (std::filesystem::is_directory(path, ec))
     throw Error("/workload/topk_file '" + path + "' is a directory; give the raw int32 topk_experts file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error("/workload/topk_file '" + path + "' cannot be opened; check the path");
+  if (!in)
+    throw Error("/workload/topk_file '" + path + "' cannot be opened; check the path (a relative path is read from " +
+                "the current folder)");
   const auto size = static_cast<int64_t>(in.tellg());
   if (size != cfg.num_slots() * 4) {
     std::ostringstream os;

@@ -103,6 +103,19 @@ execute_process(COMMAND ${MOK_SIM} run --golden ${WORK}/bad.json RESULT_VARIABLE
 if(NOT rc EQUAL 2 OR NOT err MATCHES "bad.json")
   message(FATAL_ERROR "not a golden file: expected exit 2 naming the file (rc ${rc}: ${err})")
 endif()
+# A scenario's golden file that cannot be read: the message names the scenario, the field and
+# where a relative path was looked for.
+file(WRITE ${WORK}/golden_missing.json "{\"topology\": \"hgx-h200\", \"workload\": {\"kind\": \"golden\", \"file\": \"no/such.h5\"}}")
+execute_process(COMMAND ${MOK_SIM} run ${WORK}/golden_missing.json RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "golden_missing.json: /workload/file 'no/such.h5': .*relative path is read from the current folder")
+  message(FATAL_ERROR "missing golden in a scenario: expected exit 2 naming the scenario and field (rc ${rc}: ${err})")
+endif()
+# A routing file given without its kind runs the kind it has (uniform), and says so on stderr.
+execute_process(COMMAND ${MOK_SIM} run --set "/workload/topk_file=\"unused.bin\"" RESULT_VARIABLE rc
+                ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "/workload/topk_file is set but /workload/kind is \"uniform\", so it is not used")
+  message(FATAL_ERROR "topk_file without its kind: expected exit 0 and a note on stderr (rc ${rc}: ${err})")
+endif()
 execute_process(COMMAND ${MOK_SIM} run --set /engine/rate_quantum_ns=-1 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "rate_quantum_ns")
   message(FATAL_ERROR "bad engine.rate_quantum_ns: expected exit 2 naming it (rc ${rc}: ${err})")

@@ -593,8 +593,10 @@ int main(int argc, char** argv) {
   int trace_gpus = 8;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool per_gpu = false;
-  run->add_option("scenario", scenario_path, "Scenario JSON file (see `mok-sim example`); omit for the default layer")
-      ->check(CLI::ExistingFile);
+  // No CLI::ExistingFile check here: it runs before CLI11 reports unknown options, so a misspelt
+  // flag (`--fromat json`) was reported as a missing scenario file 'json'; read_json_file() names
+  // a missing or unreadable scenario itself, after the options are known to be right.
+  run->add_option("scenario", scenario_path, "Scenario JSON file (see `mok-sim example`); omit for the default layer");
   std::string golden_path;
   run->add_option("--golden", golden_path,
                   "Take the layer and routing from a golden file (mok-golden v1 HDF5, e.g. "

@@ -130,6 +130,9 @@ function(expect_bad tag pattern)
   endif()
 endfunction()
 expect_bad(name_type "\"name\" must be a string" run --set /name=5)
+# A misspelt flag before a value is named as such (not taken for a missing scenario file 'json').
+expect_bad(misspelt_flag "not expected: --fromat" run --fromat json)
+expect_bad(missing_scenario "scenario '${WORK}/no_such_scenario.json' cannot be opened" run ${WORK}/no_such_scenario.json)
 expect_bad(kind_type "workload.kind must be one of" run --set /workload/kind=3)
 expect_bad(sweep_through_string "/sweep/0/path '/topology/overrides/x' cannot be set"
            run --set "/sweep=[{\"path\":\"/topology/overrides/x\",\"values\":[1,2]}]")

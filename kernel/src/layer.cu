@@ -617,7 +617,14 @@ bool gpu_available(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    if (why) *why = e != cudaSuccess ? std::string("no usable CUDA device: ") + cudaGetErrorString(e) : "no CUDA device";
+    // Without an NVIDIA driver (a machine with no GPU) the runtime reports an insufficient driver
+    // version; say the likelier cause first, and keep the runtime's words.
+    if (why)
+      *why = e == cudaErrorInsufficientDriver
+                 ? std::string("no usable CUDA device: no NVIDIA driver or GPU found, or a driver older than this "
+                               "build's CUDA runtime (CUDA: ") + cudaGetErrorString(e) + ")"
+             : e != cudaSuccess ? std::string("no usable CUDA device: ") + cudaGetErrorString(e)
+                                : "no CUDA device";
     return false;
   }
   return true;

@@ -93,7 +93,10 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   auto say = [&](const std::string& s) { if (options.progress) options.progress(s); };
   Backend backend = options.backend;
   std::string why;
-  if (backend == Backend::kAuto) backend = cuda_available(&why) ? Backend::kCuda : Backend::kEmulate;
+  if (backend == Backend::kAuto) {
+    backend = cuda_available(&why) ? Backend::kCuda : Backend::kEmulate;
+    if (backend == Backend::kEmulate) say("--backend auto: the GPU kernel is not available here (" + why + "); running the CPU emulator");
+  }
   if (backend == Backend::kCuda && !cuda_available(&why))
     throw Error("backend cuda is not supported here: " + why, ErrorKind::kUnsupported);
 

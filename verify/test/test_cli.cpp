@@ -337,6 +337,23 @@ TEST_F(CliTest, StoredEndToEndBoundsAreTheOnesJudgedWith) {
 
 // Found by review (2026-12-05): a candidate of another shape, one without the layer output, a
 // golden without it, and bounds that cannot be right.
+// A candidate made from other inputs (one bit of x changed here) is named as such on stderr before
+// its report; a candidate with the golden's own inputs gets no such note.
+TEST_F(CliTest, CompareNotesACandidateWithOtherInputs) {
+  ref::Golden other = golden_;
+  ref::Tensor& x = other.tensors.at("inputs/x");
+  x.data<uint16_t>()[3] ^= 1;
+  const std::string path = (dir_ / "other_inputs.h5").string();
+  ref::write_golden(path, other);
+  CliRun r = run_cli("compare " + good_ + " " + path);
+  EXPECT_NE(r.err.find("other_inputs.h5's inputs differ from " + good_ + "'s (/inputs/x): its results come from other inputs"),
+            std::string::npos)
+      << r.err;
+  r = run_cli("compare " + good_ + " " + good_);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err.find("inputs differ"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, ShapesMissingTensorsAndBrokenBoundsAreNotPassed) {
   // Another R for the same tokens: the shared-expert weight gradients are per rank.
   ref::Golden other = golden_;

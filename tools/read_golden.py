@@ -135,13 +135,14 @@ def inspect(f, check):
     if "seed" in f.attrs:
         if not (np.ndim(seed) == 0 and isinstance(seed, (int, np.integer)) and 0 <= int(seed) < 1 << 64):
             raise BadFile(f"root attribute seed is {seed!r}, not a whole number from 0 to 2^64 - 1; {REGENERATE}")
-    print("config:", cfg, "routing:", f.attrs.get("routing"), "seed:", int(seed))
+    print("config:", cfg, "routing:", text_attr(f.attrs.get("routing")), "seed:", int(seed))
 
-    def show(name, obj):
-        if isinstance(obj, h5py.Dataset):
-            d = obj.attrs.get("dtype", "?")
-            print(f"  /{name:32s} {str(obj.shape):18s} {d.decode() if isinstance(d, bytes) else d}")
-    f.visititems(show)
+    datasets = []
+    f.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+    width = max((len(name) for name, _ in datasets), default=0)
+    for name, obj in datasets:
+        d = obj.attrs.get("dtype", "?")
+        print(f"  /{name:{width}s} {str(obj.shape):18s} {d.decode() if isinstance(d, bytes) else d}")
     if check:
         return check_one(f, cfg)
     return 0

@@ -528,7 +528,11 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     }
     if (!trace_path.empty()) files.add(trace_path, mok::sim::chrome_trace_json(r), "--trace");
     if (!out_dir.empty()) {
-      files.add(fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format)), text, "--out");
+      const fs::path result = fs::path(out_dir) / ("result." + std::string(format == "table" ? "txt" : format));
+      files.add(result, text, "--out");
+      // As a sweep's, the summary line goes out with the file, before its rename.
+      files.add_stdout("wrote " + result.string() + "\n", "the summary line (so no file was written to " + out_dir + ")",
+                       false);
       files.commit();
     } else {
       files.add_stdout(text);

@@ -305,6 +305,11 @@ expect_bad(plots_single_run "\"plots\" needs a sweep or trials > 1"
 expect_bad(plots_not_list "\"plots\" must be a list" run ${tiny} --set /plots=7)
 expect_bad(too_many_gpus "the topology has 32768 GPUs and layer.num_ranks defaults to all of them, but a layer has at most 4096"
            run ${tiny} --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"scale_out.num_domains\":4096}}")
+# A single run with --out writes result.txt and says so on standard output.
+execute_process(COMMAND ${MOK_SIM} run --out ${WORK}/single_out RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out STREQUAL "wrote ${WORK}/single_out/result.txt\n" OR NOT EXISTS ${WORK}/single_out/result.txt)
+  message(FATAL_ERROR "single run --out: expected 'wrote .../result.txt' and the file (rc ${rc}: ${out}${err})")
+endif()
 file(MAKE_DIRECTORY ${WORK}/out_dir_file/result.txt)
 expect_bad(out_file_directory "--out '.*out_dir_file': '.*result.txt', a file it writes, is a directory"
            run ${tiny} --out ${WORK}/out_dir_file)

@@ -700,8 +700,8 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   if (!format) {
     ctx.fail("",
              std::string("not a mok golden file: root attribute format is missing (expected \"") +
-                 kGoldenFormat + "\"); give a golden made by mok-golden (a candidate for mok-verify compare: a copy "
-                                 "of the golden with your tensors written over its own; README.md, 'Golden files')");
+                 kGoldenFormat + "\"); give a golden made by mok-golden (or, as a candidate for mok-verify "
+                                 "compare, a copy of one with your tensors written over its own: README.md, 'Golden files')");
   }
   if (*format != kGoldenFormat) {
     ctx.fail("", "not a mok golden file: root attribute format is \"" + *format +

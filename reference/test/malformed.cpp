@@ -155,7 +155,7 @@ const std::map<std::string, std::string>& expected_texts() {
       {"truncated", "not an HDF5 file or truncated"},
       {"not_hdf5", "not an HDF5 file or truncated"},
       {"plain_hdf5", "not a mok golden file: root attribute format is missing (expected \"mok-golden\"); give a golden "
-                     "made by mok-golden (a candidate for mok-verify compare: a copy of the golden"},
+                     "made by mok-golden (or, as a candidate for mok-verify compare, a copy of one"},
       {"wrong_format", "not a mok golden file"},
       {"wrong_version", "format_version 2"},
       {"bad_config", "divisible"},

@@ -402,7 +402,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       if (!golden_path.empty()) throw;  // --golden FILE: the message names the file already
       // From a scenario: name the scenario and the field, and where a relative path was looked for.
       std::string where = origin + ": /workload/file '" + spec.golden_file + "': " + e.what();
-      if (fs::path(spec.golden_file).is_relative()) {
+      std::error_code exists_ec;
+      if (fs::path(spec.golden_file).is_relative() && !fs::exists(spec.golden_file, exists_ec)) {
         std::error_code ec;
         where += " (a relative path is read from the current folder, " + fs::current_path(ec).string() + ")";
       }
@@ -449,8 +450,9 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   }
   PendingFiles files;
   if (!many) {
-    // A routing file named without the kind that reads it is kept (a sweep over /workload/kind can
-    // use it) but unused in a single run: say so, since the run goes on with another routing.
+    // A routing file named without the kind that reads it is unused in a single run: say so, since
+    // the run goes on with another routing. (A topk_file is kept for sweeps over /workload/kind;
+    // "golden" is no sweep value, so a stray golden file is never used.)
     if (points[0].doc.contains("workload") && points[0].doc["workload"].is_object()) {
       const nlohmann::json& wl = points[0].doc["workload"];
       const std::string kind = wl.value("kind", nlohmann::json("uniform")).is_string()
@@ -641,6 +643,8 @@ int main(int argc, char** argv) {
   }
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   try {
+    if (run->parsed() && run->count("scenario") > 0 && scenario_path.empty())
+      throw Error("the scenario path is empty; give a JSON file, or leave it out for the default layer");
     if (run->parsed() && run->count("--topology") > 0 && topology.empty())
       throw Error("--topology is empty; give a preset (mok-sim topology list), multi-rack:N or a topology file");
     if (run->parsed() && run->count("--trace") > 0 && trace_path.empty())

@@ -132,7 +132,12 @@ endfunction()
 expect_bad(name_type "\"name\" must be a string" run --set /name=5)
 # A misspelt flag before a value is named as such (not taken for a missing scenario file 'json').
 expect_bad(misspelt_flag "not expected: --fromat" run --fromat json)
-expect_bad(missing_scenario "scenario '${WORK}/no_such_scenario.json' cannot be opened" run ${WORK}/no_such_scenario.json)
+expect_bad(missing_scenario "scenario '.*/no_such_scenario.json' cannot be opened" run ${WORK}/no_such_scenario.json)
+# (An empty argument does not survive expect_bad's ${ARGN}: run directly.)
+execute_process(COMMAND ${MOK_SIM} run "" RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "the scenario path is empty")
+  message(FATAL_ERROR "empty scenario path: expected exit 2 and 'the scenario path is empty' (rc ${rc}: ${err})")
+endif()
 expect_bad(kind_type "workload.kind must be one of" run --set /workload/kind=3)
 expect_bad(sweep_through_string "/sweep/0/path '/topology/overrides/x' cannot be set"
            run --set "/sweep=[{\"path\":\"/topology/overrides/x\",\"values\":[1,2]}]")
@@ -305,10 +310,15 @@ expect_bad(plots_single_run "\"plots\" needs a sweep or trials > 1"
 expect_bad(plots_not_list "\"plots\" must be a list" run ${tiny} --set /plots=7)
 expect_bad(too_many_gpus "the topology has 32768 GPUs and layer.num_ranks defaults to all of them, but a layer has at most 4096"
            run ${tiny} --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"scale_out.num_domains\":4096}}")
-# A single run with --out writes result.txt and says so on standard output.
+# A single run with --out writes result.txt and says so on standard output; a standard output
+# that cannot take that line leaves no file (and no folder made for it).
 execute_process(COMMAND ${MOK_SIM} run --out ${WORK}/single_out RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT out STREQUAL "wrote ${WORK}/single_out/result.txt\n" OR NOT EXISTS ${WORK}/single_out/result.txt)
   message(FATAL_ERROR "single run --out: expected 'wrote .../result.txt' and the file (rc ${rc}: ${out}${err})")
+endif()
+execute_process(COMMAND ${MOK_SIM} run --out ${WORK}/single_full OUTPUT_FILE /dev/full RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR EXISTS ${WORK}/single_full)
+  message(FATAL_ERROR "single run --out, standard output full: expected exit 2 and no ${WORK}/single_full (rc ${rc}: ${err})")
 endif()
 file(MAKE_DIRECTORY ${WORK}/out_dir_file/result.txt)
 expect_bad(out_file_directory "--out '.*out_dir_file': '.*result.txt', a file it writes, is a directory"

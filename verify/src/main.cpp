@@ -257,8 +257,7 @@ int main(int argc, char** argv) {
                          why.c_str());
             return kExitUnsupported;
           }
-          progress("--transport " + transport + " applies to the cuda backend, which is not available here (" + why +
-                   "): auto runs emulate");
+          progress("--transport " + transport + " applies to the cuda backend only; it is unused here");
         }
       }
       std::optional<mok::ref::Sample> sample;

@@ -335,8 +335,6 @@ TEST_F(CliTest, StoredEndToEndBoundsAreTheOnesJudgedWith) {
   EXPECT_EQ(r.out, "");
 }
 
-// Found by review (2026-12-05): a candidate of another shape, one without the layer output, a
-// golden without it, and bounds that cannot be right.
 // A candidate made from other inputs (one bit of x changed here) is named as such on stderr before
 // its report; a candidate with the golden's own inputs gets no such note.
 TEST_F(CliTest, CompareNotesACandidateWithOtherInputs) {
@@ -346,6 +344,7 @@ TEST_F(CliTest, CompareNotesACandidateWithOtherInputs) {
   const std::string path = (dir_ / "other_inputs.h5").string();
   ref::write_golden(path, other);
   CliRun r = run_cli("compare " + good_ + " " + path);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;  // only x differs: the results are the golden's, so they match
   EXPECT_NE(r.err.find("other_inputs.h5's inputs differ from " + good_ + "'s (/inputs/x): its results come from other inputs"),
             std::string::npos)
       << r.err;
@@ -354,6 +353,8 @@ TEST_F(CliTest, CompareNotesACandidateWithOtherInputs) {
   EXPECT_EQ(r.err.find("inputs differ"), std::string::npos) << r.err;
 }
 
+// Found by review (2026-12-05): a candidate of another shape, one without the layer output, a
+// golden without it, and bounds that cannot be right.
 TEST_F(CliTest, ShapesMissingTensorsAndBrokenBoundsAreNotPassed) {
   // Another R for the same tokens: the shared-expert weight gradients are per rank.
   ref::Golden other = golden_;
@@ -711,7 +712,14 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
     EXPECT_EQ(r.out, "");
     r = run_cli("run " + good_ + " --backend auto --transport virtual");
     EXPECT_EQ(r.code, 0) << r.out << r.err;
-    EXPECT_NE(r.err.find("--transport virtual applies to the cuda backend"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--transport virtual applies to the cuda backend only"), std::string::npos) << r.err;
+    // auto says once why it runs the emulator.
+    const std::string fallback = "--backend auto: the GPU kernel is not available here (" + why + "); running the CPU emulator";
+    EXPECT_NE(r.err.find(fallback), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find(why), r.err.rfind(why)) << "the reason is given twice: " << r.err;
+    r = run_cli("run " + good_);
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.err.find(fallback), std::string::npos) << r.err;
   }
 }
 

@@ -531,7 +531,9 @@ const char* kind_name(RoutingKind k) {
 }  // namespace
 
 nlohmann::json routing_spec_to_json(const RoutingSpec& s) {
-  nlohmann::json j{{"kind", kind_name(s.kind)}, {"seed", s.seed}};
+  nlohmann::json j{{"kind", kind_name(s.kind)}};
+  // A routing read from a file draws nothing: its echo carries no seed.
+  if (s.kind != RoutingKind::kTopkFile && s.kind != RoutingKind::kGolden) j["seed"] = s.seed;
   switch (s.kind) {
     case RoutingKind::kPowerLaw: j["exponent"] = s.exponent; break;
     case RoutingKind::kHot: j["num_hot"] = s.num_hot; j["hot_factor"] = s.hot_factor; break;

@@ -1,5 +1,6 @@
 // mok-launch: starts one process per GPU for the NCCL transport (ranks, one NCCL unique id) and
 // returns the first failure's exit code; a small stand-in for mpirun on a single node.
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include "mok/cli.hpp"
@@ -123,6 +124,17 @@ int main(int argc, char** argv) {
                    n, n, visible, gpus.size(), n - 1);
       return 2;
     }
+  }
+  if (!visible) {
+    // Rank r gets GPU r. The launcher does not know whether the program needs a GPU (it may run
+    // any command), so too few GPUs is a note, not a refusal: it names why a rank then finds none.
+    int count = 0;
+    if (cudaGetDeviceCount(&count) == cudaSuccess && count < n)
+      std::fprintf(stderr,
+                   "mok-launch: note: -n %d gives rank r GPU r (0..%d), but this machine has %d CUDA device(s): ranks "
+                   "%d..%d will find none, and a program that needs its GPU fails there; lower -n to %d, or run on "
+                   "a machine with %d GPUs\n",
+                   n, n - 1, count, count, n - 1, count, n);
   }
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {

@@ -9,6 +9,14 @@ unset CUDA_VISIBLE_DEVICES  # the caller's list (a CI runner's) must not change 
 out=$("$launch" -n 3 -- bash -c 'echo "$MOK_RANK/$MOK_WORLD_SIZE/${#MOK_NCCL_ID}/$CUDA_VISIBLE_DEVICES/$NCCL_NVLS_ENABLE"' | sort)
 want=$'0/3/256/0/0\n1/3/256/1/0\n2/3/256/2/0'
 [[ $out == "$want" ]] || { echo "unexpected rank environments:"; echo "$out"; exit 1; }
+# On a machine with one or two GPUs, -n 3 names the ranks that will find none (a note: it still runs).
+ngpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
+if [[ $ngpu -ge 1 && $ngpu -lt 3 ]]; then
+  msg=$("$launch" -n 3 -- true 2>&1)
+  code=$?
+  [[ $code == 0 && $msg == *"note: -n 3 gives rank r GPU r (0..2), but this machine has $ngpu CUDA device(s)"* ]] ||
+    { echo "-n 3 on $ngpu GPU(s): expected exit 0 and a note naming the missing GPUs, got $code: $msg"; exit 1; }
+fi
 # With CUDA_VISIBLE_DEVICES set, rank r gets its r-th entry, and never a GPU it does not list.
 out=$(CUDA_VISIBLE_DEVICES=4,5 "$launch" -n 2 -- bash -c 'echo "$MOK_RANK/$CUDA_VISIBLE_DEVICES"' | sort)
 [[ $out == $'0/4\n1/5' ]] || { echo "CUDA_VISIBLE_DEVICES=4,5: unexpected rank GPUs:"; echo "$out"; exit 1; }

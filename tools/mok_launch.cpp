@@ -129,12 +129,15 @@ int main(int argc, char** argv) {
     // Rank r gets GPU r. The launcher does not know whether the program needs a GPU (it may run
     // any command), so too few GPUs is a note, not a refusal: it names why a rank then finds none.
     int count = 0;
-    if (cudaGetDeviceCount(&count) == cudaSuccess && count < n)
+    if (cudaGetDeviceCount(&count) == cudaSuccess && count < n) {
+      const std::string missing = count == n - 1 ? "rank " + std::to_string(count)
+                                                 : "ranks " + std::to_string(count) + " to " + std::to_string(n - 1);
       std::fprintf(stderr,
-                   "mok-launch: note: -n %d gives rank r GPU r (0..%d), but this machine has %d CUDA device(s): ranks "
-                   "%d..%d will find none, and a program that needs its GPU fails there; lower -n to %d, or run on "
-                   "a machine with %d GPUs\n",
-                   n, n - 1, count, count, n - 1, count, n);
+                   "mok-launch: note: -n %d gives rank r GPU r (0..%d), but this machine has %d CUDA device(s): %s "
+                   "will find none, and a program that needs its GPU fails there; lower -n to %d, or run on a "
+                   "machine with %d GPUs\n",
+                   n, n - 1, count, missing.c_str(), count, n);
+    }
   }
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess) {

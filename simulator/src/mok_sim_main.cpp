@@ -402,11 +402,9 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       if (!golden_path.empty()) throw;  // --golden FILE: the message names the file already
       // From a scenario: name the scenario and the field, and where a relative path was looked for.
       std::string where = origin + ": /workload/file '" + spec.golden_file + "': " + e.what();
-      std::error_code exists_ec;
-      if (fs::path(spec.golden_file).is_relative() && !fs::exists(spec.golden_file, exists_ec)) {
-        std::error_code ec;
+      std::error_code ec;
+      if (fs::path(spec.golden_file).is_relative() && !fs::exists(spec.golden_file, ec))
         where += " (a relative path is read from the current folder, " + fs::current_path(ec).string() + ")";
-      }
       throw Error(where, e.kind());
     }
     doc["layer"] = layer_to_json(golden->cfg);
@@ -453,11 +451,10 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     // A routing file named without the kind that reads it is unused in a single run: say so, since
     // the run goes on with another routing. (A topk_file is kept for sweeps over /workload/kind;
     // "golden" is no sweep value, so a stray golden file is never used.)
-    if (points[0].doc.contains("workload") && points[0].doc["workload"].is_object()) {
+    // The kind is the parsed spec's (scenario_from_json has checked the field), named as its echo names it.
+    if (points[0].doc.contains("workload")) {
       const nlohmann::json& wl = points[0].doc["workload"];
-      const std::string kind = wl.value("kind", nlohmann::json("uniform")).is_string()
-                                   ? wl.value("kind", std::string("uniform"))
-                                   : std::string("uniform");
+      const std::string kind = mok::sim::routing_spec_to_json(first.routing)["kind"].get<std::string>();
       for (const auto& [key, needs] : {std::pair{"topk_file", "topk_file"}, std::pair{"file", "golden"}})
         if (wl.contains(key) && kind != needs)
           std::cerr << "mok-sim: note: " << origin << ": /workload/" << key << " is set but /workload/kind is \""

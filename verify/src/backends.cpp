@@ -93,11 +93,13 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   auto say = [&](const std::string& s) { if (options.progress) options.progress(s); };
   Backend backend = options.backend;
   std::string why;
+  // Asked once: auto resolves by it, and an explicit cuda is refused by it.
+  const bool have_cuda = (backend == Backend::kAuto || backend == Backend::kCuda) && cuda_available(&why);
   if (backend == Backend::kAuto) {
-    backend = cuda_available(&why) ? Backend::kCuda : Backend::kEmulate;
-    if (backend == Backend::kEmulate) say("--backend auto: the GPU kernel is not available here (" + why + "); running the CPU emulator");
+    backend = have_cuda ? Backend::kCuda : Backend::kEmulate;
+    if (!have_cuda) say("--backend auto: the GPU kernel is not available here (" + why + "); running the CPU emulator");
   }
-  if (backend == Backend::kCuda && !cuda_available(&why))
+  if (backend == Backend::kCuda && !have_cuda)
     throw Error("backend cuda is not supported here: " + why, ErrorKind::kUnsupported);
 
   const bool backward = has_group(golden.tensors, "grads/");

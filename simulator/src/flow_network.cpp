@@ -12,6 +12,9 @@ namespace mok::sim {
 int64_t rate_units(double gbps) {
   if (!(gbps > 0)) return 0;
   const double u = std::nearbyint(std::ldexp(gbps, kRateFracBits));
+  // A positive rate below half a unit is one unit, not 0: a flow with a demand of 0 would never
+  // move (nor finish), where one unit ends or meets the engine's too-slow check.
+  if (u < 1) return 1;
   return u >= static_cast<double>(kMaxRateUnits) ? kMaxRateUnits : static_cast<int64_t>(u);
 }
 

@@ -102,6 +102,19 @@ void append_grouped_by_peer(const std::vector<std::pair<int32_t, T>>& found, int
   throw Error("internal: layer engine: " + what + "; please report", ErrorKind::kInternal);
 }
 
+// What to check when a layer's times run past what int64 nanoseconds hold.
+constexpr const char* kTooLongAdvice =
+    "check the layer sizes (hidden, tokens_per_rank), protocol.chunk_tokens and the topology's SM issue rates, "
+    "in-flight windows (gpu.sm_*_inflight_bytes) and latencies (scale_up.nvlink_latency_ns, "
+    "scale_out.nic_latency_ns)";
+// No simulated time beyond this (about 32 years): every sum of a time and a delay below 1e17 ns
+// (delivery_ns) stays far inside int64.
+constexpr int64_t kHorizonNs = 1'000'000'000'000'000'000;
+[[noreturn]] void past_horizon(int64_t t_ns) {
+  throw Error("layer: simulated time reached " + std::to_string(t_ns) +
+              " ns, past the 1e18 ns (about 32 years) the engine allows; " + kTooLongAdvice);
+}
+
 // Time for a flow at `rate_gbps` to deliver `need_bytes` more: at least 1 ns when anything is
 // left, 0 when nothing is; kNeverNs when the rate is so small that it would overflow.
 constexpr int64_t kNeverNs = int64_t{1} << 60;
@@ -233,6 +246,7 @@ class LayerSim {
 
   // --- engine
   void schedule(int64_t t, int32_t kind, int32_t a = 0, int64_t b = 0) {
+    if (t > kHorizonNs) past_horizon(t);
     events_.push(Event{t, seq_++, kind, a, b});
   }
   void step_agent(int agent, int64_t now);
@@ -944,6 +958,7 @@ void LayerSim::set_rate_segment(int f, double rate, int64_t now) {
   // due time and the heap is not touched. key_bound >= the key, and due < the key implies due <
   // the old due (key <= due), so this lowers exactly the keys that lower() would change.
   const int64_t due = now + dt;
+  if (due > kHorizonNs) past_horizon(due);
   if (due < fs.key_bound) {
     checkpoints_.lower(f, due);
     fs.key_bound = due;  // the key is now at most due
@@ -1576,6 +1591,8 @@ void LayerSim::finish(LayerResult& res) {
       if (start == INT64_MAX) start = pr.end_ns;  // no combine traffic at all
     }
     pr.start_ns = start;
+    // A phase that moves no byte has its data in place at its start (never before it).
+    pr.data_end_ns = std::max(pr.data_end_ns, start);
     const double span = static_cast<double>(std::max<int64_t>(1, pr.end_ns - start));
     double recv = 0;
     for (int g = 0; g < R_; ++g) recv += static_cast<double>(traffic_.recv_payload[ph][g]);
@@ -1844,13 +1861,15 @@ LayerResult LayerSim::run() {
         // completion (delivery_ns): the input is too large for int64 nanoseconds, not a bug.
         for (int f = 0; f < static_cast<int>(flow_state_.size()); ++f) {
           const FlowState& fs = flow_state_[f];
-          if (!net_.active(f) || !(fs.seg_rate > 0) || fs.due_ns != INT64_MAX) continue;
+          if (!net_.active(f) || fs.due_ns != INT64_MAX) continue;
           std::ostringstream os;
-          os << "layer: a transfer of " << std::llround(fs.total) << " bytes at " << fs.seg_rate
-             << " GB/s would take over 1e17 ns (about 3 years), past what int64 nanoseconds hold; check the "
-             << "layer sizes (hidden, tokens_per_rank), protocol.chunk_tokens and the topology's SM issue rates, "
-             << "in-flight windows (gpu.sm_*_inflight_bytes) and latencies (scale_up.nvlink_latency_ns, "
-             << "scale_out.nic_latency_ns)";
+          if (fs.seg_rate > 0)
+            os << "layer: a transfer of " << std::llround(fs.total) << " bytes at " << fs.seg_rate
+               << " GB/s would take over 1e17 ns (about 3 years), past what int64 nanoseconds hold; " << kTooLongAdvice;
+          else
+            os << "layer: a transfer of " << std::llround(fs.total) << " bytes got a rate of 0 (its share of a "
+               << "resource or of its SM's issue rate is below the engine's 2^-32 GB/s unit) and would never end; "
+               << kTooLongAdvice;
           throw Error(os.str());
         }
         throw Error("internal: simulation ended with undelivered " + std::string(kPhaseName[ph]) + " data at gpu" +

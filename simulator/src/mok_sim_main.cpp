@@ -362,7 +362,21 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     if (!doc.is_object())
       throw Error(origin + ": a scenario must be a JSON object {\"topology\": ..., \"layer\": {...}, ...}, not " +
                   doc.type_name() + " (`mok-sim example` prints one)");
-    if (!topology.empty()) doc["topology"] = topology;
+    if (!topology.empty()) {
+      // A scenario's {"preset": ..., "overrides": {...}} keeps its overrides (sweeps over
+      // /topology/overrides/... need the object): --topology replaces the preset only.
+      auto it = doc.find("topology");
+      if (it != doc.end() && it->is_object() && it->contains("overrides") && (*it)["overrides"].is_object() &&
+          !(*it)["overrides"].empty()) {
+        std::cerr << "mok-sim: --topology " << topology << " replaces the scenario's topology preset; its "
+                  << (*it)["overrides"].size() << " override(s) (/topology/overrides) still apply\n";
+        (*it)["preset"] = topology;
+      } else if (it != doc.end() && it->is_object()) {
+        (*it)["preset"] = topology;
+      } else {
+        doc["topology"] = topology;
+      }
+    }
   }
   if (!golden_path.empty()) doc["workload"] = {{"kind", "golden"}, {"file", golden_path}};
   for (const auto& s : sets) {
@@ -413,6 +427,10 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   mok::sim::check_sweep_workloads(points, origin, golden.has_value());
   const mok::sim::Scenario first = mok::sim::scenario_from_json(points[0].doc, mok::sim::point_origin(points[0], origin));
   const bool many = points.size() > 1 || first.trials > 1;
+  if (static_cast<uint64_t>(points.size()) * static_cast<uint64_t>(first.trials) > mok::sim::kMaxRuns)
+    throw Error(origin + ": " + std::to_string(points.size()) + " sweep points x " + std::to_string(first.trials) +
+                " trials make more than " + std::to_string(mok::sim::kMaxRuns) +
+                " runs; lower the trials or split the sweep into several scenarios");
   // Everything that can be checked before a run is checked here, so a mistake costs no time.
   if (!trace_path.empty()) PendingFiles::check_file(trace_path, "--trace");
   if (!out_dir.empty()) PendingFiles::check_dir(out_dir, "--out");
@@ -514,9 +532,11 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
       text = j.dump(2) + "\n";
     } else if (format == "csv") {
       std::string header, row;
+      bool first_column = true;
       for (const auto& [k, v] : mok::sim::flat_metrics(r)) {
-        header += (header.empty() ? "" : ",") + k;
-        row += (row.empty() ? "" : ",") + mok::sim::format_number(v);
+        header += (first_column ? "" : ",") + k;
+        row += (first_column ? "" : ",") + mok::sim::csv_number(v);  // empty: not simulated
+        first_column = false;
       }
       text = header + "\n" + row + "\n";
     } else {

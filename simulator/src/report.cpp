@@ -1,7 +1,9 @@
 // Formatting of simulation results as table, JSON, CSV values and Chrome trace events.
 #include "mok/sim/report.hpp"
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 namespace mok::sim {
@@ -11,6 +13,8 @@ std::string format_number(double x) {
   std::snprintf(buf, sizeof buf, "%.10g", x);
   return buf;
 }
+
+std::string csv_number(double x) { return std::isnan(x) ? std::string() : format_number(x); }
 
 namespace {
 double us(int64_t ns) { return static_cast<double>(ns) / 1000.0; }
@@ -42,20 +46,22 @@ nlohmann::json load_json(const LoadStats& s) {
 
 std::vector<std::pair<std::string, double>> flat_metrics(const LayerResult& r) {
   std::vector<std::pair<std::string, double>> m;
+  constexpr double kNotRun = std::numeric_limits<double>::quiet_NaN();
   m.emplace_back("layer_us", us(r.layer_ns));
   for (int ph = 0; ph < 2; ++ph) {
     const PhaseResult& p = ph == 0 ? r.dispatch : r.combine;
     const std::string n = ph == 0 ? "dispatch" : "combine";
-    m.emplace_back(n + "_us", us(p.end_ns));
-    m.emplace_back(n + "_data_us", us(p.data_end_ns));
-    m.emplace_back(n + "_recv_gbps", p.recv_gbps_per_gpu);
-    m.emplace_back(n + "_nvlink_util", p.nvlink_utilization);
-    m.emplace_back(n + "_chunk_signal_p50_us", us(p.chunk_signal.p50_ns));
-    m.emplace_back(n + "_chunk_signal_p99_us", us(p.chunk_signal.p99_ns));
-    m.emplace_back(n + "_completion_signal_max_us", us(p.completion_signal.max_ns));
-    m.emplace_back(n + "_completion_signal_mean_us", p.completion_signal.mean_ns / 1000.0);
+    const bool on = p.simulated;
+    m.emplace_back(n + "_us", on ? us(p.end_ns) : kNotRun);
+    m.emplace_back(n + "_data_us", on ? us(p.data_end_ns) : kNotRun);
+    m.emplace_back(n + "_recv_gbps", on ? p.recv_gbps_per_gpu : kNotRun);
+    m.emplace_back(n + "_nvlink_util", on ? p.nvlink_utilization : kNotRun);
+    m.emplace_back(n + "_chunk_signal_p50_us", on ? us(p.chunk_signal.p50_ns) : kNotRun);
+    m.emplace_back(n + "_chunk_signal_p99_us", on ? us(p.chunk_signal.p99_ns) : kNotRun);
+    m.emplace_back(n + "_completion_signal_max_us", on ? us(p.completion_signal.max_ns) : kNotRun);
+    m.emplace_back(n + "_completion_signal_mean_us", on ? p.completion_signal.mean_ns / 1000.0 : kNotRun);
   }
-  m.emplace_back("compute_max_us", us(r.compute_ns_max));
+  m.emplace_back("compute_max_us", r.dispatch.simulated && r.combine.simulated ? us(r.compute_ns_max) : kNotRun);
   m.emplace_back("expert_max_over_mean", r.expert_load.max_over_mean);
   m.emplace_back("expert_gini", r.expert_load.gini);
   m.emplace_back("gpu_max_over_mean", r.gpu_load.max_over_mean);

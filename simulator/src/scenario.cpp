@@ -197,6 +197,12 @@ std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::strin
                     "/path '" + earlier + "', so the runs would be mislabelled; give each field one axis (all its " +
                     "values in one \"values\" list)");
     }
+    // Each point holds a copy of the scenario: refuse a product that would exhaust memory
+    // before building any of it.
+    if (points.size() * axis["values"].size() > kMaxSweepPoints)
+      throw Error(origin + ": the sweep's axes multiply to more than " + std::to_string(kMaxSweepPoints) +
+                  " points (by /sweep/" + std::to_string(a) + ", " + std::to_string(points.size()) + " x " +
+                  std::to_string(axis["values"].size()) + "); split it into several scenarios or use fewer values");
     std::vector<SweepPoint> next;
     for (const auto& p : points) {
       for (const auto& v : axis["values"]) {
@@ -372,7 +378,7 @@ std::string rows_to_csv(const std::vector<SweepPoint>& points, const std::vector
   for (const auto& r : rows) {
     for (const auto& [path, v] : points[r.point_idx].settings) os << csv_cell(v) << ",";
     os << r.trial_idx << "," << r.workload_seed;
-    for (const auto& [name, v] : r.metrics) os << "," << format_number(v);
+    for (const auto& [name, v] : r.metrics) os << "," << csv_number(v);
     os << "\n";
   }
   return os.str();
@@ -395,7 +401,12 @@ std::string summary_csv(const std::vector<SweepPoint>& points, const std::vector
     os << mine.size();
     for (size_t m = 0; m < mine[0]->metrics.size(); ++m) {
       std::vector<double> xs;
-      for (const RunRow* r : mine) xs.push_back(r->metrics[m].second);
+      for (const RunRow* r : mine)
+        if (!std::isnan(r->metrics[m].second)) xs.push_back(r->metrics[m].second);  // NaN: not simulated
+      if (xs.empty()) {
+        os << ",,,,,";
+        continue;
+      }
       std::sort(xs.begin(), xs.end());
       double sum = 0;
       for (double x : xs) sum += x;

@@ -31,6 +31,18 @@ double tick_step(double span) {
   const double f = raw / mag;
   return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
 }
+// Tick positions k x step in [lo, hi], each computed from its index (a sum of steps stops moving
+// once the step is below the spacing of doubles near the values, e.g. x values 0.3 and
+// 0.30000000000000004, or seeds near 2^60). When the steps cannot be told apart or would be too
+// many, the two ends alone.
+std::vector<double> ticks(double lo, double hi, double step) {
+  std::vector<double> out;
+  const double k0 = std::ceil(lo / step), k1 = std::floor(hi / step + 1e-9);
+  if (std::isfinite(k0) && std::isfinite(k1) && k1 >= k0 && k1 - k0 <= 50 && lo + step != lo && hi + step != hi)
+    for (double k = k0; k <= k1; ++k) out.push_back(k * step);
+  if (out.size() < 2) out = {lo, hi};
+  return out;
+}
 }  // namespace
 
 std::string svg_line_plot(const std::string& title, const std::string& x_label, const std::string& y_label,
@@ -45,8 +57,9 @@ std::string svg_line_plot(const std::string& title, const std::string& x_label, 
     }
   }
   if (x0 > x1) x0 = 0, x1 = 1;
-  if (x1 == x0) x1 = x0 + 1;
-  if (y1 <= y0) y1 = y0 + 1;
+  // A flat range gets some width (relative for large values, where + 1 would not move them).
+  if (x1 == x0) x1 = x0 + std::max(1.0, std::abs(x0) * 1e-6);
+  if (y1 <= y0) y1 = y0 + std::max(1.0, std::abs(y0) * 1e-6);
   const double ys = tick_step(y1 - y0);
   y1 = std::ceil(y1 / ys) * ys;
   const double pw = W - left - right, ph = H - top - bottom;
@@ -64,7 +77,7 @@ std::string svg_line_plot(const std::string& title, const std::string& x_label, 
   std::snprintf(buf, sizeof buf, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"black\"/>\n",
                 left, top, pw, ph);
   os << buf;
-  for (double y = y0; y <= y1 + ys * 1e-9; y += ys) {
+  for (double y : ticks(y0, y1, ys)) {
     std::snprintf(buf, sizeof buf,
                   "<line x1=\"%g\" y1=\"%.2f\" x2=\"%g\" y2=\"%.2f\" stroke=\"#ddd\"/><text x=\"%g\" y=\"%.2f\" "
                   "text-anchor=\"end\">%s</text>\n",
@@ -72,7 +85,7 @@ std::string svg_line_plot(const std::string& title, const std::string& x_label, 
     os << buf;
   }
   const double xs = tick_step(x1 - x0);
-  for (double x = std::ceil(x0 / xs) * xs; x <= x1 + xs * 1e-9; x += xs) {
+  for (double x : ticks(x0, x1, xs)) {
     std::snprintf(buf, sizeof buf,
                   "<line x1=\"%.2f\" y1=\"%g\" x2=\"%.2f\" y2=\"%g\" stroke=\"#ddd\"/><text x=\"%.2f\" y=\"%g\" "
                   "text-anchor=\"middle\">%s</text>\n",
@@ -164,6 +177,7 @@ std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, co
   if (metric == SIZE_MAX) throw Error(origin + ": plot y '" + y_name + "' is not a metric", ErrorKind::kInternal);
   std::map<std::string, std::map<double, std::pair<double, int>>> acc;  // series -> x -> (sum, n)
   for (const auto& r : rows) {
+    if (std::isnan(r.metrics[metric].second)) continue;  // the run did not simulate it
     const SweepPoint& p = points[r.point_idx];
     const nlohmann::json* xv = setting(p, x_path);
     const std::string label = s_path.empty() ? y_name : s_path + " = " + setting(p, s_path)->dump();

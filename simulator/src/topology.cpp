@@ -1,6 +1,7 @@
 // Topology file parsing, validation, overrides and the preset registry.
 #include "mok/sim/topology.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -99,6 +100,15 @@ void set_field(Topology& topo, const FieldDef& def, const nlohmann::json& v, con
     std::ostringstream os;
     os << origin << ": field '" << def.key << "' = " << x << " is out of range [" << def.min_value << ", "
        << def.max_value << "] (" << def.meaning << ")";
+    throw Error(os.str());
+  }
+  // The engine's clock counts whole nanoseconds: a fraction would be dropped in some uses of a
+  // time and kept in others (the fence's share of a rate), so it is refused.
+  const std::string key = def.key;
+  if (key.size() > 3 && key.compare(key.size() - 3, 3, "_ns") == 0 && x != std::floor(x)) {
+    std::ostringstream os;
+    os << origin << ": field '" << def.key << "' = " << x << " must be a whole number of ns (" << def.meaning
+       << "); round it";
     throw Error(os.str());
   }
   if (std::holds_alternative<int Topology::*>(def.ptr)) {
@@ -245,8 +255,56 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
     throw Error(what + " '" + path + "' is a directory; give a JSON file");
   std::ifstream in(path);
   if (!in) throw Error(what + " '" + path + "' cannot be opened; check the path");
+  // A key given twice in one object would silently keep the last value (a whole "protocol"
+  // block lost, say): the parser's callback follows the open objects and arrays to name it.
+  struct Frame {
+    bool object;
+    std::string pointer;            // JSON pointer of this object or array
+    std::set<std::string> keys;     // objects: keys seen so far
+    std::string key;                // objects: the key whose value comes next
+    size_t next = 0;                // arrays: index of the next element
+  };
+  std::vector<Frame> open;
+  std::string duplicate;
+  auto child_pointer = [&open]() -> std::string {
+    if (open.empty()) return "";
+    Frame& top = open.back();
+    return top.pointer + "/" + (top.object ? top.key : std::to_string(top.next++));
+  };
+  const nlohmann::json::parser_callback_t track = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+      case E::array_start: {
+        std::string ptr = child_pointer();
+        open.push_back(Frame{event == E::object_start, std::move(ptr), {}, {}, 0});
+        break;
+      }
+      case E::object_end:
+      case E::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case E::key:
+        if (!open.empty()) {
+          Frame& top = open.back();
+          top.key = parsed.get<std::string>();
+          if (!top.keys.insert(top.key).second && duplicate.empty())
+            duplicate = (top.pointer.empty() ? std::string("the top level") : top.pointer) + " has \"" + top.key +
+                        "\" twice";
+        }
+        break;
+      case E::value:
+        if (!open.empty() && !open.back().object) ++open.back().next;
+        break;
+    }
+    return true;
+  };
   try {
-    return nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
+    nlohmann::json doc = nlohmann::json::parse(in, track, true, /*ignore_comments=*/true);
+    if (!duplicate.empty())
+      throw Error(what + " '" + path + "': " + duplicate + " (a JSON key may appear once per object; the later " +
+                  "one would silently replace the earlier: merge them)");
+    return doc;
   } catch (const nlohmann::json::out_of_range& e) {
     // a number past double's range (1e999): the parser names the text, not the key
     throw Error(what + " '" + path + "' holds a number out of range (" + e.what() + "); numbers must fit a double");

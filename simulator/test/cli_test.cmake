@@ -340,3 +340,82 @@ if(EXISTS /dev/full)
     message(FATAL_ERROR "--help > /dev/full: expected exit 2 and a message (rc ${rc}: ${err})")
   endif()
 endif()
+
+# Found by the forty-ninth session's audit; each failed before its fix.
+# (1) A plot whose x values are closer than a tick step can move a double (0.3 and the next double
+# up; seeds near 2^60): ticks are computed from their index, so the plot is written (the old
+# loop never ended and grew without bound).
+file(WRITE ${WORK}/close_x.json "{\"topology\":\"hgx-h200\",\"layer\":{\"hidden\":256,\"intermediate\":128,\"experts_per_rank\":2,\"top_k\":2,\"tokens_per_rank\":64},
+ \"sweep\":[{\"path\":\"/workload/exponent\",\"values\":[0.3,0.30000000000000004]}],
+ \"plots\":[{\"file\":\"p.svg\",\"x\":\"/workload/exponent\",\"y\":\"layer_us\"}]}")
+execute_process(COMMAND ${MOK_SIM} run ${WORK}/close_x.json --out ${WORK}/close_x_out RESULT_VARIABLE rc OUTPUT_QUIET
+                ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/close_x_out/p.svg)
+  message(FATAL_ERROR "a plot of x values one double apart: expected the plot written (rc ${rc}: ${err})")
+endif()
+file(READ ${WORK}/close_x_out/p.svg svg)
+if(NOT svg MATCHES "</svg>" OR svg MATCHES "nan|inf")
+  message(FATAL_ERROR "a plot of x values one double apart: the SVG is incomplete or holds nan/inf")
+endif()
+# (2) --topology replaces a scenario's preset but keeps its overrides (it used to drop them):
+# slow ports through the override must still be slow.
+file(WRITE ${WORK}/with_override.json "{\"topology\":{\"preset\":\"hgx-h100\",\"overrides\":{\"scale_up.nvlink_gbps\":50}},
+ \"layer\":{\"hidden\":1024,\"intermediate\":512,\"experts_per_rank\":4,\"top_k\":4,\"tokens_per_rank\":256}}")
+execute_process(COMMAND ${MOK_SIM} run ${WORK}/with_override.json --topology hgx-h200 --format csv
+                RESULT_VARIABLE rc OUTPUT_VARIABLE cli_topo ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "--topology hgx-h200 replaces the scenario's topology preset; its 1 override")
+  message(FATAL_ERROR "--topology over a preset with overrides: expected a run and a note (rc ${rc}: ${err})")
+endif()
+file(WRITE ${WORK}/with_override_h200.json "{\"topology\":{\"preset\":\"hgx-h200\",\"overrides\":{\"scale_up.nvlink_gbps\":50}},
+ \"layer\":{\"hidden\":1024,\"intermediate\":512,\"experts_per_rank\":4,\"top_k\":4,\"tokens_per_rank\":256}}")
+execute_process(COMMAND ${MOK_SIM} run ${WORK}/with_override_h200.json --format csv RESULT_VARIABLE rc OUTPUT_VARIABLE file_topo)
+if(NOT rc EQUAL 0 OR NOT cli_topo STREQUAL file_topo)
+  message(FATAL_ERROR "--topology hgx-h200 over {hgx-h100, overrides} should equal {hgx-h200, overrides}:\n${cli_topo}\n${file_topo}")
+endif()
+# (3) Simulated time past int64 (each transfer under 1e17 ns, their sum not): exit 2, not a
+# wrapped clock with exit 0.
+expect_bad(clock_past_horizon "simulated time reached [0-9]+ ns, past the 1e18 ns"
+           run --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"scale_up.gpus_per_domain\":200,\"gpu.sm_store_inflight_bytes\":1,\"scale_up.nvlink_latency_ns\":10000000}}"
+           --set "/layer={\"hidden\":16777216,\"intermediate\":16,\"experts_per_rank\":1,\"top_k\":8,\"tokens_per_rank\":2250}"
+           --set "/protocol={\"dispatch\":\"push\",\"phases\":\"dispatch\",\"signaling\":\"flag_in_data\",\"comm_sms\":1,\"chunk_tokens\":4096}")
+# (4) An SM rate share below half a rate unit (a 1-byte window over 10 ms, split across 8 row-order
+# destinations) is one unit, not 0: the layer ends (it used to stop with "internal: ...
+# undelivered dispatch data").
+execute_process(COMMAND ${MOK_SIM} run --format csv
+                --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"scale_up.gpus_per_domain\":64,\"gpu.sm_store_inflight_bytes\":1,\"scale_up.nvlink_latency_ns\":10000000}}"
+                --set "/layer={\"hidden\":16,\"intermediate\":16,\"experts_per_rank\":1,\"top_k\":8,\"tokens_per_rank\":64}"
+                --set "/protocol={\"dispatch\":\"push\",\"push_order\":\"row_order\",\"phases\":\"dispatch\",\"signaling\":\"flag_in_data\",\"comm_sms\":1,\"chunk_tokens\":64}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "a sub-unit SM rate share: expected the layer to finish (rc ${rc}: ${err})")
+endif()
+# (8) A phase the run leaves out is an empty CSV cell, not a measured 0 (JSON leaves it out).
+# Columns: layer_us, 8 dispatch, 8 combine, compute_max_us, 4 load statistics.
+if(NOT out MATCHES "\n[^,\n]+(,[^,\n]+)(,[^,\n]+)(,[^,\n]+)(,[^,\n]+)(,[^,\n]+)(,[^,\n]+)(,[^,\n]+)(,[^,\n]+),,,,,,,,,,[^,\n]+")
+  message(FATAL_ERROR "dispatch-only run: combine_us and compute_max_us should be empty cells: ${out}")
+endif()
+# (5) A key given twice in one object (the later value used to win in silence).
+file(WRITE ${WORK}/dup_key.json "{\"topology\":\"hgx-h200\",\"protocol\":{\"dispatch\":\"push\"},\"protocol\":{\"combine\":\"pull\"}}")
+expect_bad(duplicate_key "dup_key.json': the top level has \"protocol\" twice" run ${WORK}/dup_key.json)
+file(WRITE ${WORK}/dup_key_deep.json "{\"topology\":\"hgx-h200\",\"sweep\":[{\"path\":\"/protocol/dispatch\",\"values\":[\"push\"]},{\"path\":\"/workload/exponent\",\"values\":[1],\"values\":[2]}]}")
+expect_bad(duplicate_key_deep "/sweep/1 has \"values\" twice" run ${WORK}/dup_key_deep.json)
+# (6) A sweep whose axes multiply past the limit is refused before any point is built.
+set(values "[1,2,3,4,5,6,7,8,9,10]")
+set(axes "")
+foreach(p dispatch_dtype gemm_tile_rows chunk_tokens comm_sms poll_interval_ns signal_threads)
+  string(APPEND axes "{\"path\":\"/protocol/${p}\",\"values\":${values}},")
+endforeach()
+expect_bad(sweep_too_big "the sweep's axes multiply to more than 100000 points \\(by /sweep/5, 100000 x 10\\)"
+           run --set "/sweep=[${axes}{\"path\":\"/workload/exponent\",\"values\":[1]}]")
+# (7) A fractional nanosecond field (the engine's clock counts whole ns).
+expect_bad(fractional_ns "'scale_up.nvlink_latency_ns' = 700.5 must be a whole number of ns"
+           run --set "/topology={\"preset\":\"hgx-h200\",\"overrides\":{\"scale_up.nvlink_latency_ns\":700.5}}")
+# (9) A phase that moves nothing (every slot empty) has its data in place at its start, not at 0
+# before it.
+execute_process(COMMAND ${MOK_SIM} run ${tiny} --set "/workload={\"kind\":\"uniform\",\"empty_slot_fraction\":1}"
+                --set /protocol/signaling=barrier --format json RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+string(JSON c_start GET "${out}" result combine start_ns)
+string(JSON c_data GET "${out}" result combine data_end_ns)
+if(NOT rc EQUAL 0 OR c_start LESS_EQUAL 0 OR NOT c_data EQUAL c_start)
+  message(FATAL_ERROR "empty combine: expected data_end_ns = start_ns > 0 (rc ${rc}: ${c_data} against ${c_start})")
+endif()

@@ -13,6 +13,24 @@
 namespace mok::sim {
 namespace {
 
+// A positive rate below half a unit (2^-33 GB/s) is one unit: a demand rounded to 0 would leave
+// its flow at rate 0 forever (the forty-ninth session's audit found a layer that ended in an
+// internal error that way).
+TEST(FlowNetwork, APositiveRateBelowOneUnitIsOneUnit) {
+  EXPECT_EQ(rate_units(0.0), 0);
+  EXPECT_EQ(rate_units(-1.0), 0);
+  EXPECT_EQ(rate_units(std::nan("")), 0);
+  EXPECT_EQ(rate_units(1e-12), 1);
+  EXPECT_EQ(rate_units(std::ldexp(1.0, -40)), 1);
+  EXPECT_EQ(rate_units(std::ldexp(3.0, -33)), 2);  // 1.5 units: the nearest, ties to even
+  EXPECT_EQ(rate_units(1.0), int64_t{1} << 32);
+  FlowNetwork net;
+  const int a = net.add_resource(10.0, "a");
+  const int f = net.start_flow(&a, 1, 1e-12, 16);
+  net.recompute_rates();
+  EXPECT_EQ(net.flow(f).rate_units, 1);
+}
+
 TEST(FlowNetwork, OneFlowGetsTheSmallerOfCapacityAndDemand) {
   FlowNetwork net;
   const int a = net.add_resource(100.0, "a");

@@ -19,7 +19,7 @@ inline constexpr int kMaxPathLen = 6;
 inline constexpr int kRateFracBits = 32;
 // Demands above this (~5e8 GB/s, far above any capacity) count as this: no int64 overflow.
 inline constexpr int64_t kMaxRateUnits = int64_t{1} << 61;
-int64_t rate_units(double gbps);  // nearest unit, clamped to [0, kMaxRateUnits]
+int64_t rate_units(double gbps);  // nearest unit, clamped to [1, kMaxRateUnits]; 0 for gbps <= 0 or NaN
 inline double units_to_gbps(int64_t units) { return static_cast<double>(units) * (1.0 / 4294967296.0); }
 static_assert(kRateFracBits == 32, "units_to_gbps multiplies by 2^-32");
 

@@ -12,6 +12,8 @@
 namespace mok::sim {
 
 // Named scalar metrics of one run, in a fixed order (CSV columns, sweep plots, Monte-Carlo).
+// What the run did not simulate is NaN (an empty CSV cell): a phase that protocol.phases leaves
+// out, and the expert GEMMs unless the run is a whole layer.
 std::vector<std::pair<std::string, double>> flat_metrics(const LayerResult& res);
 
 nlohmann::json result_to_json(const LayerResult& res, bool per_gpu);
@@ -23,5 +25,7 @@ std::string chrome_trace_json(const LayerResult& res);
 
 // Shortest round-trip text of a double, the same bytes on every run.
 std::string format_number(double x);
+// A metric's CSV cell: format_number(), or empty for NaN (not simulated).
+std::string csv_number(double x);
 
 }  // namespace mok::sim

@@ -35,8 +35,13 @@ struct SweepPoint {
   std::vector<std::pair<std::string, nlohmann::json>> settings;  // JSON pointer -> value
   nlohmann::json doc;
 };
+// Limits that keep a mistyped sweep from exhausting memory: points of one sweep, and sweep
+// points x trials of one scenario.
+inline constexpr size_t kMaxSweepPoints = 100'000;
+inline constexpr uint64_t kMaxRuns = 10'000'000;
 // Expands "sweep": [{"path": "/protocol/dispatch", "values": ["push", "pull"]}, ...] into the
-// cartesian product, first axis outermost. No "sweep" gives one point.
+// cartesian product, first axis outermost. No "sweep" gives one point. Throws Error past
+// kMaxSweepPoints.
 std::vector<SweepPoint> expand_sweep(const nlohmann::json& doc, const std::string& origin);
 // `origin` with the point's settings, as errors about that point name it:
 // "s.json [/protocol/chunk_tokens=64]".

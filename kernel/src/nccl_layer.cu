@@ -38,7 +38,28 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
+// The device API (ncclGetPeerPointer above) is compiled from this build's NCCL headers and reads
+// the library's window objects: a libnccl of another version (an older system copy found first
+// on the library path) lays them out otherwise and the kernel faults. So the library loaded must
+// be the headers' version.
 bool nccl_available(std::string* why) {
+  int loaded = 0;
+  if (ncclGetVersion(&loaded) != ncclSuccess) {
+    if (why) *why = "ncclGetVersion failed: the NCCL library cannot be used";
+    return false;
+  }
+  if (loaded != NCCL_VERSION_CODE) {
+    auto text = [](int v) {
+      // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9
+      return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    };
+    if (why)
+      *why = "the NCCL library loaded (libnccl " + text(loaded) + ") is not the version this build's device code was " +
+             "compiled against (NCCL headers " + text(NCCL_VERSION_CODE) + "); the device API needs the same " +
+             "version: put the matching libnccl.so.2 first on LD_LIBRARY_PATH (source the build's gpu-env.sh, " +
+             "which tools/gpu-pack writes, or use the NCCL of the toolkit the build used)";
+    return false;
+  }
   if (why) *why = "";
   return true;
 }

@@ -592,12 +592,24 @@ std::string expected_type_text(DType dtype) {
   return file_dtype_name(dtype);
 }
 
-Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, const TensorSpec& spec,
-                    const spec::LayerConfig& cfg) {
-  const std::string where = dataset_where(path);
-  Hid dset = open_object(ctx, file, "/" + path, H5I_DATASET, where);
+// What a dataset must be before its data is read: the schema's shape and dtype, its data in this
+// file and written. Throws (naming the dataset) otherwise.
+void check_dataset(const Context& ctx, hid_t dset_id, const std::string& path, const TensorSpec& spec,
+                   const spec::LayerConfig& cfg);
 
-  Hid space = ctx.own(H5Dget_space(dset.get()), H5Sclose, where, "H5Dget_space");
+// Opens the dataset and checks it (check_dataset).
+Hid open_dataset(const Context& ctx, hid_t file, const std::string& path, const TensorSpec& spec,
+                 const spec::LayerConfig& cfg) {
+  Hid dset = open_object(ctx, file, "/" + path, H5I_DATASET, dataset_where(path));
+  check_dataset(ctx, dset.get(), path, spec, cfg);
+  return dset;
+}
+
+void check_dataset(const Context& ctx, hid_t dset_id, const std::string& path, const TensorSpec& spec,
+                   const spec::LayerConfig& cfg) {
+  const std::string where = dataset_where(path);
+
+  Hid space = ctx.own(H5Dget_space(dset_id), H5Sclose, where, "H5Dget_space");
   const H5S_class_t space_class = H5Sget_simple_extent_type(space.get());
   const std::vector<int64_t> expected = spec_shape(spec, cfg);
   std::vector<hsize_t> found;
@@ -621,12 +633,12 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
                         " but found " + format_dims(found) + kFixHint);
   }
 
-  Hid type = ctx.own(H5Dget_type(dset.get()), H5Tclose, where, "H5Dget_type");
+  Hid type = ctx.own(H5Dget_type(dset_id), H5Tclose, where, "H5Dget_type");
   if (!stored_type_matches(type.get(), spec.dtype)) {
     ctx.fail(where, "expected dtype " + expected_type_text(spec.dtype) + " but found " +
                         describe_stored_type(type.get()) + kFixHint);
   }
-  const std::optional<std::string> dtype_attr = read_string_attr(ctx, dset.get(), "dtype", where);
+  const std::optional<std::string> dtype_attr = read_string_attr(ctx, dset_id, "dtype", where);
   if (!dtype_attr) {
     ctx.fail(where, std::string("attribute dtype is missing (expected \"") +
                         file_dtype_name(spec.dtype) + "\")" + kFixHint);
@@ -636,6 +648,59 @@ Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, con
                         "\" but the schema says \"" + file_dtype_name(spec.dtype) + "\"" +
                         kFixHint);
   }
+
+}
+
+// The data must be in this file and written: HDF5 reads a dataset whose storage lies in an
+// external raw file or in other files (virtual), or was never written, without an error (zeros,
+// the fill value, or whatever the other file holds). Checked right before the read (after the
+// memory check, so a layer too large for the machine is named as such first).
+void check_storage(const Context& ctx, hid_t dset_id, const std::string& where, const std::vector<int64_t>& expected) {
+  std::vector<hsize_t> found(expected.begin(), expected.end());
+  Hid space = ctx.own(H5Dget_space(dset_id), H5Sclose, where, "H5Dget_space");
+  Hid dcpl = ctx.own(H5Dget_create_plist(dset_id), H5Pclose, where, "H5Dget_create_plist");
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_VIRTUAL)
+    ctx.fail_subject(where, "is a virtual dataset (its data lives in other files); golden files hold their data "
+                            "directly: write the tensor into this file (e.g. copy it with h5py), or regenerate the "
+                            "file with mok-golden");
+  if (H5Pget_external_count(dcpl.get()) > 0)
+    ctx.fail_subject(where, "keeps its data in an external raw file; golden files hold their data directly: write "
+                            "the tensor into this file (e.g. copy it with h5py), or regenerate the file with "
+                            "mok-golden");
+  // Written means: contiguous storage allocated, or every chunk of a chunked one (HDF5's space
+  // status calls a compressed dataset "partly allocated", so chunks are counted instead). A
+  // tensor with no elements (no shared expert, say) has nothing to write.
+  const bool empty = std::any_of(expected.begin(), expected.end(), [](int64_t d) { return d == 0; });
+  std::string unwritten;
+  if (!empty && layout == H5D_CONTIGUOUS) {
+    H5D_space_status_t status = H5D_SPACE_STATUS_ERROR;
+    if (H5Dget_space_status(dset_id, &status) < 0) ctx.fail_hdf5(where, "H5Dget_space_status");
+    if (status == H5D_SPACE_STATUS_NOT_ALLOCATED) unwritten = "no data written (created but never filled)";
+  } else if (!empty && layout == H5D_CHUNKED) {
+    std::vector<hsize_t> chunk(found.size());
+    if (H5Pget_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) != static_cast<int>(chunk.size()))
+      ctx.fail_hdf5(where, "H5Pget_chunk");
+    hsize_t want = 1;
+    for (size_t a = 0; a < chunk.size(); ++a) want *= chunk[a] == 0 ? 0 : (found[a] + chunk[a] - 1) / chunk[a];
+    hsize_t have = 0;
+    if (H5Dget_num_chunks(dset_id, space.get(), &have) < 0) ctx.fail_hdf5(where, "H5Dget_num_chunks");
+    if (have < want)
+      unwritten = "parts that were never written (" + std::to_string(have) + " of its " + std::to_string(want) +
+                  " chunks are stored)";
+  }
+  if (!unwritten.empty())
+    ctx.fail_subject(where, "has " + unwritten +
+                                "; reading it would give its fill value, not data: write the tensor, or regenerate "
+                                "the file with mok-golden");
+}
+
+Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, const TensorSpec& spec,
+                    const spec::LayerConfig& cfg) {
+  const std::string where = dataset_where(path);
+  Hid dset = open_dataset(ctx, file, path, spec, cfg);
+  const std::vector<int64_t> expected = spec_shape(spec, cfg);
+  check_storage(ctx, dset.get(), where, expected);
 
   // Shapes come from a validated config, but their product can still be absurd; make sure the
   // file really holds that much data before allocating it.
@@ -763,6 +828,21 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
         ctx, root_mma, read_string_attr(ctx, config.get(), "mma_model", "group /config"),
         "mma_model");
   }
+  // A damaged file is reported as damaged (exit 2) before its numerics are judged: the config
+  // first, then whether the profile and MMA model are names at all (lower-case letters, digits,
+  // '-', '_', '.'; like "bf16-v1"), and only then whether this build implements them (exit 3).
+  const spec::Status cfg_status = golden.cfg.validate();
+  if (!cfg_status.ok) ctx.fail("group /config", cfg_status.message + std::string(kFixHint));
+  auto is_name = [](const std::string& v) {
+    return !v.empty() && v.size() <= 64 && std::all_of(v.begin(), v.end(), [](char c) {
+             return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+           });
+  };
+  for (const auto& [what, value] : {std::pair<const char*, const std::string*>{"profile", &meta.profile},
+                                    {"mma_model", &meta.mma_model}})
+    if (!is_name(*value))
+      ctx.fail(root, std::string("attribute ") + what + " is \"" + *value +
+                         "\", not the name of a numerics profile or MMA model (like \"bf16-v1\")" + kFixHint);
   // The numerics the file was made under must be the ones this build emulates: another
   // profile's or MMA model's bits would be compared against the wrong rules.
   const GoldenMeta ours;
@@ -771,8 +851,6 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
                     "\"; this build implements profile \"" + ours.profile + "\" with MMA model \"" + ours.mma_model +
                     "\" only: use a build of that profile, or regenerate the file with this one's mok-golden",
                 ErrorKind::kUnsupported);
-  const spec::Status cfg_status = golden.cfg.validate();
-  if (!cfg_status.ok) ctx.fail("group /config", cfg_status.message + std::string(kFixHint));
 
   std::vector<std::pair<std::string, const TensorSpec*>> to_load;
   for (const char* group_name : kDataGroups) {
@@ -796,6 +874,9 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
     }
   }
 
+  // Every dataset's shape and dtype first: a config that disagrees with the datasets is a damaged
+  // file, not a layer too large for this machine.
+  for (const auto& [path, spec] : to_load) open_dataset(ctx, file, path, *spec, golden.cfg);
   // What loading takes is known from the config before anything is allocated: a layer too large
   // for this machine is refused here, by name, rather than failing (or being killed) halfway.
   double need = 0, largest = 0;
@@ -933,7 +1014,8 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
       ctx.fail_subject(dataset_where(spec.path),
                        "is missing, but the file holds other gradients (/" + present +
                            "); a backward pass gives every gradient: regenerate the file with mok-golden, or remove "
-                           "/grads and its bounds for a forward-only case");
+                           "/grads, its bounds and the backward intermediates (/intermediates/dy, d_*, dx_*, shared_d_*) "
+                           "for a forward-only case");
     }
   }
 
@@ -1115,13 +1197,19 @@ Golden read_golden(const std::string& path, const ReadOptions& options) {
   if (::access(path.c_str(), R_OK) != 0)
     ctx.fail("", std::string("cannot open: ") + std::strerror(errno) + " (check the file's permissions)");
 
+  // HDF5 locks a file that a program has open for writing (h5py's "r+", say); opening it then
+  // fails, which is not damage.
+  auto fail_open = [&ctx](const std::string& detail) {
+    if (detail.find("unable to lock file") != std::string::npos)
+      ctx.fail("", "cannot open: another program has it open for writing and HDF5 locks it (" + detail +
+                       "); close it there (e.g. the notebook's h5py.File), or, if nothing writes it, set "
+                       "HDF5_USE_FILE_LOCKING=FALSE");
+    ctx.fail("", "not an HDF5 file or truncated (" + detail + ")" + kNotReadableHint);
+  };
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
-  if (is_hdf5 <= 0) {
-    ctx.fail("", std::string("not an HDF5 file or truncated (") +
-                     (is_hdf5 == 0 ? "no HDF5 signature found" : hdf5_detail()) + ")" + kNotReadableHint);
-  }
+  if (is_hdf5 <= 0) fail_open(is_hdf5 == 0 ? "no HDF5 signature found" : hdf5_detail());
   Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (file.get() < 0) ctx.fail("", "not an HDF5 file or truncated (" + hdf5_detail() + ")" + kNotReadableHint);
+  if (file.get() < 0) fail_open(hdf5_detail());
 
   Golden golden;
   try {

@@ -42,7 +42,7 @@ void Sample::prepare(const spec::LayerConfig& cfg) {
 
 std::string Sample::describe(const spec::LayerConfig& cfg) const {
   std::ostringstream out;
-  out << "sampled " << tokens.size() << " of " << cfg.num_tokens() << " tokens (every expert has one), "
+  out << "sampled " << tokens.size() << " of " << cfg.num_tokens() << " tokens (one at least per expert that has any), "
       << inter_cols.size() << " of " << cfg.intermediate << " I columns";
   if (cfg.has_shared()) out << ", " << shared_cols.size() << " of " << cfg.shared_intermediate << " Is columns";
   out << " of every expert's weight gradients";

@@ -149,6 +149,11 @@ std::string copy_of(const std::string& good_path, const std::string& dir, const 
 const std::map<std::string, std::string>& expected_texts() {
   static const std::map<std::string, std::string> texts = {
       {"missing_dataset", "dataset /inputs/w_routed_up is missing"},
+      {"virtual_dataset", "dataset /inputs/x is a virtual dataset (its data lives in other files)"},
+      {"external_storage", "dataset /inputs/x keeps its data in an external raw file"},
+      {"unwritten_dataset", "dataset /inputs/x has no data written (created but never filled)"},
+      {"unwritten_chunks", "dataset /outputs/output has parts that were never written (1 of its 2 chunks"},
+      {"empty_profile", "attribute profile is \"\", not the name of a numerics profile"},
       {"wrong_shape", "dataset /inputs/w_routed_gate: expected shape"},
       {"wrong_dtype", "dataset /inputs/x: expected dtype bfloat16"},
       {"dtype_attribute_mismatch", "dataset /inputs/router_weights: attribute dtype"},
@@ -212,7 +217,7 @@ Golden make_random_golden(const spec::LayerConfig& cfg, uint64_t seed) {
   return golden;
 }
 
-void write_placeholder_golden(const std::string& path, const spec::LayerConfig& cfg, bool bounds) {
+void write_placeholder_golden(const std::string& path, const spec::LayerConfig& cfg, bool bounds, bool zeros) {
   const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   check(file >= 0, "H5Fcreate " + path);
   const GoldenMeta meta;
@@ -257,6 +262,12 @@ void write_placeholder_golden(const std::string& path, const spec::LayerConfig& 
     const hid_t dset = H5Dcreate2(file, spec.path, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     check(dset >= 0, std::string("H5Dcreate2 ") + spec.path);
     set_string_attr(dset, "dtype", spec.dtype == DType::kBf16 ? "bfloat16" : spec.dtype == DType::kI32 ? "int32" : "float32");
+    if (zeros) {
+      hsize_t n = 1;
+      for (hsize_t d : dims) n *= d;
+      const std::vector<uint32_t> buf(static_cast<size_t>(n), 0);  // 4 bytes covers every dtype here
+      check(H5Dwrite(dset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) >= 0, std::string("H5Dwrite ") + spec.path);
+    }
     H5Dclose(dset);
     H5Pclose(dcpl);
     H5Sclose(space);
@@ -517,6 +528,69 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
       topk[0] = e;
       topk[1] = e;
     });
+  }
+  // Data that is not in the file, or not written (found by audit, 2026-12: read as zeros without an
+  // error). x is replaced by a dataset of its shape and dtype whose storage is elsewhere or absent.
+  const std::vector<hsize_t> x_dims{static_cast<hsize_t>(cfg.num_tokens()), static_cast<hsize_t>(cfg.hidden)};
+  auto replace_x = [&](const std::string& name, hid_t dcpl) {
+    const std::string path = copy_of(good_path, dir, name);
+    File f(path);
+    check(H5Ldelete(f.get(), "/inputs/x", H5P_DEFAULT) >= 0, "H5Ldelete");
+    const hid_t space = H5Screate_simple(2, x_dims.data(), nullptr);
+    const hid_t dset = H5Dcreate2(f.get(), "/inputs/x", H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    check(dset >= 0, "H5Dcreate2 " + name);
+    set_string_attr(dset, "dtype", "bfloat16");
+    H5Dclose(dset);
+    H5Sclose(space);
+    cases.emplace_back(name, path);
+  };
+  {  // A virtual dataset mapping x from another file (which need not exist).
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    const hid_t space = H5Screate_simple(2, x_dims.data(), nullptr);
+    check(H5Pset_virtual(dcpl, space, (dir + "/elsewhere.h5").c_str(), "/x", space) >= 0, "H5Pset_virtual");
+    replace_x("virtual_dataset", dcpl);
+    H5Sclose(space);
+    H5Pclose(dcpl);
+  }
+  {  // Raw data in an external file.
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    check(H5Pset_external(dcpl, (dir + "/x.raw").c_str(), 0, x_dims[0] * x_dims[1] * 2) >= 0, "H5Pset_external");
+    replace_x("external_storage", dcpl);
+    H5Pclose(dcpl);
+  }
+  replace_x("unwritten_dataset", H5P_DEFAULT);  // created, never written
+  {  // The output chunked in two along the tokens, only the first chunk written.
+    const std::string path = copy_of(good_path, dir, "unwritten_chunks");
+    File f(path);
+    check(H5Ldelete(f.get(), "/outputs/output", H5P_DEFAULT) >= 0, "H5Ldelete");
+    const hsize_t G = static_cast<hsize_t>(cfg.num_tokens()), H = static_cast<hsize_t>(cfg.hidden);
+    const hsize_t dims[2] = {G, H}, chunk[2] = {(G + 1) / 2, H}, start[2] = {0, 0};
+    const hid_t space = H5Screate_simple(2, dims, nullptr);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    check(H5Pset_chunk(dcpl, 2, chunk) >= 0, "H5Pset_chunk");
+    const hid_t dset = H5Dcreate2(f.get(), "/outputs/output", H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    check(dset >= 0, "H5Dcreate2");
+    const hid_t mem = H5Screate_simple(2, chunk, nullptr);
+    check(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, chunk, nullptr) >= 0, "hyperslab");
+    const std::vector<uint16_t> ones(static_cast<size_t>(chunk[0] * chunk[1]), 0x3f80);
+    check(H5Dwrite(dset, H5T_NATIVE_UINT16, mem, space, H5P_DEFAULT, ones.data()) >= 0, "H5Dwrite");
+    set_string_attr(dset, "dtype", "bfloat16");
+    H5Sclose(mem);
+    H5Dclose(dset);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    cases.emplace_back("unwritten_chunks", path);
+  }
+  {  // An empty numerics profile (was "not supported" with a "use a build of that profile" fix).
+    const std::string path = copy_of(good_path, dir, "empty_profile");
+    File f(path);
+    const std::string empty(1, '\0');  // HDF5 strings have a size >= 1: one NUL reads as ""
+    set_string_attr(f.get(), "profile", empty);
+    const hid_t config = H5Gopen2(f.get(), "/config", H5P_DEFAULT);
+    check(config >= 0, "H5Gopen2 /config");
+    set_string_attr(config, "profile", empty);
+    H5Gclose(config);
+    cases.emplace_back("empty_profile", path);
   }
   return cases;
 }

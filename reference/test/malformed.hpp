@@ -23,10 +23,12 @@ std::vector<std::pair<std::string, std::string>> write_malformed_goldens(const s
                                                                          const ref::Golden& good);
 
 // Writes a golden for cfg whose datasets (inputs, output, gradients and, with `bounds`, their
-// stage-local bounds) are declared but never written: chunked and compressed, they read as zeros
-// (valid routing to expert 0, zero radii) and take almost no disk, whatever the layer's size. For
-// tests of layers too large to load.
-void write_placeholder_golden(const std::string& path, const spec::LayerConfig& cfg, bool bounds);
+// stage-local bounds) are declared but never written: chunked and compressed, they take almost no
+// disk, whatever the layer's size. For tests of layers too large to load (the reader refuses such
+// a file by its size before it looks at the data, and refuses unwritten data after). With
+// `zeros`, every dataset is written with zeros (valid routing to expert 0, zero radii; still
+// little disk, but the whole largest dataset in memory for the write): a file that loads.
+void write_placeholder_golden(const std::string& path, const spec::LayerConfig& cfg, bool bounds, bool zeros = false);
 
 // Sets one element of an fp32 dataset of an existing file (e.g. "bounds/d_x_bound"), in place:
 // how tests make files with values write_golden refuses to write (a negative radius, say).

@@ -340,7 +340,7 @@ TEST(GoldenIo, EveryMalformedFileGivesOneClearError) {
     ScratchDir dir;
     const auto cases = test::write_malformed_goldens(dir.path().string(), good);
     EXPECT_NO_THROW(read_golden(dir.file("good.h5")));
-    EXPECT_EQ(cases.size(), cfg.top_k >= 2 ? 31u : 30u);
+    EXPECT_EQ(cases.size(), cfg.top_k >= 2 ? 36u : 35u);
     for (const auto& [name, path] : cases) {
       const std::string expected = test::malformed_expected_text(name);
       ASSERT_FALSE(expected.empty()) << name;

@@ -102,7 +102,11 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   if (backend == Backend::kCuda && !have_cuda)
     throw Error("backend cuda is not supported here: " + why, ErrorKind::kUnsupported);
 
-  const bool backward = has_group(golden.tensors, "grads/");
+  // The backward pass runs for a golden with gradients, or with backward intermediates alone
+  // (d_act, dy, ...: a forward-only golden that kept them), which would otherwise go unchecked.
+  bool backward = has_group(golden.tensors, "grads/");
+  for (const auto& [path, tensor] : golden.tensors)
+    if (ref::is_backward_intermediate(path)) backward = true;
   const bool intermediates = has_group(golden.tensors, "intermediates/");
   check_memory(golden, backend, options.golden_name);
   const ref::TensorMap inputs = inputs_of(golden);
@@ -204,6 +208,8 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   } else {
 #if defined(MOK_HAVE_CUDA_KERNEL)
     const bool nccl = options.transport == "nccl";
+    if (std::string nccl_why; nccl && !kernel::nccl_available(&nccl_why))
+      throw Error("transport nccl: " + nccl_why, ErrorKind::kUnsupported);
     say("running the CUDA kernel (R=" + std::to_string(golden.cfg.num_ranks) +
         (nccl ? " ranks, one GPU each, NCCL transport)" : " virtual ranks on one GPU)") +
         (backward ? ", forward and backward" : ", forward"));

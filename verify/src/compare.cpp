@@ -255,6 +255,15 @@ std::string format_table(const Report& r) {
   return out.str();
 }
 
+namespace {
+// JSON has no Inf or NaN (nlohmann writes null): they are written as strings, as the ratio is.
+nlohmann::json json_number(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return x;
+}
+}  // namespace
+
 std::string format_json(const Report& r) {
   nlohmann::json j;
   j["golden"] = r.golden_path;
@@ -272,18 +281,26 @@ std::string format_json(const Report& r) {
     tj["equal"] = t.equal;
     tj["max_ulp"] = t.max_ulp == UINT64_MAX ? nlohmann::json("nan") : nlohmann::json(t.max_ulp);
     tj["worst_element"] = t.worst_location;
-    if (t.first_idx >= 0) {
-      tj["first_index"] = t.first_idx;
-      tj["first_element"] = t.first_location;
+    // The first wrong element: the first whose bits differ, or under within-bounds the first
+    // outside its radius (the table's "first failing stage" uses the same one).
+    const bool by_bounds = r.criterion != "bitwise";
+    const int64_t first = by_bounds ? t.first_outside_idx : t.first_idx;
+    if (first >= 0) {
+      tj["first_index"] = first;
+      tj["first_element"] = by_bounds ? t.first_outside_location : t.first_location;
     }
     if (t.worst_idx >= 0) {
       tj["worst_index"] = t.worst_idx;
-      tj["worst_expected"] = t.worst_expected;
-      tj["worst_actual"] = t.worst_actual;
+      tj["worst_expected"] = json_number(t.worst_expected);
+      tj["worst_actual"] = json_number(t.worst_actual);
     }
     if (t.has_bounds) {
       tj["bound_checked"] = t.bound_checked;
       tj["outside_bound"] = t.outside_bound;
+      if (t.first_outside_idx >= 0) {
+        tj["first_outside_index"] = t.first_outside_idx;
+        tj["first_outside_element"] = t.first_outside_location;
+      }
       tj["worst_error_over_bound"] = std::isinf(t.worst_bound_ratio) ? nlohmann::json("inf") : nlohmann::json(t.worst_bound_ratio);
       tj["worst_bound_element"] = t.worst_bound_location;
     }

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <sstream>
 
 namespace mok::verify {
 
@@ -105,6 +106,20 @@ void check_determinism_options(const spec::LayerConfig& cfg, const DeterminismOp
   for (const std::string& it : options.items)
     if (it != "shared" && it != "own")
       throw Error("determinism: --items takes shared and/or own (comma-separated), got '" + it + "'");
+  // A value listed twice would run its configurations twice and count them twice.
+  auto once = [](const char* flag, const auto& values) {
+    for (size_t i = 0; i < values.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (values[i] == values[j]) {
+          std::ostringstream os;
+          os << "determinism: " << flag << " lists " << values[i] << " twice; give each value once";
+          throw Error(os.str());
+        }
+  };
+  once("--ranks", options.ranks);
+  once("--comm-sms", options.comm_blocks);
+  once("--items", options.items);
+  once("--minibatch", options.minibatches);
   for (int64_t mb : options.minibatches)
     if (mb < 1 || G % mb)
       throw Error("determinism: --minibatch " + std::to_string(mb) + " does not divide the batch (G = R*T = " +
@@ -142,23 +157,24 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
     return std::find(options.items.begin(), options.items.end(), v) != options.items.end();
   };
   const bool want_shared = wants("shared"), want_own = wants("own");
-  for (int R : options.ranks)
+  for (int R : options.ranks) {
+    // R | E, minibatch | G and R | minibatch hold (check_determinism_options); too few GPUs for
+    // the nccl transport is this machine, not the command line: skipped and said (once per R).
+    if (nccl && R > devices) {
+      if (options.progress)
+        options.progress("skipping R=" + std::to_string(R) + ": the nccl transport needs one GPU per rank (" +
+                         std::to_string(devices) + " here)");
+      continue;
+    }
     for (int comm : options.comm_blocks)
       for (int64_t mb : mbs) {
-        // R | E, minibatch | G and R | minibatch hold (check_determinism_options); too few GPUs for
-        // the nccl transport is this machine, not the command line: skipped and said.
-        if (nccl && R > devices) {
-          if (options.progress)
-            options.progress("skipping R=" + std::to_string(R) + ": the nccl transport needs one GPU per rank (" +
-                             std::to_string(devices) + " here)");
-          continue;
-        }
         // Own items differ from shared ones only where one launch holds several ranks; elsewhere
         // either request runs the one configuration.
         const bool can_own = R > 1 && !nccl;
         if (want_shared || !can_own) configs.push_back({R, comm, mb, false});
         if (want_own && can_own) configs.push_back({R, comm, mb, true});
       }
+  }
   if (configs.empty())
     throw Error("determinism: every configuration needs more GPUs than the " + std::to_string(devices) +
                     " here (the nccl transport takes one GPU per rank); give --ranks that fit, or run on a node "

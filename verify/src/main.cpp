@@ -173,6 +173,10 @@ int main(int argc, char** argv) {
       return kExitBadInput;
     }
   }
+  if (const auto bad = mok::cli::empty_list_item(argc, argv, {"--ranks", "--comm-sms", "--items", "--minibatch"})) {
+    std::fprintf(stderr, "mok-verify: error: %s\n", bad->c_str());
+    return kExitBadInput;
+  }
   if (const auto rc = mok::cli::parse(app, argc, argv)) return *rc;
   // The golden's layer output is what every check is about: a file without it is not a golden.
   auto require_output = [](const mok::ref::Golden& g, const std::string& path) {
@@ -198,6 +202,25 @@ int main(int argc, char** argv) {
       ro.load_intermediates = false;
       ro.load_bounds = false;
       const mok::ref::Golden golden = mok::ref::read_golden(file, ro);
+      if (det->count("--ranks") == 0) {
+        // The default rank counts are a suggestion, not the user's: keep those this layer takes
+        // (dividing E and every minibatch) rather than refuse a count nobody gave.
+        std::vector<int> kept;
+        const int64_t G = golden.cfg.num_tokens();
+        for (int R : o.ranks) {
+          bool fits = golden.cfg.num_experts % R == 0;
+          for (int64_t mb : minibatch.empty() ? std::vector<int64_t>{G} : minibatch) fits = fits && mb % R == 0;
+          if (fits) kept.push_back(R);
+        }
+        if (kept.size() != o.ranks.size()) {
+          std::string list;
+          for (int R : kept) list += (list.empty() ? "" : ",") + std::to_string(R);
+          progress("--ranks defaults to 1,2,4,8; this layer (E = " + std::to_string(golden.cfg.num_experts) +
+                   ", " + std::to_string(G) + " tokens" + (minibatch.empty() ? "" : ", the minibatches") +
+                   ") takes " + list + " of them");
+          o.ranks = kept;
+        }
+      }
       const auto t0 = std::chrono::steady_clock::now();
       const mok::verify::DeterminismResult r = mok::verify::run_determinism(golden, o);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

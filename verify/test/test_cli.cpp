@@ -9,6 +9,8 @@
 #include "mok/verify/backends.hpp"
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -440,7 +442,7 @@ TEST_F(CliTest, EveryMalformedFileExitsTwoWithOneMessage) {
   const fs::path mdir = dir_ / "malformed";
   fs::create_directories(mdir);
   const auto cases = mok::test::write_malformed_goldens(mdir.string(), golden_);
-  ASSERT_GE(cases.size(), 31u);  // every case the reader test knows, K >= 2 here
+  ASSERT_GE(cases.size(), 36u);  // every case the reader test knows, K >= 2 here
   for (const auto& [name, path] : cases) {
     const std::string expected = mok::test::malformed_expected_text(name);
     ASSERT_FALSE(expected.empty()) << name << ": no expected text (find(\"\") would match any message)";
@@ -559,7 +561,7 @@ TEST_F(CliTest, ALayerTooLargeForTheMemoryHereIsRefusedByName) {
   // MiB on the CPU, more with the CUDA libraries), so the limit rises in 64 MiB steps from 400 MiB
   // until the load fits: the 288 MiB window after that holds the load but not the run.
   const std::string mid = (dir_ / "mid_layer.h5").string();
-  mok::test::write_placeholder_golden(mid, spec::LayerConfig{1024, 1024, 0, 16, 1, 1, 16}, false);
+  mok::test::write_placeholder_golden(mid, spec::LayerConfig{1024, 1024, 0, 16, 1, 1, 16}, false, /*zeros=*/true);
   for (int64_t kib = 400 * 1024; kib <= 4096 * 1024; kib += 64 * 1024) {
     r = run_cli("run " + mid + " --backend emulate", "", "ulimit -v " + std::to_string(kib) + "; ");
     if (r.err.find("loading its datasets takes") == std::string::npos) break;
@@ -721,6 +723,116 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
     EXPECT_EQ(r.code, 0) << r.out << r.err;
     EXPECT_NE(r.err.find(fallback), std::string::npos) << r.err;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Found by the forty-ninth session's audit: a forward-only golden (no /grads, as the reader's
+// advice for a golden missing a gradient suggests) that kept the backward intermediates had
+// them skipped in silence by the emulate backend, so wrong ones passed. They are now checked:
+// corrupted, they fail (exit 1) at the first one.
+TEST_F(CliTest, BackwardIntermediatesWithoutGradientsAreChecked) {
+  ref::Golden fwd = golden_;
+  std::erase_if(fwd.tensors, [](const auto& kv) {
+    const std::string& p = kv.first;
+    return p.rfind("grads/", 0) == 0 || (p.rfind("bounds/", 0) == 0 && p.rfind("bounds/output", 0) != 0);
+  });
+  ASSERT_TRUE(fwd.tensors.count("intermediates/dy"));
+  const std::string kept = (dir_ / "fwd_kept.h5").string();
+  ref::write_golden(kept, fwd);
+  CliRun r = run_cli("run " + kept + " --backend emulate");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("intermediates/dy"), std::string::npos) << "dy was not compared: " << r.out;
+  ref::Tensor& dy = fwd.tensors.at("intermediates/dy");
+  dy.data<uint16_t>()[0] ^= 0x0100;
+  const std::string bad = (dir_ / "fwd_bad_dy.h5").string();
+  ref::write_golden(bad, fwd);
+  r = run_cli("run " + bad + " --backend emulate");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("# first failing stage: intermediates/dy at token=0"), std::string::npos) << r.out;
+}
+
+// Found by the same audit: under --criterion bounds the JSON's first_element was the first
+// element whose bits differ, not the first outside its radius (the table's, and the README's).
+TEST_F(CliTest, JsonFirstElementUnderBoundsIsTheFirstOutsideItsRadius) {
+  ref::Golden cand = golden_;
+  ref::Tensor& g = cand.tensors.at("grads/d_w_routed_down");
+  float* v = g.data<float>();
+  const int64_t far = g.numel() - 3;
+  uint32_t bits;
+  std::memcpy(&bits, &v[1], 4);
+  ++bits;  // one ulp: inside any radius
+  std::memcpy(&v[1], &bits, 4);
+  v[far] = v[far] * 4 + 1;  // far outside
+  const std::string path = (dir_ / "bounds_first.h5").string();
+  ref::write_golden(path, cand);
+  const CliRun r = run_cli("compare " + good_ + " " + path + " --criterion bounds --json");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  bool seen = false;
+  for (const auto& t : j["tensors"]) {
+    if (t["tensor"] != "grads/d_w_routed_down") continue;
+    seen = true;
+    EXPECT_EQ(t["first_index"], far) << t.dump();
+    EXPECT_EQ(t["first_outside_index"], far) << t.dump();
+    EXPECT_EQ(t["first_element"], t["first_outside_element"]) << t.dump();
+  }
+  EXPECT_TRUE(seen) << r.out;
+}
+
+// Infinite values in the JSON report are strings, as the ratio is (they were null).
+TEST_F(CliTest, JsonWritesInfiniteValuesAsStrings) {
+  ref::Golden cand = golden_;
+  cand.tensors.at("outputs/output").data<uint16_t>()[0] = 0x7f80;  // bf16 +inf
+  const std::string path = (dir_ / "inf_output.h5").string();
+  ref::write_golden(path, cand);
+  const CliRun r = run_cli("compare " + good_ + " " + path + " --json");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  bool seen = false;
+  for (const auto& t : j["tensors"]) {
+    if (t["tensor"] != "outputs/output") continue;
+    seen = true;
+    EXPECT_EQ(t["worst_actual"], "inf") << t.dump();
+    EXPECT_TRUE(t["worst_expected"].is_number()) << t.dump();
+  }
+  EXPECT_TRUE(seen) << r.out;
+}
+
+// determinism: the default --ranks keep the counts this layer takes (E = 4 here: 1, 2, 4), and a
+// list with an empty or repeated item is refused (they were dropped or run twice).
+TEST_F(CliTest, DeterminismListsAreCheckedAndDefaultsFitTheLayer) {
+  CliRun r = run_cli("determinism " + good_ + " --runs 1");
+  EXPECT_NE(r.err.find("--ranks defaults to 1,2,4,8; this layer (E = 4, 12 tokens) takes 1,2,4 of them"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.code, 2) << r.err;  // 0 with a GPU, 3 without
+  for (const std::string& args : {"--ranks 1,,2", "--ranks=1,2,", "--items shared,,own", "--comm-sms ,1"}) {
+    r = run_cli("determinism " + good_ + " " + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("has an empty item"), std::string::npos) << args << ": " << r.err;
+  }
+  r = run_cli("determinism " + good_ + " --ranks 1,2,1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--ranks lists 1 twice"), std::string::npos) << r.err;
+}
+
+// A golden another program holds open for writing (a notebook's h5py.File(..., "r+")): HDF5's
+// lock, named as such, not "not an HDF5 file or truncated ... copy it again".
+TEST_F(CliTest, AGoldenOpenForWritingElsewhereIsNamedAsLocked) {
+  const std::string path = (dir_ / "locked.h5").string();
+  fs::copy_file(good_, path, fs::copy_options::overwrite_existing);
+  const hid_t held = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(held, 0);
+  const CliRun r = run_cli("run " + path + " --backend emulate");
+  H5Fclose(held);
+  if (r.code == 0) GTEST_SKIP() << "HDF5 file locking is not in effect here (HDF5_USE_FILE_LOCKING or the file system)";
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("another program has it open for writing and HDF5 locks it"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("HDF5_USE_FILE_LOCKING=FALSE"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("truncated"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -69,6 +70,27 @@ inline std::optional<int> parse(CLI::App& app, int argc, const char* const* argv
         std::cerr << "give one of: " << names << "\n";
     }
     return kExitBadInput;
+  }
+  return std::nullopt;
+}
+
+// CLI11 splits a comma-separated list option and drops empty items ("1,,2" reads as 1,2), so a
+// typo would pass unseen. Returns the message for the first of `flags` given (as "--f V" or
+// "--f=V") with an empty item, nothing when there is none. Usage, before parse():
+//   if (auto bad = mok::cli::empty_list_item(argc, argv, {"--ranks"})) { print *bad; return 2; }
+inline std::optional<std::string> empty_list_item(int argc, const char* const* argv,
+                                                  std::initializer_list<const char*> flags) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    for (const char* f : flags) {
+      const std::string flag = f;
+      std::string value;
+      if (arg == flag && i + 1 < argc) value = argv[i + 1];
+      else if (arg.rfind(flag + "=", 0) == 0) value = arg.substr(flag.size() + 1);
+      else continue;
+      if (value.empty() || value.find(",,") != std::string::npos || value.front() == ',' || value.back() == ',')
+        return flag + " '" + value + "' has an empty item; give the values comma-separated, e.g. " + flag + " 1,2";
+    }
   }
   return std::nullopt;
 }

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mok::ref {
@@ -44,6 +45,15 @@ enum class Role : uint8_t {
   kEndToEndRadius,   // end-to-end radius, optional
   kBoundTerms,       // stage-local sum of |terms| of the last stage, optional
 };
+
+// Whether a path names an intermediate of the backward pass: under intermediates/, dy, d_act,
+// d_gate, d_up, dx_slot, dx_shared and the shared expert's shared_d_*.
+inline bool is_backward_intermediate(std::string_view path) {
+  constexpr std::string_view kGroup = "intermediates/";
+  if (path.substr(0, kGroup.size()) != kGroup) return false;
+  const std::string_view name = path.substr(kGroup.size());
+  return name.substr(0, 1) == "d" || name.find("_d_") != std::string_view::npos;
+}
 
 // Any of the five bound roles (stage-local value, radius and terms; end-to-end value and radius).
 constexpr bool is_bound_role(Role r) {

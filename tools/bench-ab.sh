@@ -138,6 +138,13 @@ report() {  # medians over the rounds run so far, and the comparisons
 # already run still get their summary (a device call's time limit cut several A/Bs short).
 on_signal() {
   [[ -n $smi_pid ]] && { kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null; }
+  # The running command (and what its shell started) stops too: a background job of a script
+  # ignores SIGINT, and a TERM sent to this script alone reaches nothing else.
+  if [[ -n ${cmd_pid:-} ]]; then
+    pkill -TERM -P "$cmd_pid" 2> /dev/null
+    kill -TERM "$cmd_pid" 2> /dev/null
+    wait "$cmd_pid" 2> /dev/null
+  fi
   echo "bench-ab.sh: interrupted; partial results in $dir" >&2
   if [[ $(wc -l < "$summary") -gt 1 ]]; then
     echo "# interrupted: the summary covers the runs that finished"
@@ -145,6 +152,7 @@ on_signal() {
   fi
   exit $((128 + $1))
 }
+cmd_pid=""
 trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
 echo "# bench-ab.sh: $rounds rounds of ${labels[*]}$([[ $cross == 1 ]] && echo ", even rounds in reverse order"); outputs in $dir"
@@ -163,8 +171,13 @@ for ((r = 1; r <= rounds; ++r)); do
         > "$dir/${label}_r$r.smi" 2> /dev/null &
       smi_pid=$!
     fi
-    bash -c "${cmds[$i]}" > "$out" 2>&1
+    # In the background and waited for, so that a signal to this script is handled at once (a
+    # foreground command delays the trap until it ends) and stops the command too (on_signal).
+    bash -c "${cmds[$i]}" > "$out" 2>&1 &
+    cmd_pid=$!
+    wait "$cmd_pid"
     rc=$?
+    cmd_pid=""
     [[ -n $smi_pid ]] && { kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null; }
     smi_pid=""
     fwd=$(awk '$1 == "fused" && $2 == "forward" { print $3; exit }' "$out")

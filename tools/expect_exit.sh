@@ -18,6 +18,8 @@ expect_exit() {
 # must exit 2 with one line saying it cannot write (no traceback or second failure after it;
 # skipped where there is no /dev/full). The line must hold $unwritable_says, "cannot write" unless
 # set for the call (`unwritable_says="cannot write the help" expect_unwritable PROG --help`).
+# Progress lines on stderr matching $progress_lines (an extended regex, set for the call) are left
+# out before the check.
 expect_unwritable() {
   [[ -w /dev/full ]] || return 0
   local prog=$1
@@ -25,6 +27,7 @@ expect_unwritable() {
   local out code
   out=$("$prog" "$@" 2>&1 > /dev/full)
   code=$?
+  [[ -n ${progress_lines:-} ]] && out=$(grep -vE "$progress_lines" <<< "$out")
   if [[ $code != 2 || $out != *"${unwritable_says:-cannot write}"* || $out == *$'\n'* ]]; then
     echo "$(basename "$prog") $* > /dev/full: exit $code, expected 2 and one line saying '${unwritable_says:-cannot write}'"
     echo "$out" | head -5; expect_failed=1
@@ -33,7 +36,7 @@ expect_unwritable() {
 # expect_closed_pipe PROGRAM ARGS...: with standard output a pipe whose reader has gone (as in
 # `PROGRAM ARGS | head -1` once head has ended) and SIGPIPE at its default (Python's subprocess
 # restores it, whatever this shell inherited), PROGRAM ARGS must exit 2 with one line saying it
-# cannot write ($unwritable_says, as above), not end by SIGPIPE without a word (141). Skipped where
+# cannot write ($unwritable_says and $progress_lines, as above), not end by SIGPIPE without a word (141). Skipped where
 # there is no python3.
 expect_closed_pipe() {
   command -v python3 > /dev/null || return 0
@@ -46,6 +49,7 @@ os.close(r)
 rc = subprocess.run(sys.argv[1:], stdout=w).returncode
 sys.exit(128 - rc if rc < 0 else rc)' "$prog" "$@" 2>&1)
   code=$?
+  [[ -n ${progress_lines:-} ]] && out=$(grep -vE "$progress_lines" <<< "$out")
   if [[ $code != 2 || $out != *"${unwritable_says:-cannot write}"* || $out == *$'\n'* ]]; then
     echo "$(basename "$prog") $* > a closed pipe: exit $code, expected 2 and one line saying '${unwritable_says:-cannot write}'"
     echo "$out" | head -5; expect_failed=1

@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     const double need = golden_bytes(cfg, forward_only, !no_bounds, bound_terms, end_to_end_bounds);
     if (const auto available = mok::ref::available_memory_bytes(); available && need > static_cast<double>(*available))
       throw mok::Error("the layer " + mok::ref::format_config(cfg) + " needs at least " +
-                       mok::ref::format_bytes(static_cast<uint64_t>(need)) + " of memory for its inputs, results and " +
+                       mok::ref::format_bytes_estimate(need) + " of memory for its inputs, results and " +
                        "bounds, but only " + mok::ref::format_bytes(*available) +
                        " can be allocated here (memory limits, the machine's memory and swap); " + kSmallerLayer);
 
@@ -183,6 +183,10 @@ int main(int argc, char** argv) {
     for (auto& [path, t] : inputs) golden.tensors[path] = std::move(t);
     for (auto& [path, t] : result)
       if (!(no_intermediates && path.rfind("intermediates/", 0) == 0)) golden.tensors[path] = std::move(t);
+    double raw = 0;
+    for (const auto& [path, t] : golden.tensors) raw += static_cast<double>(t.size_bytes());
+    std::fprintf(stderr, "mok-golden: writing %s (%zu datasets, %s before compression)\n", out.c_str(),
+                 golden.tensors.size(), mok::ref::format_bytes_estimate(raw).c_str());
     mok::ref::write_golden(out, golden);
     std::fprintf(stderr, "mok-golden: wrote %s (%zu datasets) in %.1f s\n", out.c_str(), golden.tensors.size(),
                  seconds_since(t0));

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
       "  mok-launch -n 8 -- build/verify/mok-verify run fixtures/dsv3-micro-zipf.h5 --backend cuda --transport nccl\n\n"
       "Each rank runs in its own process group: a signal to a rank reaches the processes it started.\n"
       "SIGINT, SIGTERM and SIGHUP to the launcher are passed on to every rank; when a rank fails, the others\n"
-      "get SIGTERM. Ranks still running --kill-after seconds after either get SIGKILL.\n"
+      "get SIGTERM, and so do all at --timeout. Ranks still running --kill-after seconds after that get SIGKILL.\n"
       "Exit codes: 0 all ranks succeeded; the first failing rank's code (128 + signal when a signal\n"
       "ended it); 124 timeout; 127 the program could not be started; 2 bad usage; 3 NCCL not usable.",
       "mok-launch"};
@@ -129,7 +129,13 @@ int main(int argc, char** argv) {
     // Rank r gets GPU r. The launcher does not know whether the program needs a GPU (it may run
     // any command), so too few GPUs is a note, not a refusal: it names why a rank then finds none.
     int count = 0;
-    if (cudaGetDeviceCount(&count) == cudaSuccess && count < n) {
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;  // no driver or no device: none
+    if (count == 0) {
+      std::fprintf(stderr,
+                   "mok-launch: note: this machine has no usable CUDA device (no driver or no GPU): every rank will "
+                   "find none, and a program that needs its GPU fails; run on a machine with %d GPU(s)\n",
+                   n);
+    } else if (count < n) {
       const std::string missing = count == n - 1 ? "rank " + std::to_string(count)
                                                  : "ranks " + std::to_string(count) + " to " + std::to_string(n - 1);
       std::fprintf(stderr,
@@ -246,9 +252,13 @@ int main(int argc, char** argv) {
       continue;
     }
     if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
-      std::fprintf(stderr, "mok-launch: timeout after %g s; stopping every rank\n", timeout_s);
-      signal_ranks(pids, SIGKILL);
+      // As for a failure: SIGTERM, so that the ranks can clean up (a temporary file, say), and
+      // SIGKILL to those still running --kill-after seconds later.
+      std::fprintf(stderr, "mok-launch: timeout after %g s; stopping every rank (SIGTERM, SIGKILL after %g s)\n",
+                   timeout_s, kill_after_s);
+      signal_ranks(pids, SIGTERM);
       if (first_failure == 0) first_failure = 124;
+      start_stopping();
       timeout_s = 0;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -63,12 +63,22 @@ int main(int argc, char** argv) {
     mok::ref::EmulateOptions both;
     both.num_threads = threads;
     mok::ref::TensorMap result;
-    const double t_fwd = median_seconds(reps, [&] { mok::ref::emulate(cfg, in, fwd); });
-    const double t_both = median_seconds(reps, [&] { result = mok::ref::emulate(cfg, in, both); });
+    // Each stage takes seconds to minutes at the presets' sizes: say what runs (stderr).
+    const auto stage = [&](const char* what, double t) {
+      std::fprintf(stderr, "mok-refbench: %s: median %.3f s of %d\n", what, t, reps);
+      return t;
+    };
+    std::fprintf(stderr, "mok-refbench: %s, %d repetitions of 4 stages (emulate forward, forward+backward, oracle, "
+                         "end-to-end oracle)\n", preset.c_str(), reps);
+    const double t_fwd = stage("emulate forward", median_seconds(reps, [&] { mok::ref::emulate(cfg, in, fwd); }));
+    const double t_both =
+        stage("emulate forward+backward", median_seconds(reps, [&] { result = mok::ref::emulate(cfg, in, both); }));
     mok::ref::OracleOptions oo;
     oo.num_threads = threads;
-    const double t_oracle = median_seconds(reps, [&] { mok::ref::oracle_bounds(cfg, in, result, oo); });
-    const double t_e2e = median_seconds(reps, [&] { mok::ref::oracle_end_to_end(cfg, in, oo); });
+    const double t_oracle =
+        stage("oracle (all bounds)", median_seconds(reps, [&] { mok::ref::oracle_bounds(cfg, in, result, oo); }));
+    const double t_e2e =
+        stage("end-to-end oracle", median_seconds(reps, [&] { mok::ref::oracle_end_to_end(cfg, in, oo); }));
     std::printf("# mok-refbench preset=%s G=%lld H=%lld I=%lld Is=%lld E=%lld K=%lld threads=%d reps=%d seed=%llu\n",
                 preset.c_str(), (long long)cfg.num_tokens(), (long long)cfg.hidden, (long long)cfg.intermediate,
                 (long long)cfg.shared_intermediate, (long long)cfg.num_experts, (long long)cfg.top_k,

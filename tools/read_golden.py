@@ -12,6 +12,7 @@ Exit codes: 0 ok, 1 check failed, 2 bad file (not the schema; the message names 
 dataset) or output that cannot be written, 77 h5py/numpy missing.
 """
 import argparse
+from fractions import Fraction
 import os
 import sys
 
@@ -114,6 +115,9 @@ def inspect(f, check):
         if k not in CONFIG_RANGES:
             continue
         try:
+            # A bool (True is an int in Python) or a string ("64") is not a stored integer.
+            if isinstance(v, (bool, np.bool_, str, bytes)) or (isinstance(v, np.ndarray) and v.dtype.kind in "bSUO"):
+                raise ValueError(v)
             if isinstance(v, (int, np.integer)):
                 cfg[k] = int(v)
             else:
@@ -148,6 +152,16 @@ def inspect(f, check):
     return 0
 
 
+def round_f32(exact):
+    """The float32 nearest to a Fraction, ties to even (one rounding, as an FMA rounds)."""
+    near = np.float32(float(exact))  # within an ulp of the answer (two roundings at most)
+    candidates = [np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf))]
+    def key(c):
+        even = int(np.array([c], dtype=np.float32).view(np.uint32)[0]) & 1
+        return (abs(Fraction(float(c)) - exact), even)
+    return min((c for c in candidates if np.isfinite(c)), key=key)
+
+
 def check_one(f, cfg):
     """Recomputes one combined output element from the stored expert outputs y, the router weights
     and the shared expert's output: acc = s; acc = fma(w, y, acc); bf16."""
@@ -161,6 +175,9 @@ def check_one(f, cfg):
                    "intermediates/y": (G, K, H), "outputs/output": (G, H)}
     if "intermediates/shared_out" in f:
         want_shapes["intermediates/shared_out"] = (G, H)
+    elif cfg["Is"] > 0:
+        raise BadFile(f"--check needs /intermediates/shared_out: the layer has a shared expert (Is = {cfg['Is']}); "
+                      f"{REGENERATE}")
     ds = {name: dataset(f, name) for name in want_shapes}
     for name, shape in want_shapes.items():
         if ds[name].shape != shape:
@@ -178,12 +195,11 @@ def check_one(f, cfg):
     out = load_bf16(ds["outputs/output"])
     s = load_float(ds["intermediates/shared_out"]) if "intermediates/shared_out" in ds else None
     t, h = min(3, G - 1), min(5, H - 1)
-    acc = np.float64(s[t, h]) if s is not None else 0.0
+    acc = np.float32(s[t, h]) if s is not None else np.float32(0.0)
     for k in range(K):
         if topk[t, k] >= 0:
-            # w*y is exact in float64; the float64 sum then float32 equals fma(w, y, acc)
-            # except in rare double-rounding cases (not this element of the fixtures)
-            acc = np.float32(acc + np.float64(w[t, k]) * np.float64(y[t, k, h]))
+            # fma(w, y, acc): the exact w*y + acc (fractions), rounded once to float32
+            acc = round_f32(Fraction(float(acc)) + Fraction(float(w[t, k])) * Fraction(float(y[t, k, h])))
     bits = np.array([acc], dtype=np.float32).view(np.uint32)[0]
     rne = ((int(bits) + 0x7FFF + ((int(bits) >> 16) & 1)) >> 16) << 16
     want = np.array([rne], dtype=np.uint32).view(np.float32)[0]

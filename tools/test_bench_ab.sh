@@ -162,6 +162,18 @@ grep -q "^# interrupted: the summary covers the runs that finished$" <<< "$out" 
 grep -q "^A *fwd 4 ms  bwd 5 ms" <<< "$out" || fail "A's median over the finished rounds expected: $out"
 grep -q "^B against A: fwd -50.0%, faster in 1 of 1; bwd +0.0%, faster in 0 of 1; fwd+bwd -22.2%, faster in 1 of 1$" <<< "$out" ||
   fail "B against A over round 1 expected: $out"
+# A SIGTERM to the script alone (not its group) ends it at once and stops the running command
+# (it used to wait for the command, which went on running).
+start=$(date +%s)
+"$ab" -n 2 -o "$work/o10" A 'sleep 31.25; echo "fused forward 1.0 x"' B 'echo "fused forward 1.0 x"' > "$work/o10.out" 2>&1 &
+abpid=$!
+sleep 1
+kill -TERM "$abpid"
+wait "$abpid"
+rc=$?
+[[ $rc -eq 143 && $(($(date +%s) - start)) -le 6 ]] || fail "SIGTERM to bench-ab.sh alone: expected 143 at once, got $rc"
+sleep 0.2
+pgrep -f "sleep 31.25" > /dev/null && { pkill -f "sleep 31.25"; fail "the running command outlived bench-ab.sh"; }
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"

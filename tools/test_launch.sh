@@ -17,6 +17,13 @@ if [[ $ngpu -ge 1 && $ngpu -lt 3 ]]; then
   [[ $code == 0 && $msg == *"note: -n 3 gives rank r GPU r (0..2), but this machine has $ngpu CUDA device(s)"* ]] ||
     { echo "-n 3 on $ngpu GPU(s): expected exit 0 and a note naming the missing GPUs, got $code: $msg"; exit 1; }
 fi
+# Without any GPU (no driver, as in CI) the note says so rather than nothing.
+if [[ $ngpu == 0 ]]; then
+  msg=$("$launch" -n 2 -- true 2>&1)
+  code=$?
+  [[ $code == 0 && $msg == *"note: this machine has no usable CUDA device"* ]] ||
+    { echo "-n 2 without a GPU: expected exit 0 and a note, got $code: $msg"; exit 1; }
+fi
 # With CUDA_VISIBLE_DEVICES set, rank r gets its r-th entry, and never a GPU it does not list.
 out=$(CUDA_VISIBLE_DEVICES=4,5 "$launch" -n 2 -- bash -c 'echo "$MOK_RANK/$CUDA_VISIBLE_DEVICES"' | sort)
 [[ $out == $'0/4\n1/5' ]] || { echo "CUDA_VISIBLE_DEVICES=4,5: unexpected rank GPUs:"; echo "$out"; exit 1; }
@@ -66,6 +73,13 @@ rm -rf "$dir"
 "$launch" -n 1 --timeout 1 -- sleep 30
 code=$?
 [[ $code == 124 ]] || { echo "expected 124 on timeout, got $code"; exit 1; }
+# A timeout sends SIGTERM first, so that a rank can clean up (it was SIGKILL at once).
+dir=$(mktemp -d)
+RANK_DIR=$dir "$launch" -n 1 --timeout 1 -- bash -c 'trap "echo cleaned > \"\$RANK_DIR/c\"; exit 1" TERM; sleep 30 & wait' \
+  2> /dev/null
+code=$?
+[[ $code == 124 && -s $dir/c ]] || { echo "timeout: expected 124 and the rank's SIGTERM clean-up, got $code"; exit 1; }
+rm -rf "$dir"
 # A signal to the launcher reaches every rank: none is left running after it (each rank writes
 # its pid, the launcher gets SIGTERM, then no pid may still exist). The directory reaches the
 # ranks through the environment, so a path with spaces stays one word.

@@ -70,6 +70,12 @@ with tempfile.TemporaryDirectory() as tmp:
                      "/inputs/topk_experts must hold integers"),
         "topk_past_E": (lambda f: replace(f, "inputs/topk_experts", np.full(f["inputs/topk_experts"].shape, 99, np.int32)),
                         "/inputs/topk_experts holds 99"),
+        # found by the forty-ninth session's audit: a bool or a string of digits was read as a number,
+        # and a shared expert's missing output gave "check failed" (exit 1)
+        "config_H_bool": (lambda f: f["config"].attrs.__setitem__("H", np.bool_(True)), "not an integer"),  # repr: True or np.True_ by numpy version
+        "config_H_digits": (lambda f: f["config"].attrs.__setitem__("H", "64"), "attribute H is '64', not an integer"),
+        "shared_out_missing": (lambda f: f.__delitem__("intermediates/shared_out"),
+                               "--check needs /intermediates/shared_out"),
         # without --check too
         "config_R_negative": (lambda f: f["config"].attrs.__setitem__("R", np.int64(-2)), "attribute R is -2", False),
         "config_T_zero": (lambda f: f["config"].attrs.__setitem__("T", np.int64(0)), "attribute T is 0", False),

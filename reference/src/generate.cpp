@@ -214,9 +214,11 @@ RoutingSpec parse_routing(const std::string& text) {
                   rest.substr(0, c2) + "; e.g. hot:4");
     r.hot_count = static_cast<int64_t>(n);
     if (c2 != std::string::npos) r.hot_factor = parse_number(rest.substr(c2 + 1), text);
-    if (r.hot_count < 1 || r.hot_factor < 1)
-      throw Error("routing '" + text + "': hot:N:F needs a factor F >= 1 (how many times as likely a hot expert is "
-                  "as a cold one), not " + rest.substr(c2 + 1) + "; e.g. hot:4:8");
+    // Past 1e12 a cold expert is never drawn in any layer this tool can hold; a larger F (N x F
+    // overflowing a double at 1e308) made every draw pick the last expert instead of a random one.
+    if (r.hot_count < 1 || !(r.hot_factor >= 1 && r.hot_factor <= 1e12))
+      throw Error("routing '" + text + "': hot:N:F needs a factor F in [1, 1e12] (how many times as likely a hot "
+                  "expert is as a cold one), not " + rest.substr(c2 + 1) + "; e.g. hot:4:8");
   } else {
     throw Error("unknown routing '" + text + "'; use uniform, zipf:S (e.g. zipf:1.2), hot:N or hot:N:F");
   }

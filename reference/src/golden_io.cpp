@@ -891,8 +891,8 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
   }
   const std::optional<uint64_t> available = available_memory_bytes();
   if (available && need > static_cast<double>(*available)) {
-    ctx.fail("", "loading its datasets takes " + format_bytes(static_cast<uint64_t>(need)) +
-                     " of memory (the largest, /" + largest_path + ", " + format_bytes(static_cast<uint64_t>(largest)) +
+    ctx.fail("", "loading its datasets takes " + format_bytes_estimate(need) +
+                     " of memory (the largest, /" + largest_path + ", " + format_bytes_estimate(largest) +
                      "), but only " + format_bytes(*available) +
                      " can be allocated here (memory limits, the machine's memory and swap); run on a machine with more "
                      "memory, or use a golden of a smaller layer");

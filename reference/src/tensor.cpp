@@ -109,6 +109,15 @@ std::string format_bytes(uint64_t bytes) {
   return text;
 }
 
+std::string format_bytes_estimate(double bytes) {
+  if (!(bytes < 0x1p63)) {  // also NaN and inf
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3g GiB", bytes / (1u << 30));
+    return text;
+  }
+  return format_bytes(bytes <= 0 ? 0 : static_cast<uint64_t>(bytes));
+}
+
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   // A product of non-negative dims that stays below this bound also fits in size_t bytes.
   const int64_t max_numel =

@@ -175,9 +175,9 @@ TEST(ApiChecks, RoutingSpecsAndSamplesBuiltInCode) {
 // (mutation-checked: each bound moved by one step or loosened from < to <= fails here; the cases
 // above stay far from the ends).
 TEST(ApiChecks, RoutingRangeEndsAreExact) {
-  for (const char* text : {"zipf:8", "zipf:0.001", "hot:1:1", "hot:4"})
+  for (const char* text : {"zipf:8", "zipf:0.001", "hot:1:1", "hot:4", "hot:1:1e12"})
     EXPECT_EQ(error_of([&] { ref::generate_inputs(kCfg, ref::parse_routing(text), 1); }), "") << text;
-  for (const char* text : {"zipf:0", "zipf:-1", "zipf:8.5", "zipf:1.2x", "hot:0", "hot:2:0.5", "hot:1.5", "hot:2:3x"})
+  for (const char* text : {"zipf:0", "zipf:-1", "zipf:8.5", "zipf:1.2x", "hot:0", "hot:2:0.5", "hot:1.5", "hot:2:3x", "hot:8:1e308", "hot:2:1e13", "hot:2:nan"})
     EXPECT_NE(error_of([&] { ref::parse_routing(text); }), "") << text << " was accepted";
   EXPECT_NE(error_of([&] { ref::generate_inputs(kCfg, ref::parse_routing("hot:5"), 1); }).find("lower N to at most 4"),
             std::string::npos);

@@ -51,7 +51,7 @@ void check_memory(const ref::Golden& golden, Backend backend, const std::string&
   const std::optional<uint64_t> available = ref::available_memory_bytes();
   if (!available || need <= static_cast<double>(*available)) return;
   throw Error(golden_name + ": the " + backend_name(backend) + " backend needs at least " +
-              ref::format_bytes(static_cast<uint64_t>(need)) + " more memory for this layer (" +
+              ref::format_bytes_estimate(need) + " more memory for this layer (" +
               ref::format_config(golden.cfg) + "), but at most " + ref::format_bytes(*available) +
               " is available here (the tightest of: this process's memory limits less what it already uses, the "
               "container's limit, the machine's memory and swap); run on a machine with more memory, or use a "

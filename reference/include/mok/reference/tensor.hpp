@@ -79,6 +79,9 @@ std::optional<uint64_t> available_memory_bytes();
 
 // A byte count for messages: "1.5 GiB", "320 MiB", "12 KiB", "100 bytes".
 std::string format_bytes(uint64_t bytes);
+// The same for a byte count computed in double (an estimate that may pass 2^64, where a cast to
+// uint64_t is undefined): at least GiB precision.
+std::string format_bytes_estimate(double bytes);
 // A shape for messages: "[2, 3]" (Tensor::shape_string() of a tensor of that shape).
 std::string format_shape(const std::vector<int64_t>& shape);
 

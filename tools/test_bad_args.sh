@@ -39,6 +39,9 @@ if [[ -n ${MOK_GOLDEN:-} ]]; then
   expect_exit "$MOK_GOLDEN" 2 "is -1; it must be in (0, 8]" --preset tiny --routing zipf:-1 -o "$out_h5"
   expect_exit "$MOK_GOLDEN" 2 "factor F in [1, 1e12]" --preset tiny --routing hot:2:-1 -o "$out_h5"
   expect_exit "$MOK_GOLDEN" 2 "factor F in [1, 1e12]" --preset tiny --routing hot:8:1e308 -o "$out_h5"
+  # A memory estimate past 2^64 bytes is printed as such (the cast to uint64_t said "0 bytes").
+  expect_exit "$MOK_GOLDEN" 2 "needs at least 1.15e+13 GiB of memory" --E 1048576 --H 16777216 --I 16777216 --R 1 \
+    --K 1 --Is 0 -o "$out_h5"
   expect_exit "$MOK_GOLDEN" 2 "'abc' is not a number" --preset tiny --routing zipf:abc -o "$out_h5"
   msg=$("$MOK_GOLDEN" --preset tiny --E 8 --routing hot:9 -o "$out_h5" 2>&1)
   code=$?

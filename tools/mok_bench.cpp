@@ -243,17 +243,18 @@ int main(int argc, char** argv) {
   app.add_option("--routing", routing, "routing for generated inputs")->capture_default_str();
   // Sizes start at 1 (--Is at 0); 0 (-1 for --Is) inside means "not given". A golden file fixes
   // the layer and the inputs, so none of these go with --file.
-  const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
+  using mok::cli::layer_size_range;
   auto* routing_opt = app.get_option("--routing");
   std::vector<CLI::Option*> shape_opts{
       app.add_option("--R", R, "ranks (overrides the preset): virtual ranks on one GPU, or GPUs with --transport nccl")
-          ->check(positive),
-      app.add_option("--T", T, "tokens per rank (overrides the preset)")->check(positive),
-      app.add_option("--H", H, "hidden size (overrides the preset)")->check(positive),
-      app.add_option("--I", I, "routed intermediate size")->check(positive),
-      app.add_option("--Is", Is, "shared intermediate size (0: none)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40)),
-      app.add_option("--E", E, "experts (over all ranks)")->check(positive),
-      app.add_option("--K", K, "top-k")->check(positive),
+          ->check(layer_size_range('R')),
+      app.add_option("--T", T, "tokens per rank (overrides the preset; R*T*K must fit in int32)")
+          ->check(layer_size_range('T')),
+      app.add_option("--H", H, "hidden size, a multiple of 16 (overrides the preset)")->check(layer_size_range('H')),
+      app.add_option("--I", I, "routed intermediate size, a multiple of 16")->check(layer_size_range('I')),
+      app.add_option("--Is", Is, "shared intermediate size, a multiple of 16 (0: none)")->check(layer_size_range('s')),
+      app.add_option("--E", E, "experts (over all ranks, a multiple of R)")->check(layer_size_range('E')),
+      app.add_option("--K", K, "top-k (at most E)")->check(layer_size_range('K')),
       routing_opt};
   for (CLI::Option* o : shape_opts) file_opt->excludes(o);
   app.add_option("--transport", transport,
@@ -542,7 +543,9 @@ int main(int argc, char** argv) {
       cfg = generated_config();
       if (const auto msg = transport_fits(cfg.num_ranks)) return usage_error(*msg);
       const mok::spec::Status st = cfg.validate();
-      if (!st.ok) throw mok::Error(st.message);
+      if (!st.ok)
+        throw mok::Error(std::string(st.message) + " (the layer asked for: " + mok::ref::format_config(cfg) +
+                         ", from --case and --H --I --Is --E --K --R --T)");
       in = mok::ref::generate_inputs(cfg, mok::ref::parse_routing(routing), 1);
     }
     const int64_t G = cfg.num_tokens(), Hc = cfg.hidden, Ic = cfg.intermediate, Isc = cfg.shared_intermediate,

@@ -73,14 +73,15 @@ int main(int argc, char** argv) {
        bound_terms = false;
   int64_t H = -1, I = -1, Is = -1, E = -1, K = -1, R = -1, T = -1;  // -1: take the preset's
   app.add_option("--preset,-p", preset, preset_help)->capture_default_str();
-  const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
-  app.add_option("--H", H, "hidden size (overrides the preset)")->check(positive);
-  app.add_option("--I", I, "routed expert intermediate size")->check(positive);
-  app.add_option("--Is", Is, "shared expert intermediate size (0 = no shared expert)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--E", E, "number of experts (a multiple of R)")->check(positive);
-  app.add_option("--K", K, "experts per token (top-k)")->check(positive);
-  app.add_option("--R", R, "ranks (the expert placement: E/R contiguous experts per rank)")->check(positive);
-  app.add_option("--T", T, "tokens per rank")->check(positive);
+  using mok::cli::layer_size_range;
+  app.add_option("--H", H, "hidden size, a multiple of 16 (overrides the preset)")->check(layer_size_range('H'));
+  app.add_option("--I", I, "routed expert intermediate size, a multiple of 16")->check(layer_size_range('I'));
+  app.add_option("--Is", Is, "shared expert intermediate size, a multiple of 16 (0 = no shared expert)")
+      ->check(layer_size_range('s'));
+  app.add_option("--E", E, "number of experts (a multiple of R)")->check(layer_size_range('E'));
+  app.add_option("--K", K, "experts per token (top-k, at most E)")->check(layer_size_range('K'));
+  app.add_option("--R", R, "ranks (the expert placement: E/R contiguous experts per rank)")->check(layer_size_range('R'));
+  app.add_option("--T", T, "tokens per rank (R*T*K must fit in int32)")->check(layer_size_range('T'));
   app.add_option("--routing", routing,
                  "expert choice: uniform | zipf:S (popularity ~ 1/rank^S, e.g. zipf:1.2) | hot:N[:F] "
                  "(N hot experts, each F times as likely, default F=16)")
@@ -120,7 +121,9 @@ int main(int argc, char** argv) {
     if (R != -1) cfg.num_ranks = R;
     if (T != -1) cfg.tokens_per_rank = T;
     const mok::spec::Status st = cfg.validate();
-    if (!st.ok) throw mok::Error(st.message);
+    if (!st.ok)
+      throw mok::Error(std::string(st.message) + " (the layer asked for: " + mok::ref::format_config(cfg) +
+                       ", from --preset " + preset + " and --H --I --Is --E --K --R --T)");
     mok::ref::RoutingSpec rs = mok::ref::parse_routing(routing);
     rs.rank_skew = rank_skew;
     rs.empty_prob = empty;

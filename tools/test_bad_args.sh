@@ -39,6 +39,9 @@ if [[ -n ${MOK_GOLDEN:-} ]]; then
   expect_exit "$MOK_GOLDEN" 2 "is -1; it must be in (0, 8]" --preset tiny --routing zipf:-1 -o "$out_h5"
   expect_exit "$MOK_GOLDEN" 2 "factor F in [1, 1e12]" --preset tiny --routing hot:2:-1 -o "$out_h5"
   expect_exit "$MOK_GOLDEN" 2 "factor F in [1, 1e12]" --preset tiny --routing hot:8:1e308 -o "$out_h5"
+  # A layer rule broken names the layer asked for; --help's ranges are the real limits.
+  expect_exit "$MOK_GOLDEN" 2 "divisible by config.R (ranks): experts are placed in equal contiguous blocks (the layer asked for: H=64 I=32 Is=32 E=3 K=2 R=2 T=8" --preset tiny --E 3 -o "$out_h5"
+  expect_exit "$MOK_GOLDEN" 0 "--K INT:INT in [1 - 64]" --help
   # A memory estimate past 2^64 bytes is printed as such (the cast to uint64_t said "0 bytes").
   expect_exit "$MOK_GOLDEN" 2 "needs at least 1.15e+13 GiB of memory" --E 1048576 --H 16777216 --I 16777216 --R 1 \
     --K 1 --Is 0 -o "$out_h5"
@@ -144,7 +147,8 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "routing" --case dsv3 --routing sideways --show-config
   expect_exit "$MOK_BENCH" 0 "R=1 T=8192" --case dsv3 --transport nccl --trace --show-config
   # Usage is checked before the GPU: exit 2 on any machine (found by review, 2026-12-05).
-  expect_exit "$MOK_BENCH" 2 "not a valid layer" --H 15
+  expect_exit "$MOK_BENCH" 2 "not a valid layer" --H 24
+  expect_exit "$MOK_BENCH" 2 "--H: Value 15 not in range 16 to 16777216" --H 15  # --help's ranges are the real ones
   expect_exit "$MOK_BENCH" 2 "unknown routing" --routing bogus
   expect_exit "$MOK_BENCH" 2 "no such file" --file /nonexistent/golden.h5
   expect_exit "$MOK_BENCH" 2 "--torch" --torch /nonexistent/baseline.py
@@ -170,7 +174,7 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   # Sizes whose product overflows are refused as they are, not shown as G=0.
   out=$("$MOK_BENCH" --T 1099511627776 --R 1099511627776 --E 1099511627776 --show-config 2>&1)
   code=$?
-  if [[ $code != 2 || $out != *"not a valid layer"* || $out == *"G=0"* ]]; then
+  if [[ $code != 2 || $out != *"not in range"* || $out == *"G=0"* ]]; then
     echo "mok-bench with R*T past 2^63: expected exit 2 without a wrapped G, got $code: $out"; expect_failed=1
   fi
   expect_unwritable "$MOK_BENCH" --show-config

@@ -95,6 +95,22 @@ inline std::optional<std::string> empty_list_item(int argc, const char* const* a
   return std::nullopt;
 }
 
+// The ranges of the layer-size options --H --I --Is --E --K --R --T, as spec::LayerConfig::validate()
+// states them (include/mok/spec/config.hpp; the multiples of 16 and E % R, K <= E are its own
+// checks): so that --help shows the real limits rather than [1 - 2^40].
+inline CLI::Range layer_size_range(char field) {
+  constexpr int64_t kDim = int64_t{1} << 24;
+  switch (field) {
+    case 'H':
+    case 'I': return CLI::Range(int64_t{16}, kDim);
+    case 's': return CLI::Range(int64_t{0}, kDim);  // Is: 0 = no shared expert
+    case 'E': return CLI::Range(int64_t{1}, int64_t{1} << 20);
+    case 'K': return CLI::Range(int64_t{1}, int64_t{64});
+    case 'R': return CLI::Range(int64_t{1}, int64_t{4096});
+    default: return CLI::Range(int64_t{1}, kDim);  // T
+  }
+}
+
 // Validators CLI11 lacks. A seed: digits only, at most 2^64 - 1 ("-1" or an overflowing number
 // would otherwise wrap or clamp to another seed).
 inline CLI::Validator seed() {

@@ -138,11 +138,10 @@ report() {  # medians over the rounds run so far, and the comparisons
 # already run still get their summary (a device call's time limit cut several A/Bs short).
 on_signal() {
   [[ -n $smi_pid ]] && { kill "$smi_pid" 2> /dev/null; wait "$smi_pid" 2> /dev/null; }
-  # The running command (and what its shell started) stops too: a background job of a script
-  # ignores SIGINT, and a TERM sent to this script alone reaches nothing else.
+  # The running command's process group (it and what it started) stops too: it is not in this
+  # script's group, so neither a TERM to this script alone nor Ctrl-C reaches it otherwise.
   if [[ -n ${cmd_pid:-} ]]; then
-    pkill -TERM -P "$cmd_pid" 2> /dev/null
-    kill -TERM "$cmd_pid" 2> /dev/null
+    kill -TERM -- "-$cmd_pid" 2> /dev/null
     wait "$cmd_pid" 2> /dev/null
   fi
   echo "bench-ab.sh: interrupted; partial results in $dir" >&2
@@ -171,10 +170,13 @@ for ((r = 1; r <= rounds; ++r)); do
         > "$dir/${label}_r$r.smi" 2> /dev/null &
       smi_pid=$!
     fi
-    # In the background and waited for, so that a signal to this script is handled at once (a
-    # foreground command delays the trap until it ends) and stops the command too (on_signal).
+    # In the background, in its own process group (set -m), and waited for: a signal to this
+    # script is handled at once (a foreground command delays the trap until it ends), and
+    # on_signal stops the command with everything it started (the group).
+    set -m
     bash -c "${cmds[$i]}" > "$out" 2>&1 &
     cmd_pid=$!
+    set +m
     wait "$cmd_pid"
     rc=$?
     cmd_pid=""

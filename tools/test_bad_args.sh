@@ -42,6 +42,8 @@ if [[ -n ${MOK_GOLDEN:-} ]]; then
   # A layer rule broken names the layer asked for; --help's ranges are the real limits.
   expect_exit "$MOK_GOLDEN" 2 "divisible by config.R (ranks): experts are placed in equal contiguous blocks (the layer asked for: H=64 I=32 Is=32 E=3 K=2 R=2 T=8" --preset tiny --E 3 -o "$out_h5"
   expect_exit "$MOK_GOLDEN" 0 "--K INT:INT in [1 - 64]" --help
+  expect_exit "$MOK_GOLDEN" 0 "mok-golden: writing $out_h5 (54 datasets, " --preset tiny -o "$out_h5"  # before the write
+  rm -f "$out_h5"
   # A memory estimate past 2^64 bytes is printed as such (the cast to uint64_t said "0 bytes").
   expect_exit "$MOK_GOLDEN" 2 "needs at least 1.15e+13 GiB of memory" --E 1048576 --H 16777216 --I 16777216 --R 1 \
     --K 1 --Is 0 -o "$out_h5"
@@ -111,6 +113,7 @@ if [[ -n ${MOK_REFBENCH:-} ]]; then
   refbench_progress='^mok-refbench: (tiny, [0-9]+ repetitions|[a-z +()-]+: median )'
   progress_lines=$refbench_progress expect_unwritable "$MOK_REFBENCH" --preset tiny -r 1
   progress_lines=$refbench_progress expect_closed_pipe "$MOK_REFBENCH" --preset tiny -r 1
+  expect_exit "$MOK_REFBENCH" 0 "mok-refbench: end-to-end oracle: median" --preset tiny -r 1  # a line per stage
 fi
 if [[ -n ${MOK_BENCH_ATOMICS:-} ]]; then
   expect_exit "$MOK_BENCH_ATOMICS" 0 "mok-bench-atomics: time the fused" --help

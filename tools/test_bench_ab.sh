@@ -165,15 +165,21 @@ grep -q "^B against A: fwd -50.0%, faster in 1 of 1; bwd +0.0%, faster in 0 of 1
 # A SIGTERM to the script alone (not its group) ends it at once and stops the running command
 # (it used to wait for the command, which went on running).
 start=$(date +%s)
-"$ab" -n 2 -o "$work/o10" A 'sleep 31.25; echo "fused forward 1.0 x"' B 'echo "fused forward 1.0 x"' > "$work/o10.out" 2>&1 &
+# The command is compound (its shell stays, with a child): the child must stop too.
+"$ab" -n 2 -o "$work/o10" A "sleep 31 & echo \$! > '$work/o10.child'; wait; echo 'fused forward 1.0 x'" \
+  B 'echo "fused forward 1.0 x"' > "$work/o10.out" 2>&1 &
 abpid=$!
-sleep 1
+for _ in $(seq 50); do [[ -s $work/o10.child ]] && break; sleep 0.1; done
 kill -TERM "$abpid"
 wait "$abpid"
 rc=$?
-[[ $rc -eq 143 && $(($(date +%s) - start)) -le 6 ]] || fail "SIGTERM to bench-ab.sh alone: expected 143 at once, got $rc"
-sleep 0.2
-pgrep -f "sleep 31.25" > /dev/null && { pkill -f "sleep 31.25"; fail "the running command outlived bench-ab.sh"; }
+[[ $rc -eq 143 && $(($(date +%s) - start)) -le 8 ]] || fail "SIGTERM to bench-ab.sh alone: expected 143 at once, got $rc"
+child=$(cat "$work/o10.child" 2> /dev/null)
+[[ -n $child ]] || fail "the command never started"
+# Alive: a process that exists and is not a zombie waiting to be reaped (/proc, no procps needed).
+alive() { local st; st=$(awk '{ print $3 }' "/proc/$1/stat" 2> /dev/null) && [[ -n $st && $st != Z ]]; }
+for _ in $(seq 20); do alive "$child" || break; sleep 0.05; done
+if alive "$child"; then kill -9 "$child"; fail "the running command's child outlived bench-ab.sh"; fi
 help=$("$ab" --help 2>&1) || fail "--help should exit 0"
 grep -q "Usage: tools/bench-ab.sh" <<< "$help" || fail "--help should print the usage: $help"
 grep -q "set -u" <<< "$help" && fail "--help should print the opening comment only: $help"

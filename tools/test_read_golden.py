@@ -97,5 +97,17 @@ with tempfile.TemporaryDirectory() as tmp:
             if code != 2 or "cannot write to standard output" not in err or "Traceback" in err:
                 print(f"{' '.join(args)} > /dev/full: expected exit 2 and a message, got exit {code}: {err}")
                 failures += 1
+# The FMA's one rounding: 1 + 2^-24 + 2^-60 lies just above the half-way point between the float32s
+# 1 and 1 + 2^-23; a sum in float64 (1 + 2^-24, a tie) then float32 (ties to even: 1) rounds twice.
+sys.path.insert(0, here)
+import read_golden  # noqa: E402
+from fractions import Fraction  # noqa: E402
+got = read_golden.round_f32(Fraction(1) + Fraction(1, 2**24) + Fraction(1, 2**60))
+if got != np.float32(1 + 2**-23):
+    print(f"round_f32(1 + 2^-24 + 2^-60) = {got!r}, expected 1 + 2^-23 (one rounding)")
+    failures += 1
+if read_golden.round_f32(Fraction(1) + Fraction(1, 2**24)) != np.float32(1):
+    print("round_f32 of an exact tie must go to the even float32 (1)")
+    failures += 1
 print("read_golden.py: bad files refused" if failures == 0 else f"{failures} case(s) failed")
 sys.exit(1 if failures else 0)

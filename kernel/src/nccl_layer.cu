@@ -56,8 +56,9 @@ bool nccl_available(std::string* why) {
     if (why)
       *why = "the NCCL library loaded (libnccl " + text(loaded) + ") is not the version this build's device code was " +
              "compiled against (NCCL headers " + text(NCCL_VERSION_CODE) + "); the device API needs the same " +
-             "version: put the matching libnccl.so.2 first on LD_LIBRARY_PATH (source the build's gpu-env.sh, " +
-             "which tools/gpu-pack writes, or use the NCCL of the toolkit the build used)";
+             "version: put the directory of a libnccl.so.2 of version " + text(NCCL_VERSION_CODE) +
+             " first on LD_LIBRARY_PATH (e.g. the CUDA toolkit's the build used, or the lib directory of the pip " +
+             "package nvidia-nccl of that version)";
     return false;
   }
   if (why) *why = "";

@@ -38,8 +38,11 @@ double tick_step(double span) {
 std::vector<double> ticks(double lo, double hi, double step) {
   std::vector<double> out;
   const double k0 = std::ceil(lo / step), k1 = std::floor(hi / step + 1e-9);
-  if (std::isfinite(k0) && std::isfinite(k1) && k1 >= k0 && k1 - k0 <= 50 && lo + step != lo && hi + step != hi)
-    for (double k = k0; k <= k1; ++k) out.push_back(k * step);
+  // The indices must be exact integers in a double (below 2^52) and the count is bounded, so the
+  // loop runs over an integer.
+  if (std::isfinite(k0) && std::isfinite(k1) && std::fabs(k0) < 0x1p52 && std::fabs(k1) < 0x1p52 && k1 >= k0 &&
+      k1 - k0 <= 50 && lo + step != lo && hi + step != hi)
+    for (int i = 0; i <= static_cast<int>(k1 - k0); ++i) out.push_back((k0 + i) * step);
   if (out.size() < 2) out = {lo, hi};
   return out;
 }

@@ -357,6 +357,15 @@ file(READ ${WORK}/close_x_out/p.svg svg)
 if(NOT svg MATCHES "</svg>" OR svg MATCHES "nan|inf")
   message(FATAL_ERROR "a plot of x values one double apart: the SVG is incomplete or holds nan/inf")
 endif()
+# Four doubles apart near 1.9 the tick index passes 2^53, where ++k stopped moving (review).
+file(READ ${WORK}/close_x.json close_x)
+string(REPLACE "[0.3,0.30000000000000004]" "[1.9,1.9000000000000008]" close_x "${close_x}")
+file(WRITE ${WORK}/close_x2.json "${close_x}")
+execute_process(COMMAND ${MOK_SIM} run ${WORK}/close_x2.json --out ${WORK}/close_x2_out RESULT_VARIABLE rc OUTPUT_QUIET
+                ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/close_x2_out/p.svg)
+  message(FATAL_ERROR "a plot of x values four doubles apart near 1.9: expected the plot written (rc ${rc}: ${err})")
+endif()
 # (2) --topology replaces a scenario's preset but keeps its overrides (it used to drop them):
 # slow ports through the override must still be slow.
 file(WRITE ${WORK}/with_override.json "{\"topology\":{\"preset\":\"hgx-h100\",\"overrides\":{\"scale_up.nvlink_gbps\":50}},

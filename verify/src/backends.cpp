@@ -37,9 +37,17 @@ ref::TensorMap inputs_of(const ref::Golden& g) {
 // machine or container total). The estimate is a lower bound (a copy of the inputs and the results the backend
 // returns: its outputs, gradients and intermediates; for the oracle, two fp32 bounds and a
 // rounded value per element too), so a run that would fit is never refused.
-void check_memory(const ref::Golden& golden, Backend backend, const std::string& golden_name) {
+void check_memory(const ref::Golden& golden, Backend backend, const std::string& golden_name, bool backward) {
   double need = 0;
-  for (const auto& [path, t] : golden.tensors) {
+  // A backward pass computes every gradient, also for a golden that holds none (backward
+  // intermediates alone): those count as if the golden held them.
+  std::vector<std::string> paths;
+  for (const auto& [path, t] : golden.tensors) paths.push_back(path);
+  if (backward)
+    for (const ref::TensorSpec& s : ref::golden_schema())
+      if (s.role == ref::Role::kGrad && ref::spec_applies(s, golden.cfg) && !golden.tensors.count(s.path))
+        paths.push_back(s.path);
+  for (const std::string& path : paths) {
     const ref::TensorSpec* s = ref::find_spec(path);
     if (!s) continue;
     const double bytes = ref::spec_bytes(*s, golden.cfg);
@@ -108,7 +116,7 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
   for (const auto& [path, tensor] : golden.tensors)
     if (ref::is_backward_intermediate(path)) backward = true;
   const bool intermediates = has_group(golden.tensors, "intermediates/");
-  check_memory(golden, backend, options.golden_name);
+  check_memory(golden, backend, options.golden_name, backward);
   const ref::TensorMap inputs = inputs_of(golden);
   Report report;
   // The backend's tensors that the end-to-end oracle covers (the output; every gradient when the

@@ -814,9 +814,46 @@ TEST_F(CliTest, DeterminismListsAreCheckedAndDefaultsFitTheLayer) {
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find("has an empty item"), std::string::npos) << args << ": " << r.err;
   }
-  r = run_cli("determinism " + good_ + " --ranks 1,2,1");
+  for (const auto& [args, says] : {std::pair<std::string, std::string>{"--ranks 1,2,1", "--ranks lists 1 twice"},
+                                   {"--comm-sms 2,1,2", "--comm-sms lists 2 twice"},
+                                   {"--items own,own", "--items lists own twice"},
+                                   {"--minibatch 12,12", "--minibatch lists 12 twice"}}) {
+    r = run_cli("determinism " + good_ + " " + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+// A /config that disagrees with the datasets is named as such, not as a layer too large for the
+// memory here (T = 2^24 said "loading its datasets takes 64.0 GiB"; the shapes are now checked
+// before the memory).
+TEST_F(CliTest, AConfigThatDisagreesWithTheDatasetsIsAShapeError) {
+  const std::string path = (dir_ / "huge_T.h5").string();
+  fs::copy_file(good_, path, fs::copy_options::overwrite_existing);
+  {
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const hid_t cfg = H5Gopen2(f, "/config", H5P_DEFAULT);
+    const hid_t attr = H5Aopen(cfg, "T", H5P_DEFAULT);
+    const int64_t T = int64_t{1} << 24;
+    EXPECT_GE(H5Awrite(attr, H5T_NATIVE_INT64, &T), 0);
+    H5Aclose(attr);
+    H5Gclose(cfg);
+    H5Fclose(f);
+  }
+  const CliRun r = run_cli("run " + path + " --backend emulate", "", "ulimit -v 4000000; ");
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("--ranks lists 1 twice"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(": expected shape ["), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("loading its datasets takes"), std::string::npos) << r.err;
+}
+
+// The sample line claims a sampled token only for experts that have tokens (it said "every expert
+// has one" where an expert had none).
+TEST_F(CliTest, TheSampleLineClaimsOnlyWhatItCovers) {
+  const CliRun r = run_cli("run " + good_ + " --backend emulate --sample-tokens 1");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("tokens (one at least per expert that has any)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("every expert has one"), std::string::npos) << r.err;
 }
 
 // A golden another program holds open for writing (a notebook's h5py.File(..., "r+")): HDF5's

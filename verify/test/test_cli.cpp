@@ -847,6 +847,27 @@ TEST_F(CliTest, AConfigThatDisagreesWithTheDatasetsIsAShapeError) {
   EXPECT_EQ(r.err.find("loading its datasets takes"), std::string::npos) << r.err;
 }
 
+// DESIGN section 7 asks for the dtype attribute on bf16 datasets (uint16 in the file): a float32
+// or int32 dataset without it is read by its HDF5 type (it was refused), a bf16 one is not.
+TEST_F(CliTest, TheDtypeAttributeIsRequiredForBf16DatasetsOnly) {
+  auto without = [&](const char* dataset, const std::string& name) {
+    const std::string path = (dir_ / name).string();
+    fs::copy_file(good_, path, fs::copy_options::overwrite_existing);
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    EXPECT_GE(f, 0);
+    EXPECT_GE(H5Adelete_by_name(f, dataset, "dtype", H5P_DEFAULT), 0) << dataset;
+    H5Fclose(f);
+    return path;
+  };
+  CliRun r = run_cli("run " + without("/inputs/router_weights", "no_dtype_f32.h5") + " --backend emulate");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = run_cli("run " + without("/inputs/topk_experts", "no_dtype_i32.h5") + " --backend emulate");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = run_cli("run " + without("/inputs/x", "no_dtype_bf16.h5") + " --backend emulate");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("dataset /inputs/x: attribute dtype is missing"), std::string::npos) << r.err;
+}
+
 // The sample line claims a sampled token only for experts that have tokens (it said "every expert
 // has one" where an expert had none).
 TEST_F(CliTest, TheSampleLineClaimsOnlyWhatItCovers) {

@@ -466,6 +466,17 @@ int main(int argc, char** argv) {
     const mok::spec::Status st = c.validate();  // bounds R and T, so R * T below cannot overflow
     if (!st.ok)
       return usage_error(std::string("the options describe ") + line + ", which is not a valid layer: " + st.message);
+    // The inputs are drawn on the host before the GPU is asked for: a layer whose inputs cannot
+    // fit here is refused now (as mok-golden does), not by a failed allocation or the OOM killer.
+    if (file.empty()) {
+      double need = 0;
+      for (const mok::ref::TensorSpec& spec : mok::ref::golden_schema())
+        if (spec.role == mok::ref::Role::kInput && mok::ref::spec_applies(spec, c)) need += mok::ref::spec_bytes(spec, c);
+      if (const auto available = mok::ref::available_memory_bytes(); available && need > static_cast<double>(*available))
+        return usage_error("the layer " + line + " needs at least " + mok::ref::format_bytes_estimate(need) +
+                           " of host memory for its inputs alone, but only " + mok::ref::format_bytes(*available) +
+                           " can be allocated here; lower --H, --I, --Is, --E or --T");
+    }
     if (show_config) {
       std::printf("%s (G=%lld tokens)\n", line.c_str(), (long long)c.num_tokens());
       if (!mok::cli::stdout_ok()) return usage_error("cannot write to standard output; check where it goes");

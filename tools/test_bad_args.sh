@@ -151,6 +151,9 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 0 "R=1 T=8192" --case dsv3 --transport nccl --trace --show-config
   # Usage is checked before the GPU: exit 2 on any machine (found by review, 2026-12-05).
   expect_exit "$MOK_BENCH" 2 "not a valid layer" --H 24
+  # A layer whose inputs cannot fit in host memory: exit 2 before the GPU (it said 3 without one).
+  expect_exit "$MOK_BENCH" 2 "of host memory for its inputs alone" --H 16777216 --I 16777216 --E 1048576 --R 1 --K 1 \
+    --T 1 --show-config
   expect_exit "$MOK_BENCH" 2 "--H: Value 15 not in range 16 to 16777216" --H 15  # --help's ranges are the real ones
   expect_exit "$MOK_BENCH" 2 "unknown routing" --routing bogus
   expect_exit "$MOK_BENCH" 2 "no such file" --file /nonexistent/golden.h5

@@ -699,10 +699,10 @@ void check_storage(const Context& ctx, hid_t dset_id, const std::string& where, 
                                 "the file with mok-golden");
 }
 
-Tensor read_dataset(const Context& ctx, hid_t file, const std::string& path, const TensorSpec& spec,
+// Reads a dataset that open_dataset() opened and checked.
+Tensor read_dataset(const Context& ctx, const Hid& dset, const std::string& path, const TensorSpec& spec,
                     const spec::LayerConfig& cfg) {
   const std::string where = dataset_where(path);
-  Hid dset = open_dataset(ctx, file, path, spec, cfg);
   const std::vector<int64_t> expected = spec_shape(spec, cfg);
   check_storage(ctx, dset.get(), where, expected);
 
@@ -880,7 +880,9 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
 
   // Every dataset's shape and dtype first: a config that disagrees with the datasets is a damaged
   // file, not a layer too large for this machine.
-  for (const auto& [path, spec] : to_load) open_dataset(ctx, file, path, *spec, golden.cfg);
+  std::vector<Hid> opened;
+  opened.reserve(to_load.size());
+  for (const auto& [path, spec] : to_load) opened.push_back(open_dataset(ctx, file, path, *spec, golden.cfg));
   // What loading takes is known from the config before anything is allocated: a layer too large
   // for this machine is refused here, by name, rather than failing (or being killed) halfway.
   double need = 0, largest = 0;
@@ -901,7 +903,8 @@ void read_file(const Context& ctx, hid_t file, const ReadOptions& options, Golde
                      " can be allocated here (memory limits, the machine's memory and swap); run on a machine with more "
                      "memory, or use a golden of a smaller layer");
   }
-  for (const auto& [path, spec] : to_load) golden.tensors.emplace(path, read_dataset(ctx, file, path, *spec, golden.cfg));
+  for (size_t i = 0; i < to_load.size(); ++i)
+    golden.tensors.emplace(to_load[i].first, read_dataset(ctx, opened[i], to_load[i].first, *to_load[i].second, golden.cfg));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1051,10 +1054,7 @@ void validate_golden(const Golden& golden, const std::string& origin, const Read
     for (const auto& [path, tensor] : golden.tensors) {
       std::string judged = path;
       if (is_bound_role(find_spec(path)->role)) judged = checked_path_of_bound(path);
-      const std::string name = judged.substr(judged.find('/') + 1);
-      const bool backward = judged.rfind("grads/", 0) == 0 ||
-                            (judged.rfind("intermediates/", 0) == 0 &&
-                             (name.rfind('d', 0) == 0 || name.find("_d_") != std::string::npos));
+      const bool backward = judged.rfind("grads/", 0) == 0 || is_backward_intermediate(judged);
       const int rank = path.rfind("grads/", 0) == 0 ? 0 : path.rfind("intermediates/", 0) == 0 ? 1 : 2;
       if (backward && rank < culprit_rank) {
         culprit = path;

@@ -754,6 +754,14 @@ TEST_F(CliTest, BackwardIntermediatesWithoutGradientsAreChecked) {
   EXPECT_NE(r.out.find("# first failing stage: intermediates/dy at token=0"), std::string::npos) << r.out;
 }
 
+// The entry of one tensor in a --json report (null when the report has none).
+nlohmann::json tensor_entry(const std::string& report, const std::string& tensor) {
+  const nlohmann::json j = nlohmann::json::parse(report);  // kept: the loop must not range over a temporary's member
+  for (const auto& t : j["tensors"])
+    if (t["tensor"] == tensor) return t;
+  return nullptr;
+}
+
 // Found by the same audit: under --criterion bounds the JSON's first_element was the first
 // element whose bits differ, not the first outside its radius (the table's, and the README's).
 TEST_F(CliTest, JsonFirstElementUnderBoundsIsTheFirstOutsideItsRadius) {
@@ -770,16 +778,11 @@ TEST_F(CliTest, JsonFirstElementUnderBoundsIsTheFirstOutsideItsRadius) {
   ref::write_golden(path, cand);
   const CliRun r = run_cli("compare " + good_ + " " + path + " --criterion bounds --json");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
-  bool seen = false;
-  for (const auto& t : j["tensors"]) {
-    if (t["tensor"] != "grads/d_w_routed_down") continue;
-    seen = true;
-    EXPECT_EQ(t["first_index"], far) << t.dump();
-    EXPECT_EQ(t["first_outside_index"], far) << t.dump();
-    EXPECT_EQ(t["first_element"], t["first_outside_element"]) << t.dump();
-  }
-  EXPECT_TRUE(seen) << r.out;
+  const nlohmann::json t = tensor_entry(r.out, "grads/d_w_routed_down");
+  ASSERT_TRUE(t.is_object()) << r.out;
+  EXPECT_EQ(t["first_index"], far) << t.dump();
+  EXPECT_EQ(t["first_outside_index"], far) << t.dump();
+  EXPECT_EQ(t["first_element"], t["first_outside_element"]) << t.dump();
 }
 
 // Infinite values in the JSON report are strings, as the ratio is (they were null).
@@ -790,15 +793,10 @@ TEST_F(CliTest, JsonWritesInfiniteValuesAsStrings) {
   ref::write_golden(path, cand);
   const CliRun r = run_cli("compare " + good_ + " " + path + " --json");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
-  bool seen = false;
-  for (const auto& t : j["tensors"]) {
-    if (t["tensor"] != "outputs/output") continue;
-    seen = true;
-    EXPECT_EQ(t["worst_actual"], "inf") << t.dump();
-    EXPECT_TRUE(t["worst_expected"].is_number()) << t.dump();
-  }
-  EXPECT_TRUE(seen) << r.out;
+  const nlohmann::json t = tensor_entry(r.out, "outputs/output");
+  ASSERT_TRUE(t.is_object()) << r.out;
+  EXPECT_EQ(t["worst_actual"], "inf") << t.dump();
+  EXPECT_TRUE(t["worst_expected"].is_number()) << t.dump();
 }
 
 // determinism: the default --ranks keep the counts this layer takes (E = 4 here: 1, 2, 4), and a

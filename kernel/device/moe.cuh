@@ -79,6 +79,41 @@ __device__ __forceinline__ TokenAt token_at(const LaunchParams& P, int32_t g) {
   return TokenAt{static_cast<int>(r), static_cast<int64_t>(u - r * T)};
 }
 
+// The router weights, checked before a pass does any work (DESIGN.md section 3: a non-finite
+// router weight is refused, never turned into a wrong answer). Every rank checks every global
+// entry [G, K] (empty slots too, as the host's check does), each block the entries of its token
+// slice, so every rank stops on its own and none has started its work when another raises. The
+// block raises the smallest bad entry of its slice (code 4: index g * K + k, observed the
+// float's bits). Returns false when the block raised (it must then leave without arriving at
+// any barrier, so that the rank's other blocks see the abort there).
+__device__ inline bool check_router_weights(const LaunchParams& P, const Role& role) {
+  const int64_t K = P.cfg.top_k, TK = P.cfg.tokens_per_rank * K;
+  const TokenSlice ts = token_slice(P, role);
+  const int64_t lo = ts.lo * K, hi = ts.hi * K;
+  __shared__ unsigned long long first_bad;
+  __shared__ uint32_t bad_bits;
+  if (threadIdx.x == 0) first_bad = ~0ull;
+  __syncthreads();
+  // Entry i is entry i % TK of rank i / TK's weights; the pair advances by additions.
+  int64_t i = lo + threadIdx.x, owner = i / TK, at = i % TK;
+  for (; i < hi; i += kThreads) {
+    const uint32_t bits = __float_as_uint(P.peers[owner].router_weights[at]);
+    if ((bits & 0x7f800000u) == 0x7f800000u) {  // Inf or NaN: the largest exponent
+      atomicMin(&first_bad, static_cast<unsigned long long>(i));
+      break;  // this thread's later entries are larger
+    }
+    for (at += kThreads; at >= TK; at -= TK) ++owner;
+  }
+  __syncthreads();
+  const unsigned long long bad = first_bad;
+  if (bad != ~0ull && static_cast<unsigned long long>(i) == bad)
+    bad_bits = __float_as_uint(P.peers[owner].router_weights[at]);
+  __syncthreads();
+  if (bad == ~0ull) return true;
+  if (threadIdx.x == 0) raise_error(P, 4, role.rank, kFlagBadRouting, 0, bad_bits, static_cast<int64_t>(bad));
+  return false;
+}
+
 // Rows per local expert: every block of the rank counts the routing entries of its token slice in
 // shared memory, writes its counts to block_counts[e][block] and adds them to expert_counts
 // (integer sums: the same whatever the slices). Before the plan is filled (a rank barrier follows).
@@ -1265,6 +1300,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
   const RankState& S = P.state[role.rank];
   const int64_t H = c.hidden;
 
+  // A block that finds a bad weight leaves; its rank's blocks stop at the barrier below, and every
+  // other rank finds the same weight itself.
+  if (!check_router_weights(P, role)) return;
   count_rows(P, role);
   count_expected_arrivals(P, role);
   if (!rank_barrier(P, role.rank)) return;
@@ -1707,6 +1745,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
                   static_cast<uint64_t>(planned_rows), -1);
     return;
   }
+  // The weights may differ from the forward's (they scale dy and are d_router_weights' terms):
+  // checked again, with a rank barrier so that no block of the rank starts before every block's
+  // check is done (a block that found a bad weight never arrives; the others stop there).
+  if (!check_router_weights(P, role)) return;
+  if (!rank_barrier(P, role.rank)) return;
   count_expected_arrivals(P, role);
   trace_mark(P, kTrPlanned);
   if (role.comm) gather_rows<true>(P, role, S.dy, S.row_ready_bwd, [](const PeerBuffers& b) { return b.d_output; });

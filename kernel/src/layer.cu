@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -368,6 +369,17 @@ void LayerCore::check_errors(cudaStream_t stream) {
                     ": the forward before it failed (an error reported by the forward's check_errors()); run a "
                     "forward that succeeds first",
                 ErrorKind::kBadInput);
+  if (e.code == 4) {
+    const int64_t K = host_.cfg.top_k, g = e.index / K;
+    const uint32_t bits = static_cast<uint32_t>(e.observed);
+    float w;
+    std::memcpy(&w, &bits, sizeof w);
+    s << "kernel: rank " << e.rank << " found a non-finite router weight at token " << g << " (rank "
+      << g / host_.cfg.tokens_per_rank << "'s token " << g % host_.cfg.tokens_per_rank << ") slot " << e.index % K
+      << ": " << (std::isnan(w) ? "NaN" : w > 0 ? "+Inf" : "-Inf") << " (bits 0x" << std::hex << bits << std::dec
+      << "); router weights must be finite, empty slots' too. The pass stopped before any work; nothing was written";
+    throw Error(s.str(), ErrorKind::kBadInput);
+  }
   if (e.code == 2) {
     const int64_t K = host_.cfg.top_k;
     if (e.index < 0)

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -488,6 +489,14 @@ TEST(Kernel, SilentRankEndsInADiagnosticNotAHang) {
   }
 }
 
+// Bytes of a golden-schema tensor of this config.
+size_t spec_bytes(const spec::LayerConfig& cfg, const char* path) {
+  const ref::TensorSpec* s = ref::find_spec(path);
+  size_t n = ref::dtype_size(s->dtype);
+  for (int64_t d : ref::spec_shape(*s, cfg)) n *= static_cast<size_t>(d);
+  return n;
+}
+
 // Device buffers of a layer's inputs and results for Layer's own calls (freed with it).
 struct LayerBuffers {
   std::vector<void*> owned;
@@ -503,9 +512,7 @@ struct LayerBuffers {
       return d;
     };
     auto zeros = [&](const char* path) -> void* {
-      const ref::TensorSpec* s = ref::find_spec(path);
-      size_t n = ref::dtype_size(s->dtype);
-      for (int64_t d : ref::spec_shape(*s, cfg)) n *= static_cast<size_t>(d);
+      const size_t n = spec_bytes(cfg, path);
       void* d = nullptr;
       if (cudaMalloc(&d, n) != cudaSuccess) throw std::runtime_error("cudaMalloc");
       owned.push_back(d);
@@ -582,6 +589,94 @@ TEST(Kernel, AFailedForwardIsReportedAfterTheBackwardAndStopsIt) {
   layer.forward(buf.in, buf.out);
   layer.backward(buf.in, buf.out);
   EXPECT_NO_THROW(layer.check_errors());
+}
+
+// Fills a device result with a byte pattern; unchanged() says whether it still holds it.
+struct Sentinel {
+  void* p;
+  size_t n;
+  Sentinel(void* ptr, size_t bytes) : p(ptr), n(bytes) { cudaMemset(p, 0x5a, n); }
+  bool unchanged() const {
+    std::vector<unsigned char> h(n);
+    cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost);
+    return std::all_of(h.begin(), h.end(), [](unsigned char b) { return b == 0x5a; });
+  }
+};
+
+// Expects check_errors() to report a non-finite router weight with every piece of `want` in its text.
+void expect_weight_error(kernel::Layer& layer, const std::vector<std::string>& want, const std::string& what) {
+  try {
+    layer.check_errors();
+    ADD_FAILURE() << what << ": the non-finite router weight was not detected on the device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput) << e.what();
+    for (const std::string& w : want) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << what << ": " << e.what();
+  }
+}
+
+// DESIGN.md section 3 asks the kernel itself (not only the host wrappers, which check first) to
+// refuse a non-finite router weight before any work: Layer::forward and backward get device
+// pointers, so the device checks every weight (empty slots too) at the start of each pass. The
+// bad weight sits in a later block's token slice and on rank 1 (400 tokens over two ranks), in
+// an empty slot once, and only in the backward's weights once; the results keep a byte pattern
+// written before the pass (nothing was written), and the layer runs clean passes afterwards.
+TEST(Kernel, DeviceSideRouterWeightValidationStopsThePass) {
+  REQUIRE_GPU();
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 200};
+  ref::RoutingSpec rs = ref::parse_routing("uniform");
+  rs.empty_prob = 0.2;
+  const ref::TensorMap in = ref::generate_inputs(cfg, rs, 31);
+  const int32_t* topk = in.at("inputs/topk_experts").data<int32_t>();
+  int64_t empty = -1;  // an empty slot (id -1)
+  for (int64_t i = 0; i < cfg.num_tokens() * cfg.top_k && empty < 0; ++i)
+    if (topk[i] < 0) empty = i;
+  ASSERT_GE(empty, 0) << "the routing drew no empty slot";
+  const int64_t K = cfg.top_k;
+  struct Bad {
+    int64_t entry;
+    float value;
+    std::string text;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Bad& b : {Bad{300 * K + 1, std::nanf(""), "NaN"}, Bad{5 * K + 0, inf, "+Inf"},
+                       Bad{empty, -inf, "-Inf"}}) {
+    const std::vector<std::string> want{"token " + std::to_string(b.entry / K), "slot " + std::to_string(b.entry % K) + ": " + b.text,
+                                        "router weights must be finite"};
+    ref::TensorMap bad = in;
+    bad.at("inputs/router_weights").data<float>()[b.entry] = b.value;
+    LayerBuffers good(cfg, in), buf(cfg, bad);
+    kernel::KernelOptions o;
+    o.blocks_per_rank = 9;  // token 300 lies in rank 1's block slices after the first
+    o.wait_timeout_s = 2.0;
+    kernel::Layer layer(cfg, o);
+    {  // the forward
+      Sentinel out(buf.out.output, spec_bytes(cfg, "outputs/output"));
+      layer.forward(buf.in, buf.out);
+      expect_weight_error(layer, want, "forward, entry " + std::to_string(b.entry));
+      EXPECT_TRUE(out.unchanged()) << "the forward wrote its output before stopping";
+    }
+    {  // the backward alone: a clean forward, then the backward with the bad weights
+      layer.forward(good.in, good.out);
+      ASSERT_NO_THROW(layer.check_errors());
+      kernel::DeviceOutputs res = good.out;
+      Sentinel dx(res.d_x, spec_bytes(cfg, "grads/d_x"));
+      Sentinel drw(res.d_router_weights, spec_bytes(cfg, "grads/d_router_weights"));
+      Sentinel dwg(res.d_w_routed_gate, spec_bytes(cfg, "grads/d_w_routed_gate"));
+      kernel::DeviceInputs mixed = good.in;
+      mixed.router_weights = buf.in.router_weights;
+      layer.backward(mixed, res);
+      expect_weight_error(layer, want, "backward, entry " + std::to_string(b.entry));
+      EXPECT_TRUE(dx.unchanged() && drw.unchanged() && dwg.unchanged()) << "the backward wrote results before stopping";
+    }
+    // Clean passes run afterwards and give the emulator's bits.
+    layer.forward(good.in, good.out);
+    layer.backward(good.in, good.out);
+    ASSERT_NO_THROW(layer.check_errors());
+    std::vector<uint16_t> dx(cfg.num_tokens() * cfg.hidden);
+    cudaMemcpy(dx.data(), good.out.d_x, dx.size() * 2, cudaMemcpyDeviceToHost);
+    const ref::TensorMap emu = ref::emulate(cfg, in);
+    EXPECT_EQ(std::memcmp(dx.data(), emu.at("grads/d_x").raw(), dx.size() * 2), 0) << "d_x after the refused passes";
+  }
 }
 
 TEST(Kernel, HostValidationRejectsBadInputsBeforeLaunch) {

@@ -43,7 +43,8 @@ enum FlagId : int32_t {
 // First error since the layer's last check_errors() (it is not cleared between launches): which
 // rank waited for which flag, for what value, and what it saw.
 struct ErrorRecord {
-  uint32_t code;          // 0 = none, 1 = timeout, 2 = bad routing, 3 = backward without a valid forward plan
+  uint32_t code;          // 0 = none, 1 = timeout, 2 = bad routing, 3 = backward without a valid forward plan,
+                          // 4 = a non-finite router weight (observed: its bits)
   int32_t rank;
   int32_t flag;
   int32_t block;

@@ -1737,7 +1737,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   // yet reported (a failed forward before this backward) stops the pass at once; and a forward
   // that overflowed its workspace (its error reported or not) leaves offsets past row_capacity:
   // then nothing of the plan is used, so nothing is read or written past the workspace.
-  if (load_volatile(&P.error->code) != 0u) return;
+  // One decision per block: another block may raise (the weight check below) while this one's
+  // threads read the record, and a block split here would leave threads waiting at a barrier.
+  if (__syncthreads_or(load_volatile(&P.error->code) != 0u ? 1 : 0)) return;
   const int64_t planned_rows = S.expert_offsets[c.experts_per_rank()];
   if (planned_rows > P.row_capacity) {
     if (threadIdx.x == 0)

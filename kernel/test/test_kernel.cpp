@@ -640,7 +640,10 @@ TEST(Kernel, DeviceSideRouterWeightValidationStopsThePass) {
   const float inf = std::numeric_limits<float>::infinity();
   for (const Bad& b : {Bad{300 * K + 1, std::nanf(""), "NaN"}, Bad{5 * K + 0, inf, "+Inf"},
                        Bad{empty, -inf, "-Inf"}}) {
-    const std::vector<std::string> want{"token " + std::to_string(b.entry / K), "slot " + std::to_string(b.entry % K) + ": " + b.text,
+    const int64_t g = b.entry / K;
+    const std::vector<std::string> want{"at token " + std::to_string(g) + " (rank " + std::to_string(g / cfg.tokens_per_rank) +
+                                            "'s token " + std::to_string(g % cfg.tokens_per_rank) + ") slot " +
+                                            std::to_string(b.entry % K) + ": " + b.text + " (bits 0x",
                                         "router weights must be finite"};
     ref::TensorMap bad = in;
     bad.at("inputs/router_weights").data<float>()[b.entry] = b.value;

@@ -180,6 +180,28 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
                     " here (the nccl transport takes one GPU per rank); give --ranks that fit, or run on a node "
                     "with more GPUs",
                 ErrorKind::kUnsupported);
+  // The block counts of every configuration, before any run (a --comm-sms too large for R's
+  // blocks was found only when its configuration ran, in the kernel's words): a launch holds R
+  // ranks (virtual) or one (nccl), and shares this GPU's co-resident blocks among them as
+  // Layer's constructor does (block_counts.hpp's rules, on the fewest blocks a rank gets).
+  {
+    spec::LayerConfig one = cfg;
+    one.num_ranks = 1;
+    one.tokens_per_rank = G;
+    const int resident = kernel::Layer(one, kernel::KernelOptions{}).launch_blocks();
+    for (const Config& c : configs) {
+      const int per = resident / (nccl ? 1 : c.ranks);
+      if (kernel::check_block_counts(per, c.comm, 0) == kernel::BlockCountProblem::kNone) continue;
+      const std::string at = "at R=" + std::to_string(c.ranks) + " each rank has " + std::to_string(per) +
+                             " blocks on this GPU (" + std::to_string(resident) + " co-resident blocks" +
+                             (nccl ? ", one rank per GPU)" : " shared by the R ranks)");
+      if (per < 2)
+        throw Error("determinism: --ranks " + std::to_string(c.ranks) + ": " + at +
+                    ", and a rank needs at least 2 (1 communication + 1 compute); give fewer ranks");
+      throw Error("determinism: --comm-sms " + std::to_string(c.comm) + " " + at + "; --comm-sms takes 1.." +
+                  std::to_string(per - 1) + " there (or 0: the kernel's default, " + std::to_string(per - 1) + ")");
+    }
+  }
   // Shuffle the order in which (configuration, run) pairs execute: state leaking from one run
   // into the next shows up as a difference.
   std::vector<std::pair<size_t, int>> order;

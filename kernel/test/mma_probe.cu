@@ -1,7 +1,8 @@
 // mok-mma-probe: runs single mma.sync.m16n8k16 bf16 instructions on the GPU and compares every
 // output element with the spec's MMA model (crafted edge cases, then millions of random ones);
-// then single wgmma.m64n8k16 instructions, and then the layer engine's own instruction forms
-// (wgmma.m64n128k16 / m64n256k16 on 128-byte swizzled, K- or MN-major operands, issued through
+// then single wgmma.m64n8k16 instructions, and then the layer engines' own instruction forms
+// (the fast engine's wgmma.m64n128k16 / m64n256k16 on 128-byte swizzled, K- or MN-major operands;
+// the slow engine's m64n64k16 on unswizzled core matrices; issued through
 // kernel/device/mma_tile.cuh's helpers), one instruction at a time.
 #include "../device/mma_tile.cuh"
 #include "mok/spec/mma_model.hpp"
@@ -182,15 +183,18 @@ float model(const Instr& p, int m, int n) {
 // uses (desc_sw128, wgmma_m64nNk16<TA, TB, NJ>; fast_chunk's a_step / b_step).
 uint32_t bits(float f);
 namespace dev = mok::kernel::device;
-template <int NJ>
-constexpr int kTileOperandBytes = dev::kBoxBytes * (1 + NJ * 8 / 64);
+// kSlow: the slow engine's form instead (gemm_slow): wgmma.m64n64k16 on one 16-wide K step of A
+// (64 x 16) and B (64 x 16, [n][k]) in the unswizzled core-matrix layout (core_offset,
+// desc_noswizzle), A's 2 KiB then B's.
+template <int NJ, bool kSlow = false>
+constexpr int kTileOperandBytes = kSlow ? 2 * 64 * 16 * 2 : dev::kBoxBytes * (1 + NJ * 8 / 64);
 
-template <int TA, int TB, int NJ>
+template <int TA, int TB, int NJ, bool kSlow = false>
 __global__ void tile_probe_kernel(const uint8_t* ops, const float* acc_in, const int* steps, float* out, int n) {
 #if defined(MOK_WGMMA)
   extern __shared__ unsigned char tile_raw[];
   uint8_t* sm = dev::aligned_smem(tile_raw);  // swizzle atoms are 1024-byte aligned
-  constexpr int kN = NJ * 8, kBytes = kTileOperandBytes<NJ>;
+  constexpr int kN = NJ * 8, kBytes = kTileOperandBytes<NJ, kSlow>;
   const int i = blockIdx.x;
   if (i >= n) return;
   const uint4* src = reinterpret_cast<const uint4*>(ops + static_cast<int64_t>(i) * kBytes);
@@ -204,11 +208,16 @@ __global__ void tile_probe_kernel(const uint8_t* ops, const float* acc_in, const
   for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[j][e] = C[(warp * 16 + g + (e >= 2 ? 8 : 0)) * kN + j * 8 + 2 * c + (e & 1)];
-  const int s = steps[i];
-  const uint32_t a = dev::smem_u32(sm), b = a + dev::kBoxBytes;
-  const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
   dev::wgmma_fence();
-  dev::wgmma_m64nNk16<TA, TB, NJ>(d, dev::desc_sw128(a + s * a_step, TA != 0), dev::desc_sw128(b + s * b_step, TB != 0));
+  if constexpr (kSlow) {
+    static_assert(NJ == 8 && TA == 0 && TB == 0, "the slow engine's form: m64n64k16, both operands K-major");
+    dev::wgmma_m64n64k16(d, dev::desc_noswizzle(sm), dev::desc_noswizzle(sm + 64 * 16 * 2));
+  } else {
+    const int s = steps[i];
+    const uint32_t a = dev::smem_u32(sm), b = a + dev::kBoxBytes;
+    const uint32_t a_step = TA ? 16 * 128 : 32, b_step = TB ? 16 * 128 : 32;
+    dev::wgmma_m64nNk16<TA, TB, NJ>(d, dev::desc_sw128(a + s * a_step, TA != 0), dev::desc_sw128(b + s * b_step, TB != 0));
+  }
   dev::wgmma_commit();
   dev::wgmma_wait<0>();
   float* o = out + static_cast<int64_t>(i) * 64 * kN;
@@ -232,14 +241,20 @@ int64_t mnmajor_offset(int k, int mn) {
   return int64_t{box} * dev::kBoxBytes + k * 128 + (((m / 8) ^ (k % 8)) * 16) + (m % 8) * 2;
 }
 
+// Byte offset of element (row, k) of a 16-wide K step in the slow engine's core-matrix layout.
+int64_t core_offset_bytes(int row, int k) {
+  return 2 * static_cast<int64_t>((row >> 3) * 128 + (k >> 3) * 64 + (row & 7) * 8 + (k & 7));
+}
+
 // Runs `count` random instructions of one form and returns the elements that disagree with the model.
-template <int TA, int TB, int NJ>
+template <int TA, int TB, int NJ, bool kSlow = false>
 int64_t probe_tile_form(int64_t count, std::mt19937_64& rng, unsigned threads, int64_t* elements) {
-  constexpr int kN = NJ * 8, kBytes = kTileOperandBytes<NJ>;
-  const char* name = NJ == 16 ? "m64n128k16" : "m64n256k16";
+  constexpr int kN = NJ * 8, kBytes = kTileOperandBytes<NJ, kSlow>;
+  const char* name = NJ == 8 ? "m64n64k16" : NJ == 16 ? "m64n128k16" : "m64n256k16";
   const int64_t chunk = 1024;
   const size_t smem = kBytes + 1024;
-  cudaFuncSetAttribute(tile_probe_kernel<TA, TB, NJ>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaFuncSetAttribute(tile_probe_kernel<TA, TB, NJ, kSlow>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(smem));
   uint8_t* d_ops = nullptr;
   float *d_acc = nullptr, *d_out = nullptr;
   int* d_steps = nullptr;
@@ -258,26 +273,28 @@ int64_t probe_tile_form(int64_t count, std::mt19937_64& rng, unsigned threads, i
     const int n = static_cast<int>(std::min<int64_t>(chunk, count - done));
     for (int i = 0; i < n; ++i) {
       const int center = static_cast<int>(rng() % 200) - 100;
-      steps[i] = static_cast<int>(rng() % 4);
+      steps[i] = kSlow ? 0 : static_cast<int>(rng() % 4);  // the slow form holds one K step
       uint8_t* op = ops.data() + static_cast<int64_t>(i) * kBytes;
       for (int m = 0; m < 64; ++m)
-        for (int k = 0; k < 64; ++k) {
+        for (int k = 0; k < (kSlow ? 16 : 64); ++k) {
           const uint16_t v = random_bf16(rng, center / 2);
           A[(static_cast<int64_t>(i) * 64 + m) * 64 + k] = v;
-          std::memcpy(op + (TA ? mnmajor_offset(k, m) : kmajor_offset(m, k)), &v, 2);
+          std::memcpy(op + (kSlow ? core_offset_bytes(m, k) : TA ? mnmajor_offset(k, m) : kmajor_offset(m, k)), &v, 2);
         }
       for (int nn = 0; nn < kN; ++nn)
-        for (int k = 0; k < 64; ++k) {
+        for (int k = 0; k < (kSlow ? 16 : 64); ++k) {
           const uint16_t v = random_bf16(rng, center / 2);
           B[(static_cast<int64_t>(i) * kN + nn) * 64 + k] = v;
-          std::memcpy(op + dev::kBoxBytes + (TB ? mnmajor_offset(k, nn) : kmajor_offset(nn, k)), &v, 2);
+          std::memcpy(op + (kSlow ? 64 * 16 * 2 + core_offset_bytes(nn, k)
+                                  : dev::kBoxBytes + (TB ? mnmajor_offset(k, nn) : kmajor_offset(nn, k))),
+                      &v, 2);
         }
       for (int e = 0; e < 64 * kN; ++e) acc[static_cast<int64_t>(i) * 64 * kN + e] = random_acc(rng, center);
     }
     cudaMemcpy(d_ops, ops.data(), static_cast<size_t>(n) * kBytes, cudaMemcpyHostToDevice);
     cudaMemcpy(d_acc, acc.data(), static_cast<size_t>(n) * 64 * kN * sizeof(float), cudaMemcpyHostToDevice);
     cudaMemcpy(d_steps, steps.data(), n * sizeof(int), cudaMemcpyHostToDevice);
-    tile_probe_kernel<TA, TB, NJ><<<n, 128, smem>>>(d_ops, d_acc, d_steps, d_out, n);
+    tile_probe_kernel<TA, TB, NJ, kSlow><<<n, 128, smem>>>(d_ops, d_acc, d_steps, d_out, n);
     if (cudaDeviceSynchronize() != cudaSuccess) {
       std::fprintf(stderr, "mok-mma-probe: %s kernel (TA %d, TB %d) failed: %s\n", name, TA, TB,
                    cudaGetErrorString(cudaGetLastError()));
@@ -310,9 +327,10 @@ int64_t probe_tile_form(int64_t count, std::mt19937_64& rng, unsigned threads, i
     *elements += static_cast<int64_t>(n) * 64 * kN;
     done += n;
   }
-  std::printf("mok-mma-probe: wgmma.%s, A %s-major, B %s-major, 128-byte swizzle: %lld instructions, %lld elements, "
+  std::printf("mok-mma-probe: wgmma.%s, A %s-major, B %s-major, %s: %lld instructions, %lld elements, "
               "%lld disagree with %s\n",
-              name, TA ? "MN" : "K", TB ? "MN" : "K", static_cast<long long>(done),
+              name, TA ? "MN" : "K", TB ? "MN" : "K",
+              kSlow ? "no swizzle (the slow engine's core matrices)" : "128-byte swizzle", static_cast<long long>(done),
               static_cast<long long>(done * 64 * kN), static_cast<long long>(bad_total), mok::spec::kHopperBf16Mma.name);
   cudaFree(d_ops);
   cudaFree(d_acc);
@@ -343,8 +361,9 @@ int main(int argc, char** argv) {
                    "usage: mok-mma-probe [--count N] [--wgmma-count W] [--tile-count T] [--seed S]\n"
                    "Runs N random mma.sync.m16n8k16 and W random wgmma.m64n8k16 (A, B in shared memory) bf16->f32\n"
                    "instructions, plus crafted edge cases, then T random instructions of each form the layer's\n"
-                   "engine issues (wgmma.m64n128k16 and m64n256k16, 128-byte swizzled, K- or MN-major operands,\n"
-                   "through the engine's own descriptor and instruction helpers), on the GPU, and compares every\n"
+                   "engines issue (the fast engine's wgmma.m64n128k16 and m64n256k16, 128-byte swizzled, K- or\n"
+                   "MN-major operands; the slow engine's m64n64k16 on unswizzled core matrices; through the\n"
+                   "engines' own descriptor and instruction helpers), on the GPU, and compares every\n"
                    "output element with the spec's Hopper MMA model, bit for bit. wgmma runs only on compute\n"
                    "capability 9.0.\n"
                    "Exit 0: all agree; 1: a mismatch (the first ones are printed); 3: no GPU.\n");
@@ -510,6 +529,8 @@ int main(int argc, char** argv) {
     tile_bad += probe_tile_form<0, 1, 16>(tile_count, rng, threads, &tile_elems);
     tile_bad += probe_tile_form<0, 1, 32>(tile_count, rng, threads, &tile_elems);
     tile_bad += probe_tile_form<1, 1, 32>(tile_count, rng, threads, &tile_elems);
+    // The slow engine's (gemm_slow: shapes not a multiple of 64, or TMA off).
+    tile_bad += probe_tile_form<0, 0, 8, true>(tile_count, rng, threads, &tile_elems);
   }
   return mismatches == 0 && w_bad_total == 0 && tile_bad == 0 ? 0 : 1;
 }

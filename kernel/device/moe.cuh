@@ -82,36 +82,30 @@ __device__ __forceinline__ TokenAt token_at(const LaunchParams& P, int32_t g) {
 // The router weights, checked before a pass does any work (DESIGN.md section 3: a non-finite
 // router weight is refused, never turned into a wrong answer). Every rank checks every global
 // entry [G, K] (empty slots too, as the host's check does), each block the entries of its token
-// slice, so every rank stops on its own and none has started its work when another raises. The
-// block raises the smallest bad entry of its slice (code 4: index g * K + k, observed the
-// float's bits). Returns false when the block raised (it must then leave without arriving at
-// any barrier, so that the rank's other blocks see the abort there).
+// slice, so every rank stops on its own and none has started its work when another raises. A
+// thread that finds one (its first: its later entries are larger) folds the entry and the float's
+// bits into ErrorRecord::weight_key by an integer atomicMax, so that after the launch the record
+// names the first bad entry in token order whichever blocks ran first, and raises code 4. Returns
+// false when the block found one (it must then leave without arriving at any barrier, so that the
+// rank's other blocks see the abort there). No shared memory: the common case is one block-wide OR.
 __device__ inline bool check_router_weights(const LaunchParams& P, const Role& role) {
   const int64_t K = P.cfg.top_k, TK = P.cfg.tokens_per_rank * K;
   const TokenSlice ts = token_slice(P, role);
   const int64_t lo = ts.lo * K, hi = ts.hi * K;
-  __shared__ unsigned long long first_bad;
-  __shared__ uint32_t bad_bits;
-  if (threadIdx.x == 0) first_bad = ~0ull;
-  __syncthreads();
   // Entry i is entry i % TK of rank i / TK's weights; the pair advances by additions.
   int64_t i = lo + threadIdx.x, owner = i / TK, at = i % TK;
+  bool bad = false;
   for (; i < hi; i += kThreads) {
     const uint32_t bits = __float_as_uint(P.peers[owner].router_weights[at]);
     if ((bits & 0x7f800000u) == 0x7f800000u) {  // Inf or NaN: the largest exponent
-      atomicMin(&first_bad, static_cast<unsigned long long>(i));
-      break;  // this thread's later entries are larger
+      atomicMax(reinterpret_cast<unsigned long long*>(&P.error->weight_key), weight_error_key(i, bits));
+      raise_error(P, 4, role.rank, kFlagBadRouting, 0, bits, i);
+      bad = true;
+      break;
     }
     for (at += kThreads; at >= TK; at -= TK) ++owner;
   }
-  __syncthreads();
-  const unsigned long long bad = first_bad;
-  if (bad != ~0ull && static_cast<unsigned long long>(i) == bad)
-    bad_bits = __float_as_uint(P.peers[owner].router_weights[at]);
-  __syncthreads();
-  if (bad == ~0ull) return true;
-  if (threadIdx.x == 0) raise_error(P, 4, role.rank, kFlagBadRouting, 0, bad_bits, static_cast<int64_t>(bad));
-  return false;
+  return __syncthreads_or(bad ? 1 : 0) == 0;
 }
 
 // Rows per local expert: every block of the rank counts the routing entries of its token slice in
@@ -1747,9 +1741,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
                   static_cast<uint64_t>(planned_rows), -1);
     return;
   }
-  // The weights may differ from the forward's (they scale dy and are d_router_weights' terms):
-  // checked again, with a rank barrier so that no block of the rank starts before every block's
-  // check is done (a block that found a bad weight never arrives; the others stop there).
+  // The backward's weights scale dy and are d_router_weights' terms: on the virtual rack they are
+  // the caller's arguments to this pass, which may differ from the forward's (under NCCL the
+  // window's copy, which the forward wrote). Checked again, with a rank barrier so that no block
+  // of the rank starts before every block's check is done (a block that found a bad weight never
+  // arrives; the others stop there). Barrier generations of the backward: kGenChecked here,
+  // kGenItemsDone after the GEMM items (all_ranks_passed below waits for that one).
+  constexpr uint32_t kGenChecked = 1, kGenItemsDone = 2;
+  static_assert(kGenItemsDone == kGenChecked + 1, "one rank barrier between the check and the items' end");
   if (!check_router_weights(P, role)) return;
   if (!rank_barrier(P, role.rank)) return;
   count_expected_arrivals(P, role);
@@ -1772,7 +1771,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
     return;
   trace_mark(P, kTrItemsDone);
   if (!rank_barrier(P, role.rank)) return;
-  if (!all_ranks_passed(P, 1)) return;  // shared items: every rank's d_act, dg, du are complete
+  if (!all_ranks_passed(P, kGenItemsDone)) return;  // shared items: every rank's d_act, dg, du are complete
   // Every block: a share of d_x once every dx row has arrived, and of d_router_weights; then
   // every block produces a share of the weight gradients.
   if (!block_wait(P, &P.peers[role.rank].arrivals[1], S.counters[4], role.rank, kFlagBackwardArrivals, -1)) return;

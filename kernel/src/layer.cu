@@ -370,14 +370,16 @@ void LayerCore::check_errors(cudaStream_t stream) {
                     "forward that succeeds first",
                 ErrorKind::kBadInput);
   if (e.code == 4) {
-    const int64_t K = host_.cfg.top_k, g = e.index / K;
-    const uint32_t bits = static_cast<uint32_t>(e.observed);
+    const int64_t K = host_.cfg.top_k, T = host_.cfg.tokens_per_rank;
+    const int64_t entry = weight_error_entry(e.weight_key), g = entry / K;
+    const uint32_t bits = weight_error_bits(e.weight_key);
     float w;
     std::memcpy(&w, &bits, sizeof w);
-    s << "kernel: rank " << e.rank << " found a non-finite router weight at token " << g << " (rank "
-      << g / host_.cfg.tokens_per_rank << "'s token " << g % host_.cfg.tokens_per_rank << ") slot " << e.index % K
-      << ": " << (std::isnan(w) ? "NaN" : w > 0 ? "+Inf" : "-Inf") << " (bits 0x" << std::hex << bits << std::dec
-      << "); router weights must be finite, empty slots' too. The pass stopped before any work; nothing was written";
+    s << "kernel: a non-finite router weight at token " << g << " (rank " << g / T << "'s token " << g % T
+      << ") slot " << entry % K << ": " << (std::isnan(w) ? "NaN" : w > 0 ? "+Inf" : "-Inf") << " (bits 0x"
+      << std::hex << bits << std::dec
+      << "; the first in token order); router weights must be finite, empty slots' too. The pass stopped "
+         "before any result was written";
     throw Error(s.str(), ErrorKind::kBadInput);
   }
   if (e.code == 2) {

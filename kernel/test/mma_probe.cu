@@ -176,11 +176,13 @@ float model(const Instr& p, int m, int n) {
   return mok::spec::mma_bf16_step(mok::spec::kHopperBf16Mma, p.c[m][n], p.a[m], 1, b_col, 1, 16);
 }
 
-// ---- The engine's instruction forms. One block (one warpgroup) per instruction: A's 64 x 64 box
-// and B's kN / 64 boxes (64 rows of 128 bytes each) copied into shared memory as TMA writes them
-// (128-byte swizzle: the 16-byte chunk c of 128-byte row r sits at chunk c ^ (r % 8)), then one
-// wgmma at k-step s (0-3) of the 64-wide chunk, with the descriptors and immediates the engine
-// uses (desc_sw128, wgmma_m64nNk16<TA, TB, NJ>; fast_chunk's a_step / b_step).
+// ---- The engines' instruction forms. One block (one warpgroup) per instruction. The fast
+// engine's: A's 64 x 64 box and B's kN / 64 boxes (64 rows of 128 bytes each) copied into shared
+// memory as TMA writes them (128-byte swizzle: the 16-byte chunk c of 128-byte row r sits at chunk
+// c ^ (r % 8)), then one wgmma at k-step s (0-3) of the 64-wide chunk, with the descriptors and
+// immediates the engine uses (desc_sw128, wgmma_m64nNk16<TA, TB, NJ>; fast_chunk's a_step /
+// b_step). The slow engine's (kSlow): one 16-wide K step of A and B in core matrices, as
+// gemm_slow stores them, and its wgmma_m64n64k16 on desc_noswizzle descriptors.
 uint32_t bits(float f);
 namespace dev = mok::kernel::device;
 // kSlow: the slow engine's form instead (gemm_slow): wgmma.m64n64k16 on one 16-wide K step of A

@@ -616,10 +616,14 @@ void expect_weight_error(kernel::Layer& layer, const std::vector<std::string>& w
 
 // DESIGN.md section 3 asks the kernel itself (not only the host wrappers, which check first) to
 // refuse a non-finite router weight before any work: Layer::forward and backward get device
-// pointers, so the device checks every weight (empty slots too) at the start of each pass. The
-// bad weight sits in a later block's token slice and on rank 1 (400 tokens over two ranks), in
-// an empty slot once, and only in the backward's weights once; the results keep a byte pattern
-// written before the pass (nothing was written), and the layer runs clean passes afterwards.
+// pointers, so the device checks every weight (empty slots too) at the start of each pass. Three
+// cases (400 tokens over two ranks, 9 blocks a rank): a NaN in rank 1's tokens (token 300, in the
+// seventh block's slice of each rank), a +Inf in rank 0's, a -Inf in an empty slot; two of them
+// with later bad weights beside (in other blocks' slices and on the other rank), where the error
+// must name the first in token order whichever block raised first. Each case runs a forward with
+// the bad weights, then a clean forward and a backward given the bad weights; the results keep a
+// byte pattern written before the pass (no result was written), and the layer runs clean passes
+// afterwards.
 TEST(Kernel, DeviceSideRouterWeightValidationStopsThePass) {
   REQUIRE_GPU();
   const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 200};
@@ -633,23 +637,25 @@ TEST(Kernel, DeviceSideRouterWeightValidationStopsThePass) {
   ASSERT_GE(empty, 0) << "the routing drew no empty slot";
   const int64_t K = cfg.top_k;
   struct Bad {
-    int64_t entry;
+    int64_t entry;  // the first bad weight in token order: the one the error must name
     float value;
     std::string text;
+    std::vector<int64_t> later;  // entries after it set to NaN as well
   };
   const float inf = std::numeric_limits<float>::infinity();
-  for (const Bad& b : {Bad{300 * K + 1, std::nanf(""), "NaN"}, Bad{5 * K + 0, inf, "+Inf"},
-                       Bad{empty, -inf, "-Inf"}}) {
+  for (const Bad& b : {Bad{300 * K + 1, std::nanf(""), "NaN", {399 * K}},
+                       Bad{5 * K + 0, inf, "+Inf", {5 * K + 1, 120 * K, 250 * K + 1}}, Bad{empty, -inf, "-Inf", {}}}) {
     const int64_t g = b.entry / K;
     const std::vector<std::string> want{"at token " + std::to_string(g) + " (rank " + std::to_string(g / cfg.tokens_per_rank) +
                                             "'s token " + std::to_string(g % cfg.tokens_per_rank) + ") slot " +
                                             std::to_string(b.entry % K) + ": " + b.text + " (bits 0x",
-                                        "router weights must be finite"};
+                                        "the first in token order", "router weights must be finite"};
     ref::TensorMap bad = in;
     bad.at("inputs/router_weights").data<float>()[b.entry] = b.value;
+    for (int64_t e : b.later) bad.at("inputs/router_weights").data<float>()[e] = std::nanf("");
     LayerBuffers good(cfg, in), buf(cfg, bad);
     kernel::KernelOptions o;
-    o.blocks_per_rank = 9;  // token 300 lies in rank 1's block slices after the first
+    o.blocks_per_rank = 9;  // slices of 45 tokens: token 300 in each rank's seventh block's
     o.wait_timeout_s = 2.0;
     kernel::Layer layer(cfg, o);
     {  // the forward

@@ -185,9 +185,9 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
   // ranks (virtual) or one (nccl), and shares this GPU's co-resident blocks among them as
   // Layer's constructor does (block_counts.hpp's rules, on the fewest blocks a rank gets).
   {
-    spec::LayerConfig one = cfg;
-    one.num_ranks = 1;
-    one.tokens_per_rank = G;
+    spec::LayerConfig one = cfg;  // one rank of one token: the co-resident blocks do not depend on T,
+    one.num_ranks = 1;            // and its workspace is the smallest
+    one.tokens_per_rank = 1;
     const int resident = kernel::Layer(one, kernel::KernelOptions{}).launch_blocks();
     for (const Config& c : configs) {
       const int per = resident / (nccl ? 1 : c.ranks);

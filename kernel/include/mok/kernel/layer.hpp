@@ -117,7 +117,7 @@ struct DeviceOutputs {
 // cudaStream_t, or null for the default stream) and never synchronise the host; backward()
 // must follow forward() of the same inputs on the same workspace (it reuses the routing plan
 // and the forward intermediates). Every output bit is a function of the global inputs alone:
-// not of R, the block counts, or timing. Errors (bad config, timeout of a wait, bad routing
+// not of R, the block counts, or timing. Errors (bad config, timeout of a wait, bad routing or a non-finite router weight
 // found by the kernel) throw mok::Error; device-side errors surface at check_errors(), which
 // reports the first since the last check_errors() (a failed forward is not lost to the backward
 // launched after it, and that backward stops at entry); after a failed forward was reported, run

@@ -51,7 +51,18 @@ struct ErrorRecord {
   uint64_t expected;
   uint64_t observed;
   int64_t index;          // flag index (row, token) or the bad (token * K + slot)
+  uint64_t weight_key;    // code 4: weight_error_key of the first non-finite router weight in token order
+                          // (the largest key any thread found; 0: none)
 };
+
+// A bad router weight's entry (g * K + k, below 2^31: LayerConfig::validate) and its float's bits
+// as one integer whose largest value over the entries is the first entry's (so an integer
+// atomicMax over them keeps the first, whatever the order the threads ran in).
+inline constexpr uint64_t weight_error_key(int64_t entry, uint32_t bits) {
+  return (static_cast<uint64_t>(0x7fffffff - entry) << 32) | bits;
+}
+inline constexpr int64_t weight_error_entry(uint64_t key) { return 0x7fffffff - static_cast<int64_t>(key >> 32); }
+inline constexpr uint32_t weight_error_bits(uint64_t key) { return static_cast<uint32_t>(key); }
 
 // A CUDA tensor map (CUtensorMap, 128 bytes, 64-byte aligned) kept opaque so that this header
 // needs no CUDA types. The host encodes them (src/layer.cu); sm_90a code loads tiles with TMA.

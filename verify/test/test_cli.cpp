@@ -754,6 +754,41 @@ TEST_F(CliTest, BackwardIntermediatesWithoutGradientsAreChecked) {
   EXPECT_NE(r.out.find("# first failing stage: intermediates/dy at token=0"), std::string::npos) << r.out;
 }
 
+// Found by an audit (fiftieth session): a golden that kept some intermediates and not others.
+// The oracle bounds each stage from its operands; where the file lacked them, the stage was
+// neither judged nor listed (gate and up gone: act, d_gate and d_up left out, and a moved act
+// bit reported at y), and a missing operand (act) ended the run with exit 2. The missing ones
+// are now emulated as operands, and every intermediate the file holds is judged.
+TEST_F(CliTest, TheOracleJudgesEveryIntermediateOfAGoldenThatKeptSome) {
+  ref::Golden part = golden_;
+  part.tensors.erase("intermediates/gate");
+  part.tensors.erase("intermediates/up");
+  uint16_t* act = part.tensors.at("intermediates/act").data<uint16_t>();
+  const int32_t* tk = part.tensors.at("inputs/topk_experts").data<int32_t>();
+  int64_t slot = 0;
+  while (tk[slot] < 0) ++slot;
+  act[slot * 16 + 2] = static_cast<uint16_t>(act[slot * 16 + 2] + 2);  // 2 ULP
+  const std::string path = (dir_ / "no_gate_up.h5").string();
+  ref::write_golden(path, part);
+  CliRun r = run_cli("run " + path + " --backend oracle");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("lacks intermediates gate, up"), std::string::npos) << r.err;
+  for (const char* p : {"intermediates/act ", "intermediates/d_gate ", "intermediates/d_up "})
+    EXPECT_NE(r.out.find(p), std::string::npos) << p << " was not judged\n" << r.out;
+  EXPECT_NE(r.out.find("# first failing stage: intermediates/act at token=" + std::to_string(slot / 2) + " slot=" +
+                       std::to_string(slot % 2)),
+            std::string::npos)
+      << r.out;
+
+  ref::Golden no_act = golden_;
+  no_act.tensors.erase("intermediates/act");
+  const std::string path2 = (dir_ / "no_act.h5").string();
+  ref::write_golden(path2, no_act);
+  r = run_cli("run " + path2 + " --backend oracle");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("intermediates/y "), std::string::npos) << "y, act's consumer, was not judged\n" << r.out;
+}
+
 // The entry of one tensor in a --json report (null when the report has none).
 nlohmann::json tensor_entry(const std::string& report, const std::string& tensor) {
   const nlohmann::json j = nlohmann::json::parse(report);  // kept: the loop must not range over a temporary's member

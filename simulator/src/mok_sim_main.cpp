@@ -339,12 +339,17 @@ struct PendingFiles {
   }
 };
 
-nlohmann::json parse_set_value(const std::string& text) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    return nlohmann::json(text);  // bare words are strings: --set /protocol/dispatch=push
-  }
+// Valid JSON is read as JSON, with the checks a scenario file gets (a key repeated in an object,
+// nesting); anything else is a string: --set /protocol/dispatch=push.
+nlohmann::json parse_set_value(const std::string& set, const std::string& text) {
+  if (!nlohmann::json::accept(text, /*ignore_comments=*/true)) return nlohmann::json(text);
+  std::istringstream in(text);
+  return mok::sim::parse_json_checked(in, "--set '" + set + "'");
+}
+
+// Whether JSON pointer `a` is `b` or lies inside it.
+bool pointer_within(const std::string& a, const std::string& b) {
+  return a == b || (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
 }
 
 int run_command(const std::string& scenario_path, const std::string& topology, const std::string& golden_path,
@@ -384,12 +389,27 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     if (eq == std::string::npos || s.empty() || s[0] != '/')
       throw Error("--set '" + s + "': write it as /json/pointer=value, e.g. --set /protocol/comm_sms=24");
     try {
-      doc[nlohmann::json::json_pointer(s.substr(0, eq))] = parse_set_value(s.substr(eq + 1));
+      doc[nlohmann::json::json_pointer(s.substr(0, eq))] = parse_set_value(s, s.substr(eq + 1));
     } catch (const nlohmann::json::exception& e) {
       throw Error("--set '" + s + "': " + e.what() + "; the pointer must lead through objects of the scenario to " +
                   "the field to change (e.g. /protocol/comm_sms; `mok-sim example` shows the fields)");
     }
   }
+  // A --set on a field the sweep varies would be overwritten at every point, in silence.
+  if (doc.contains("sweep") && doc["sweep"].is_array())
+    for (const auto& s : sets) {
+      const std::string ptr = s.substr(0, s.find('='));
+      if (pointer_within(ptr, "/sweep") || pointer_within(ptr, "/plots")) continue;  // the sweep itself
+      for (size_t a = 0; a < doc["sweep"].size(); ++a) {
+        const nlohmann::json& axis = doc["sweep"][a];
+        if (!axis.is_object() || !axis.contains("path") || !axis["path"].is_string()) continue;  // refused later
+        const std::string path = axis["path"].get<std::string>();
+        if (!path.empty() && pointer_within(ptr, path))  // an empty path is refused with the sweep
+          throw Error("--set '" + s + "': /sweep/" + std::to_string(a) + "/path '" + path +
+                      "' sweeps this field, so every point would replace the --set; drop the axis (--set "
+                      "/sweep=[] removes the whole sweep) or the --set");
+      }
+    }
   if (!sets.empty()) {
     origin += " with";
     for (const auto& s : sets) origin += " --set " + s;

@@ -26,6 +26,7 @@ spec::LayerConfig layer_from_json(const nlohmann::json& j, const Topology& topo,
   spec::LayerConfig cfg;
   cfg.num_ranks = topo.num_gpus();
   int64_t experts_per_rank = 0;
+  bool per_rank_given = false;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (!it->is_number_integer()) throw Error(origin + ": layer." + k + " must be an integer");
@@ -34,7 +35,11 @@ spec::LayerConfig layer_from_json(const nlohmann::json& j, const Topology& topo,
     else if (k == "intermediate") cfg.intermediate = v;
     else if (k == "shared_intermediate") cfg.shared_intermediate = v;
     else if (k == "num_experts") cfg.num_experts = v;
-    else if (k == "experts_per_rank") experts_per_rank = v;
+    else if (k == "experts_per_rank") {
+      if (v < 1) throw Error(origin + ": layer.experts_per_rank must be at least 1 (or left out: layer.num_experts)");
+      experts_per_rank = v;
+      per_rank_given = true;
+    }
     else if (k == "top_k") cfg.top_k = v;
     else if (k == "num_ranks") cfg.num_ranks = v;
     else if (k == "tokens_per_rank") cfg.tokens_per_rank = v;
@@ -42,7 +47,7 @@ spec::LayerConfig layer_from_json(const nlohmann::json& j, const Topology& topo,
       throw Error(origin + ": layer." + k + " is unknown; known: hidden, intermediate, shared_intermediate, " +
                   "num_experts, experts_per_rank, top_k, num_ranks (default: all GPUs), tokens_per_rank");
   }
-  if (experts_per_rank > 0) {
+  if (per_rank_given) {
     if (cfg.num_experts > 0 && cfg.num_experts != experts_per_rank * cfg.num_ranks)
       throw Error(origin + ": give layer.num_experts or layer.experts_per_rank, not both");
     cfg.num_experts = experts_per_rank * cfg.num_ranks;
@@ -267,6 +272,14 @@ std::vector<RunRow> run_points(const std::vector<SweepPoint>& points, const std:
     const std::string where = point_origin(points[i], origin);
     wheres.push_back(where);
     scenarios.push_back(scenario_from_json(points[i].doc, where));
+    // A trial changes the workload's seed alone: with routing from a file every trial is the
+    // same run, and runs.csv would list seeds that were never used.
+    const RoutingKind kind = scenarios.back().routing.kind;
+    if (scenarios.back().trials > 1 && (kind == RoutingKind::kTopkFile || kind == RoutingKind::kGolden))
+      throw Error(where + ": trials " + std::to_string(scenarios.back().trials) + " would repeat one run: a " +
+                  (kind == RoutingKind::kGolden ? "golden" : "topk_file") +
+                  " workload fixes the routing, the only thing a trial's seed changes; set trials to 1 "
+                  "(--set /trials=1) or use a generated workload");
     try {
       check_layer_times(scenarios.back().topo, scenarios.back().cfg, scenarios.back().proto);
     } catch (const Error& e) {

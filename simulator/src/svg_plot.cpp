@@ -151,6 +151,14 @@ void check_plot_request(const nlohmann::json& req, const std::vector<SweepPoint>
     throw Error(origin + ": plot series '" + s_path + "' is not a sweep path of this scenario");
   for (const SweepPoint& p : points)
     if (!setting(p, x_path)->is_number()) throw Error(origin + ": plot x '" + x_path + "' must sweep numbers");
+  // A sweep axis that is neither x nor the series would be averaged into the plotted lines
+  // without a word (push and pull as one line, say).
+  for (const auto& [path, v] : points[0].settings)
+    if (path != x_path && path != s_path)
+      throw Error(origin + ": plot '" + file + "': the sweep also varies " + path + ", which is neither its x nor " +
+                  (s_path.empty() ? "a series" : "its series") + ": its runs would be averaged into one line; " +
+                  (s_path.empty() ? "give \"series\": \"" + path + "\"" : std::string("sweep at most two fields")) +
+                  " or split the sweep into scenarios");
   // The metric names are the same for every run (flat_metrics), so an empty result lists them.
   bool found = false;
   std::string names;

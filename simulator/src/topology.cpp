@@ -255,6 +255,10 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
     throw Error(what + " '" + path + "' is a directory; give a JSON file");
   std::ifstream in(path);
   if (!in) throw Error(what + " '" + path + "' cannot be opened; check the path");
+  return parse_json_checked(in, what + " '" + path + "'");
+}
+
+nlohmann::json parse_json_checked(std::istream& in, const std::string& origin) {
   // A key given twice in one object would silently keep the last value (a whole "protocol"
   // block lost, say): the parser's callback follows the open objects and arrays to name it.
   struct Frame {
@@ -276,6 +280,11 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
     switch (event) {
       case E::object_start:
       case E::array_start: {
+        // Each open level keeps its pointer, so memory grows with the square of the depth: a
+        // scenario or topology needs a few levels; far more is a broken or hostile file.
+        if (open.size() >= kMaxJsonDepth)
+          throw Error(origin + " nests objects and arrays more than " + std::to_string(kMaxJsonDepth) +
+                      " deep; a scenario or topology needs a few levels");
         std::string ptr = child_pointer();
         open.push_back(Frame{event == E::object_start, std::move(ptr), {}, {}, 0});
         break;
@@ -302,14 +311,14 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   try {
     nlohmann::json doc = nlohmann::json::parse(in, track, true, /*ignore_comments=*/true);
     if (!duplicate.empty())
-      throw Error(what + " '" + path + "': " + duplicate + " (a JSON key may appear once per object; the later " +
+      throw Error(origin + ": " + duplicate + " (a JSON key may appear once per object; the later " +
                   "one would silently replace the earlier: merge them)");
     return doc;
   } catch (const nlohmann::json::out_of_range& e) {
     // a number past double's range (1e999): the parser names the text, not the key
-    throw Error(what + " '" + path + "' holds a number out of range (" + e.what() + "); numbers must fit a double");
+    throw Error(origin + " holds a number out of range (" + e.what() + "); numbers must fit a double");
   } catch (const nlohmann::json::exception& e) {
-    throw Error(what + " '" + path + "' is not valid JSON: " + e.what());
+    throw Error(origin + " is not valid JSON: " + e.what());
   }
 }
 

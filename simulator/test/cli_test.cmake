@@ -269,7 +269,7 @@ foreach(flag trace out)
 endforeach()
 # Two plots writing one SVG: refused before any run (no --out folder appears), naming the entry.
 expect_bad(plot_same_file "/plots/1/file 'smoke.svg' is also /plots/0/file" run ${SRC}/scenarios/smoke_sweep.json
-           --out ${WORK}/plot_same_out --set "/plots/1={\"file\":\"smoke.svg\",\"x\":\"/workload/exponent\",\"y\":\"layer_us\"}")
+           --out ${WORK}/plot_same_out --set "/plots/1={\"file\":\"smoke.svg\",\"x\":\"/workload/exponent\",\"y\":\"layer_us\",\"series\":\"/protocol/dispatch\"}")
 if(EXISTS ${WORK}/plot_same_out)
   message(FATAL_ERROR "two plots on one file left ${WORK}/plot_same_out behind")
 endif()
@@ -428,3 +428,25 @@ string(JSON c_data GET "${out}" result combine data_end_ns)
 if(NOT rc EQUAL 0 OR c_start LESS_EQUAL 0 OR NOT c_data EQUAL c_start)
   message(FATAL_ERROR "empty combine: expected data_end_ns = start_ns > 0 (rc ${rc}: ${c_data} against ${c_start})")
 endif()
+# Found by an audit (fiftieth session):
+# (10) A --set on a field the sweep varies was overwritten at every point, in silence.
+expect_bad(set_on_swept_field "--set '/protocol/dispatch=push': /sweep/0/path '/protocol/dispatch' sweeps this field"
+           run ${SRC}/scenarios/smoke_sweep.json --set /protocol/dispatch=push --out ${WORK}/swept_set)
+# (11) A plot over a sweep with a third axis averaged that axis's runs into one line.
+expect_bad(plot_averages_an_axis "the sweep also varies /protocol/dispatch, which is neither its x nor a series"
+           run ${SRC}/scenarios/smoke_sweep.json --set "/plots=[{\"file\":\"p.svg\",\"x\":\"/workload/exponent\",\"y\":\"dispatch_nvlink_util\"}]"
+           --out ${WORK}/plot_avg)
+# (12) Trials with routing from a file repeated one run (and listed seeds never used).
+expect_bad(trials_fixed_routing "trials 3 would repeat one run: a golden workload fixes the routing"
+           run --golden ${FIXTURES}/small-zipf.h5 --set /trials=3 --out ${WORK}/golden_trials)
+# (13) A negative (or zero) experts_per_rank was taken as not given.
+expect_bad(experts_per_rank_negative "layer.experts_per_rank must be at least 1"
+           run --set /layer/experts_per_rank=-3 --set /layer/num_experts=256)
+# (14) A --set value may not repeat a key either (a file may not).
+expect_bad(set_duplicate_key "--set '/protocol=.*': the top level has \"dispatch\" twice"
+           run --set "/protocol={\"dispatch\":\"push\",\"dispatch\":\"pull\"}")
+# (15) Nesting past 64 levels (memory grew with its square; 200,000 levels ran out of memory, exit 1).
+string(REPEAT "[" 100 deep_open)
+string(REPEAT "]" 100 deep_close)
+file(WRITE ${WORK}/deep.json "${deep_open}${deep_close}")
+expect_bad(json_too_deep "nests objects and arrays more than 64 deep" run ${WORK}/deep.json)

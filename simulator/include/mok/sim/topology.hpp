@@ -2,6 +2,7 @@
 // sources, the JSON file format that holds them, and the built-in presets.
 #pragma once
 
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,6 +74,11 @@ Topology resolve_topology(const std::string& spec);
 // Reads a JSON file (comments allowed); `what` names it in errors ("scenario", "topology file").
 // A directory, an unreadable file, bad JSON and numbers past a double's range are Errors.
 nlohmann::json read_json_file(const std::string& path, const std::string& what = "scenario");
+// The parser read_json_file uses, on any stream: JSON with comments; a key repeated in an object,
+// a number past a double's range, nesting deeper than kMaxJsonDepth or bad syntax throw Error
+// naming `origin` (e.g. "scenario 'x.json'" or "--set '/protocol=...'").
+inline constexpr size_t kMaxJsonDepth = 64;
+nlohmann::json parse_json_checked(std::istream& in, const std::string& origin);
 // The raw JSON of a preset (for `mok-sim topology show`).
 nlohmann::json preset_json(const std::string& name);
 // Applies {"section.field": value} overrides, e.g. {"scale_up.nvlink_gbps": 1000}.

@@ -131,6 +131,26 @@ std::string hdf5_detail() {
   return detail.empty() ? "no detail from HDF5" : detail;
 }
 
+// The first filter of a dataset's pipeline that this HDF5 library cannot apply, as "lzf (id
+// 32000)"; empty when every filter is available (or the dataset has none).
+std::string missing_filter(hid_t dset) {
+  const hid_t dcpl = H5Dget_create_plist(dset);
+  if (dcpl < 0) return "";
+  std::string missing;
+  const int n = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < n && missing.empty(); ++i) {
+    unsigned flags = 0, config = 0;
+    size_t nelmts = 0;
+    char name[128] = {0};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nelmts, nullptr, sizeof name, name,
+                                           &config);
+    if (id >= 0 && H5Zfilter_avail(id) <= 0)
+      missing = std::string(name[0] ? name : "(unnamed)") + " (id " + std::to_string(id) + ")";
+  }
+  H5Pclose(dcpl);
+  return missing;
+}
+
 // The system error behind a failed HDF5 call: the file drivers put "errno = N" in their message.
 // 0 when the stack holds none.
 int hdf5_errno() {
@@ -734,8 +754,14 @@ Tensor read_dataset(const Context& ctx, const Hid& dset, const std::string& path
   }
   if (tensor.numel() > 0 && H5Dread(dset.get(), memory_type_of(spec.dtype), H5S_ALL, H5S_ALL,
                                     H5P_DEFAULT, tensor.raw()) < 0) {
-    ctx.fail(where, "reading the data failed (" + hdf5_detail() +
-                        "); the file is truncated or corrupt" + kFixHint);
+    const std::string detail = hdf5_detail();
+    // A filter this HDF5 library lacks (h5py's lzf, a plugin's) fails the read of an intact file.
+    if (const std::string filter = missing_filter(dset.get()); !filter.empty())
+      ctx.fail(where, "compressed with the HDF5 filter " + filter +
+                          ", which this program's HDF5 library lacks, so it cannot be read; rewrite the file "
+                          "without it, e.g. `h5repack -f NONE " + ctx.origin() + " out.h5` (or with gzip: -f GZIP=4), "
+                          "or install that filter's HDF5 plugin");
+    ctx.fail(where, "reading the data failed (" + detail + "); the file is truncated or corrupt" + kFixHint);
   }
   return tensor;
 }

@@ -383,7 +383,8 @@ TensorMap end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, cons
   const Out o_drw = backward ? make("grads/d_router_weights") : Out{};
   const Out o_dx = backward ? make("grads/d_x") : Out{};
 
-  parallel_for(G, threads, [&](int64_t begin, int64_t end) {
+  // One range of tokens; t_now says which token a bound past fp32's range came from.
+  auto tokens = [&](int64_t begin, int64_t end, int64_t& t_now) {
     std::vector<double> xv, xr, dv, dr, dy_true, dy_impl, dgv, dgr, duv, dur;
     std::vector<Swiglu> slots(K);
     Swiglu sh;
@@ -413,6 +414,7 @@ TensorMap end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, cons
     };
     for (int64_t t = begin; t < end; ++t) {
       if (sample && !sample->token_mask[t]) continue;
+      t_now = t;
       exact_operand(x + t * H, H, xv, xr);
       // ---- forward
       for (int64_t k = 0; k < K; ++k) {
@@ -513,20 +515,43 @@ TensorMap end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, cons
         store(d, o_dx.exact + t * H + h, o_dx.bound + t * H + h);
       }
     }
+  };
+  parallel_for(G, threads, [&](int64_t begin, int64_t end) {
+    int64_t t_now = -1;
+    try {
+      tokens(begin, end, t_now);
+    } catch (const oracle_scalar::RangeError& e) {
+      throw oracle_scalar::RangeError(std::string(e.what()) + " in token " + std::to_string(t_now) + "'s " +
+                                      (backward ? "output, d_x or d_router_weights" : "output") + " (rank " +
+                                      std::to_string(t_now / cfg.tokens_per_rank) + "'s token " +
+                                      std::to_string(t_now % cfg.tokens_per_rank) + ")");
+    }
   }, 1);
   if (backward) weight_grads(cfg, inputs, sample, threads, out);
   return out;
 }
 
+// The entry points: a bound past fp32's range ends the oracle with the place it was met and the fix.
+TensorMap end_to_end_named(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options,
+                           bool backward) {
+  try {
+    return end_to_end(cfg, inputs, options, backward);
+  } catch (const oracle_scalar::RangeError& e) {
+    throw Error(std::string("end-to-end oracle: ") + e.what() +
+                "; its bounds do not cover overflow (a result of 2^128 or more is Inf in fp32): scale the inputs down "
+                "(/inputs/x, the weight datasets, /inputs/router_weights or /inputs/d_output)");
+  }
+}
+
 }  // namespace
 
 TensorMap oracle_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, const OracleOptions& options) {
-  return end_to_end(cfg, inputs, options, inputs.count("inputs/d_output") > 0);
+  return end_to_end_named(cfg, inputs, options, inputs.count("inputs/d_output") > 0);
 }
 
 TensorMap oracle_forward_end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs,
                                     const OracleOptions& options) {
-  return end_to_end(cfg, inputs, options, false);
+  return end_to_end_named(cfg, inputs, options, false);
 }
 
 }  // namespace mok::ref

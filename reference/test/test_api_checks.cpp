@@ -88,7 +88,13 @@ TEST(ApiChecks, EndToEndOracleRejectsBadOperands) {
   ref::TensorMap huge = in;
   uint16_t* hx = huge.at("inputs/x").data<uint16_t>();
   for (int64_t i = 0; i < huge.at("inputs/x").numel(); ++i) hx[i] = 0x7F00;  // 2^127
-  EXPECT_NE(error_of([&] { ref::oracle_end_to_end(kCfg, huge); }).find("range limit"), std::string::npos);
+  const std::string range = error_of([&] { ref::oracle_end_to_end(kCfg, huge); });
+  EXPECT_NE(range.find("range limit"), std::string::npos) << range;
+  // It names where (the first token, in token order whatever the threads) and the fix, and writes
+  // the magnitude in a few digits (it printed 67 digits and no place; audit, fiftieth session).
+  EXPECT_NE(range.find("in token 0's output, d_x or d_router_weights (rank 0's token 0)"), std::string::npos) << range;
+  EXPECT_NE(range.find("scale the inputs down"), std::string::npos) << range;
+  EXPECT_LT(range.size(), 400u) << range;
   ref::Sample unprepared;
   unprepared.tokens = {0};
   ref::OracleOptions oo;

@@ -207,6 +207,8 @@ Report compare(const ref::Golden& golden, const ref::TensorMap& candidate, const
                 " outside their radius)";
       } else if (!tr.worst_location.empty()) {
         where = " at " + tr.worst_location;
+      } else if (!tr.worst_bound_location.empty()) {
+        where = ": " + tr.worst_bound_location;  // e.g. no element has a radius
       }
       report.first_bad_stage = path + where;
     }
@@ -238,6 +240,7 @@ std::string format_table(const Report& r) {
     const std::string ratio = t.has_bounds ? fmt(t.worst_bound_ratio) : "-";
     std::string where = t.worst_location;
     if (t.worst_idx >= 0) where += " (golden " + fmt(t.worst_expected) + ", got " + fmt(t.worst_actual) + ")";
+    if (where.empty() && !t.passed && t.bound_checked == 0 && t.has_bounds) where = t.worst_bound_location;
     std::snprintf(line, sizeof line, "%-35s %10lld %10lld %8s %10s %10s  %-6s  %s\n", t.path.c_str(),
                   static_cast<long long>(t.compared), static_cast<long long>(t.equal), ulp.c_str(), outside.c_str(),
                   ratio.c_str(), t.passed ? "OK" : "FAILED", where.c_str());

@@ -256,6 +256,11 @@ RC_GTEST_PROP(Compare, BoundsCriterionJudgesTheRadius, ()) {
   const verify::Report nan_bounds = verify::compare(d.golden, d.candidate, o);
   RC_ASSERT(!nan_bounds.passed);
   RC_ASSERT(find(nan_bounds, "outputs/output")->bound_checked == 0);
+  // The table and the summary say why (only --json did; audit, fiftieth session).
+  const std::string table = verify::format_table(nan_bounds);
+  RC_ASSERT(table.find("FAILED  no element has a radius (all NaN)") != std::string::npos);
+  RC_ASSERT(nan_bounds.first_bad_stage.find("outputs/output: no element has a radius") != std::string::npos ||
+            nan_bounds.first_bad_stage.rfind("outputs/output", 0) != 0);
 
   // A negative radius is a broken golden: bad input, not a failed check.
   radii.data<float>()[*rc::gen::inRange<int64_t>(0, radii.numel())] = -1.0f;

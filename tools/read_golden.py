@@ -37,8 +37,17 @@ class BadFile(Exception):
     pass
 
 
+def scalar(v):
+    """An attribute stored as a one-element array (another writer's choice) as that element, as
+    the C++ reader takes it; any other value as it is."""
+    if isinstance(v, np.ndarray) and v.size == 1:
+        return v.reshape(-1)[0]
+    return v
+
+
 def text_attr(v):
     """An attribute's value as text, or None when it is not one string."""
+    v = scalar(v)
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
     return v if isinstance(v, str) else None
@@ -61,7 +70,8 @@ def read(ds):
 
 def load_bf16(ds):
     """A bf16 dataset (uint16 bit patterns, dtype attribute "bfloat16") as float32 (exact)."""
-    if ds.dtype != np.uint16 or text_attr(ds.attrs.get("dtype")) != "bfloat16":
+    # Either byte order (h5py reads big-endian data into native values).
+    if ds.dtype.kind != "u" or ds.dtype.itemsize != 2 or text_attr(ds.attrs.get("dtype")) != "bfloat16":
         raise BadFile(f"{ds.name} must be bf16 (uint16 bit patterns with dtype = \"bfloat16\"), but it is "
                       f"{ds.dtype} with dtype = {ds.attrs.get('dtype')!r}; {REGENERATE}")
     return (read(ds).astype(np.uint32) << 16).view(np.float32)
@@ -95,6 +105,9 @@ def main(argv):
     try:
         f = h5py.File(a.file, "r")
     except OSError as e:
+        if "unable to lock file" in str(e) or "errno = 11" in str(e):
+            return fail(f"{a.file}: is open for writing in another program ({e}); close it there, or read it with "
+                        f"HDF5_USE_FILE_LOCKING=FALSE")
         return fail(f"{a.file}: not an HDF5 file or truncated ({e}); make goldens with mok-golden")
     try:
         with f:
@@ -115,16 +128,12 @@ def inspect(f, check):
         if k not in CONFIG_RANGES:
             continue
         try:
-            # A bool (True is an int in Python) or a string ("64") is not a stored integer.
-            if isinstance(v, (bool, np.bool_, str, bytes)) or (isinstance(v, np.ndarray) and v.dtype.kind in "bSUO"):
+            # A bool (True is an int in Python), a string ("64") or a float (64.0) is not a stored
+            # integer: the C++ reader refuses them too.
+            v = scalar(v)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise ValueError(v)
-            if isinstance(v, (int, np.integer)):
-                cfg[k] = int(v)
-            else:
-                as_float = float(v)
-                if not as_float.is_integer():
-                    raise ValueError(v)
-                cfg[k] = int(as_float)
+            cfg[k] = int(v)
         except (TypeError, ValueError, OverflowError):
             raise BadFile(f"/config attribute {k} is {v!r}, not an integer; {REGENERATE}")
         lo, hi = CONFIG_RANGES[k]
@@ -135,7 +144,7 @@ def inspect(f, check):
         raise BadFile(f"/config lacks {', '.join(missing)}; {REGENERATE}")
     if cfg["K"] > cfg["E"]:
         raise BadFile(f"/config has K = {cfg['K']} above E = {cfg['E']}; {REGENERATE}")
-    seed = f.attrs.get("seed", -1)
+    seed = scalar(f.attrs.get("seed", -1))
     if "seed" in f.attrs:
         if not (np.ndim(seed) == 0 and isinstance(seed, (int, np.integer)) and 0 <= int(seed) < 1 << 64):
             raise BadFile(f"root attribute seed is {seed!r}, not a whole number from 0 to 2^64 - 1; {REGENERATE}")

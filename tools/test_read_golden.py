@@ -2,8 +2,10 @@
 """test_read_golden.py FIXTURE: read_golden.py refuses malformed goldens with exit 2 and a message
 naming the attribute or dataset (not a traceback): a /config attribute that is not an integer or
 out of range (also without --check), a root format or seed of the wrong type, and, for --check,
-datasets of the wrong shape or type, or groups in their place. The unmodified copy passes; output
-that cannot be written (/dev/full), the help's too, exits 2. Exit 77 (skipped) without h5py/numpy."""
+datasets of the wrong shape or type, or groups in their place. The unmodified copy passes, as do
+big-endian bf16 data and attributes stored as one-element arrays (as the C++ reader takes them); a
+file open for writing elsewhere is named as locked; output that cannot be written (/dev/full), the
+help's too, exits 2. Exit 77 (skipped) without h5py/numpy."""
 import os
 import shutil
 import subprocess
@@ -80,6 +82,9 @@ with tempfile.TemporaryDirectory() as tmp:
         "config_R_negative": (lambda f: f["config"].attrs.__setitem__("R", np.int64(-2)), "attribute R is -2", False),
         "config_T_zero": (lambda f: f["config"].attrs.__setitem__("T", np.int64(0)), "attribute T is 0", False),
     }
+    # found by the fiftieth session's audit: a float config attribute was accepted (the C++ reader
+    # refuses it)
+    cases["config_H_float"] = (lambda f: f["config"].attrs.__setitem__("H", np.float64(64.0)), "not an integer", False)
     for name, (mutate, needle, *check) in cases.items():
         path = os.path.join(tmp, name + ".h5")
         shutil.copy(fixture, path)
@@ -89,6 +94,33 @@ with tempfile.TemporaryDirectory() as tmp:
         if code != 2 or needle not in err or "Traceback" in err:
             print(f"{name}: expected exit 2 naming {needle}, got exit {code}: {err}")
             failures += 1
+    # Files the C++ reader takes (fiftieth session's audit): big-endian bf16 data, attributes stored
+    # as one-element arrays; and a file open for writing elsewhere is named as locked.
+    def big_endian_y(f):
+        y = f["intermediates/y"][()]
+        replace(f, "intermediates/y", y.astype(">u2"))
+
+    def array_attrs(f):
+        f.attrs["format"] = np.array([b"mok-golden"])
+        f.attrs["seed"] = np.array([f.attrs["seed"]], np.uint64)
+        f["config"].attrs["H"] = np.array([f["config"].attrs["H"]], np.int64)
+    for name, mutate in (("big_endian_y", big_endian_y), ("array_attrs", array_attrs)):
+        path = os.path.join(tmp, name + ".h5")
+        shutil.copy(fixture, path)
+        with h5py.File(path, "r+") as f:
+            mutate(f)
+        code, err = run(path)
+        if code != 0:
+            print(f"{name}: expected exit 0 (the C++ reader takes it), got exit {code}: {err}")
+            failures += 1
+    locked = os.path.join(tmp, "locked.h5")
+    shutil.copy(fixture, locked)
+    with h5py.File(locked, "r+"):
+        code, err = run(locked, check=False)
+    if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() != "FALSE" and (
+            code != 2 or "open for writing in another program" not in err):
+        print(f"a file open for writing here: expected exit 2 naming the lock, got exit {code}: {err}")
+        failures += 1
     # Standard output that cannot be written is an error, not a traceback or a silent 0.
     if os.path.exists("/dev/full"):
         for args in ((good,), ("--help",)):

@@ -355,7 +355,7 @@ bool pointer_within(const std::string& a, const std::string& b) {
 int run_command(const std::string& scenario_path, const std::string& topology, const std::string& golden_path,
                 const std::vector<std::string>& sets,
                 const std::string& format, const std::string& out_dir, const std::string& trace_path,
-                int trace_gpus, int threads, bool per_gpu) {
+                int trace_gpus, int threads, bool per_gpu, bool format_given) {
   nlohmann::json doc;
   std::string origin;
   if (scenario_path.empty()) {
@@ -580,6 +580,10 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     return kExitOk;
   }
   if (!trace_path.empty()) throw Error("--trace needs a single run (no sweep, trials = 1)");
+  if (format == "table" && format_given)
+    throw Error("--format table prints one run's result; " + origin + " has " + std::to_string(points.size()) +
+                " sweep points x " + std::to_string(first.trials) + " trials, which print as CSV (--format csv, " +
+                "or --out DIR for runs.csv and summary.csv)");
   if (format == "json")
     throw Error("--format json prints one run's result; " + origin + " has " + std::to_string(points.size()) +
                 " sweep points x " + std::to_string(first.trials) + " trials, which print as CSV (--format csv, " +
@@ -688,8 +692,13 @@ int main(int argc, char** argv) {
       throw Error("--trace is empty; give a file name, e.g. --trace trace.json (or leave --trace out)");
     if (run->parsed() && run->count("--out") > 0 && out_dir.empty())
       throw Error("--out is empty; give a directory, e.g. --out results (or leave --out out to print the result)");
+    // Options that would change nothing are refused rather than dropped unseen (audit, fiftieth session).
+    if (run->parsed() && run->count("--trace-gpus") > 0 && trace_path.empty())
+      throw Error("--trace-gpus chooses the GPUs of the Chrome trace: give --trace FILE too (or leave --trace-gpus out)");
+    if (run->parsed() && per_gpu && format != "json")
+      throw Error("--per-gpu adds per-GPU timelines to a run's JSON: give --format json (or leave --per-gpu out)");
     if (run->parsed()) return run_command(scenario_path, topology, golden_path, sets, format, out_dir, trace_path, trace_gpus,
-                                          threads, per_gpu);
+                                          threads, per_gpu, run->count("--format") > 0);
     if (topo_cmd->parsed()) {
       errno = 0;
       if (show->parsed()) {

@@ -196,6 +196,10 @@ std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, co
     cell.first += r.metrics[metric].second;
     cell.second += 1;
   }
+  // A metric of a phase no run simulated (combine_us in a dispatch-only sweep) would draw no line.
+  if (acc.empty())
+    throw Error(origin + ": plot '" + file + "': no run simulated " + y_name +
+                " (its phase is not part of these runs), so the plot would be empty; plot another metric");
   std::vector<PlotSeries> series;
   for (const auto& [label, xs] : acc) {
     PlotSeries s{label, {}};

@@ -450,3 +450,15 @@ string(REPEAT "[" 100 deep_open)
 string(REPEAT "]" 100 deep_close)
 file(WRITE ${WORK}/deep.json "${deep_open}${deep_close}")
 expect_bad(json_too_deep "nests objects and arrays more than 64 deep" run ${WORK}/deep.json)
+# (16) Options that would change nothing were dropped unseen.
+expect_bad(trace_gpus_alone "--trace-gpus chooses the GPUs of the Chrome trace: give --trace FILE too" run --trace-gpus 4)
+expect_bad(per_gpu_not_json "--per-gpu adds per-GPU timelines to a run's JSON: give --format json" run --per-gpu)
+expect_bad(table_for_sweep "--format table prints one run's result" run ${SRC}/scenarios/smoke_sweep.json --format table)
+# (17) A plot of a metric no run simulated (a dispatch-only sweep) drew an empty SVG with exit 0.
+expect_bad(plot_unsimulated "no run simulated combine_us"
+           run ${SRC}/scenarios/smoke_sweep.json --set /trials=1
+           --set "/plots=[{\"file\":\"c.svg\",\"x\":\"/workload/exponent\",\"y\":\"combine_us\",\"series\":\"/protocol/dispatch\"}]"
+           --out ${WORK}/plot_unsimulated)
+if(EXISTS ${WORK}/plot_unsimulated)
+  message(FATAL_ERROR "plot_unsimulated: a refused run left ${WORK}/plot_unsimulated behind")
+endif()

@@ -1,10 +1,14 @@
 // Formatting of simulation results as table, JSON, CSV values and Chrome trace events.
 #include "mok/sim/report.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
 
 namespace mok::sim {
 
@@ -160,11 +164,45 @@ std::string chrome_trace_json(const LayerResult& r) {
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", g}, {"tid", 100000},
                       {"args", {{"name", "expert GEMMs"}}}});
   }
-  for (const auto& s : r.trace) {
+  // Spans on one thread must nest or be disjoint for Perfetto to draw them; an SM's spans can
+  // overlap in part (a row-order chunk's members in flight together), so each (GPU, lane) gets as
+  // many tracks as it needs: a span goes on the first track whose last span ended by its start
+  // (spans taken by start, then end, then their order in the result: deterministic). Track 0
+  // keeps the lane's id; track k adds k * 1,000,000 and is named after the lane.
+  std::vector<int> track(r.trace.size(), 0);
+  {
+    std::vector<size_t> order(r.trace.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const auto& x = r.trace[a];
+      const auto& y = r.trace[b];
+      return std::tie(x.gpu, x.lane, x.start_ns, x.end_ns) < std::tie(y.gpu, y.lane, y.start_ns, y.end_ns);
+    });
+    std::vector<int64_t> ends;  // per track of the current (gpu, lane): its last span's end
+    for (size_t k = 0; k < order.size(); ++k) {
+      const auto& sp = r.trace[order[k]];
+      if (k == 0 || r.trace[order[k - 1]].gpu != sp.gpu || r.trace[order[k - 1]].lane != sp.lane) ends.clear();
+      size_t t = 0;
+      while (t < ends.size() && ends[t] > sp.start_ns) ++t;
+      if (t == ends.size()) {
+        ends.push_back(sp.end_ns);
+        if (t > 0)
+          events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", sp.gpu},
+                            {"tid", (sp.lane < 0 ? 100000 : sp.lane) + static_cast<int64_t>(t) * 1000000},
+                            {"args", {{"name", (sp.lane < 0 ? std::string("expert GEMMs") : "SM " + std::to_string(sp.lane)) +
+                                                   " (overlapping " + std::to_string(t) + ")"}}}});
+      } else {
+        ends[t] = sp.end_ns;
+      }
+      track[order[k]] = static_cast<int>(t);
+    }
+  }
+  for (size_t i = 0; i < r.trace.size(); ++i) {
+    const auto& s = r.trace[i];
     nlohmann::json e{{"ph", "X"},
                      {"name", s.name},
                      {"pid", s.gpu},
-                     {"tid", s.lane < 0 ? 100000 : s.lane},
+                     {"tid", (s.lane < 0 ? 100000 : s.lane) + static_cast<int64_t>(track[i]) * 1000000},
                      {"ts", static_cast<double>(s.start_ns) / 1000.0},
                      {"dur", static_cast<double>(s.end_ns - s.start_ns) / 1000.0}};
     if (s.bytes > 0) e["args"] = {{"bytes", s.bytes}};

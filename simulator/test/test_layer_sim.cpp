@@ -1058,6 +1058,33 @@ TEST(LayerSim, ReportWritesEveryFieldFromItsOwnSource) {
   EXPECT_EQ(instants, 2);  // dispatch known, layer done
 }
 
+// Perfetto draws the spans of one thread only if they nest or are disjoint; an SM's row-order
+// chunk has members in flight together, whose spans overlap in part (found by audit, fiftieth
+// session: 306,714 such pairs in one NVL72 push trace). Such a span goes on another track of its
+// lane (tid + k * 1,000,000, named after the lane); disjoint ones stay on the lane's own.
+TEST(LayerSim, ChromeTraceTracksNeverOverlapInPart) {
+  LayerResult r;
+  r.gpus.push_back(GpuTimeline{});
+  r.trace.push_back(TraceSpan{0, 3, 0, 2376, "a", 1});
+  r.trace.push_back(TraceSpan{0, 3, 1000, 4078, "b", 1});   // overlaps a in part: track 1
+  r.trace.push_back(TraceSpan{0, 3, 2376, 3000, "c", 1});   // starts as a ends: track 0 again
+  r.trace.push_back(TraceSpan{0, 3, 4078, 5000, "d", 1});   // after both: track 0
+  r.trace.push_back(TraceSpan{0, -1, 100, 200, "tile", 0});  // the compute queue: its own thread
+  const nlohmann::json t = nlohmann::json::parse(chrome_trace_json(r));
+  std::map<std::string, int64_t> tid;
+  bool named = false;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "X") tid[e["name"].get<std::string>()] = e["tid"].get<int64_t>();
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == 1000003) named = e["args"]["name"] == "SM 3 (overlapping 1)";
+  }
+  EXPECT_EQ(tid.at("a"), 3);
+  EXPECT_EQ(tid.at("b"), 1000003);
+  EXPECT_EQ(tid.at("c"), 3);
+  EXPECT_EQ(tid.at("d"), 3);
+  EXPECT_EQ(tid.at("tile"), 100000);
+  EXPECT_TRUE(named) << "track 1 of SM 3 has no thread name";
+}
+
 // The fixed-width table (mok-sim's default output): every figure in its own column, from its own
 // field, in microseconds where the field holds nanoseconds; a phase that was not simulated has
 // no row. Each value below is distinct, so a field written from the wrong source shows.

@@ -758,9 +758,10 @@ Tensor read_dataset(const Context& ctx, const Hid& dset, const std::string& path
     // A filter this HDF5 library lacks (h5py's lzf, a plugin's) fails the read of an intact file.
     if (const std::string filter = missing_filter(dset.get()); !filter.empty())
       ctx.fail(where, "compressed with the HDF5 filter " + filter +
-                          ", which this program's HDF5 library lacks, so it cannot be read; rewrite the file "
-                          "without it, e.g. `h5repack -f NONE " + ctx.origin() + " out.h5` (or with gzip: -f GZIP=4), "
-                          "or install that filter's HDF5 plugin");
+                          ", which this program's HDF5 library lacks, so it cannot be read (the file may be "
+                          "intact): let HDF5 find the filter's plugin (HDF5_PLUGIN_PATH, e.g. from the hdf5plugin "
+                          "Python package), or rewrite the file where the filter is available (h5py has lzf) "
+                          "without compression or with gzip");
     ctx.fail(where, "reading the data failed (" + detail + "); the file is truncated or corrupt" + kFixHint);
   }
   return tensor;

@@ -582,8 +582,8 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   if (!trace_path.empty()) throw Error("--trace needs a single run (no sweep, trials = 1)");
   if (format == "table" && format_given)
     throw Error("--format table prints one run's result; " + origin + " has " + std::to_string(points.size()) +
-                " sweep points x " + std::to_string(first.trials) + " trials, which print as CSV (--format csv, " +
-                "or --out DIR for runs.csv and summary.csv)");
+                " sweep points x " + std::to_string(first.trials) + " trials, which print as CSV: leave --format out" +
+                (out_dir.empty() ? " or give --format csv (--out DIR writes runs.csv and summary.csv)" : ""));
   if (format == "json")
     throw Error("--format json prints one run's result; " + origin + " has " + std::to_string(points.size()) +
                 " sweep points x " + std::to_string(first.trials) + " trials, which print as CSV (--format csv, " +

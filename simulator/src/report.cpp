@@ -164,48 +164,48 @@ std::string chrome_trace_json(const LayerResult& r) {
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", g}, {"tid", 100000},
                       {"args", {{"name", "expert GEMMs"}}}});
   }
-  // Spans on one thread must nest or be disjoint for Perfetto to draw them; an SM's spans can
-  // overlap in part (a row-order chunk's members in flight together), so each (GPU, lane) gets as
-  // many tracks as it needs: a span goes on the first track whose last span ended by its start
-  // (spans taken by start, then end, then their order in the result: deterministic). Track 0
-  // keeps the lane's id; track k adds k * 1,000,000 and is named after the lane.
-  std::vector<int> track(r.trace.size(), 0);
-  {
-    std::vector<size_t> order(r.trace.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      const auto& x = r.trace[a];
-      const auto& y = r.trace[b];
-      return std::tie(x.gpu, x.lane, x.start_ns, x.end_ns) < std::tie(y.gpu, y.lane, y.start_ns, y.end_ns);
-    });
-    std::vector<int64_t> ends;  // per track of the current (gpu, lane): its last span's end
-    for (size_t k = 0; k < order.size(); ++k) {
-      const auto& sp = r.trace[order[k]];
-      if (k == 0 || r.trace[order[k - 1]].gpu != sp.gpu || r.trace[order[k - 1]].lane != sp.lane) ends.clear();
-      size_t t = 0;
-      while (t < ends.size() && ends[t] > sp.start_ns) ++t;
-      if (t == ends.size()) {
-        ends.push_back(sp.end_ns);
+  // Spans on one thread must nest or be disjoint for Perfetto to draw them, and an enclosing span
+  // must come before the spans inside it. Spans are recorded as transfers finish, so a chunk's
+  // members (which start together and end apart) came shortest first. Each (GPU, lane)'s spans
+  // are written by start, then longest first (then their order in the result: deterministic);
+  // a span that would overlap the innermost open span of a track in part goes on the next track
+  // (none did in the runs tried: a chunk's members nest). Track 0 is the lane's own thread id;
+  // track k adds k * 1,000,000 and is named after the lane.
+  std::vector<size_t> order(r.trace.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto& x = r.trace[a];
+    const auto& y = r.trace[b];
+    return std::make_tuple(x.gpu, x.lane, x.start_ns, -x.end_ns) < std::make_tuple(y.gpu, y.lane, y.start_ns, -y.end_ns);
+  });
+  std::vector<std::vector<int64_t>> open;  // per track of the current (gpu, lane): ends of its open spans, innermost last
+  for (size_t k = 0; k < order.size(); ++k) {
+    const auto& sp = r.trace[order[k]];
+    if (k == 0 || r.trace[order[k - 1]].gpu != sp.gpu || r.trace[order[k - 1]].lane != sp.lane) open.clear();
+    size_t t = 0;
+    for (;; ++t) {
+      if (t == open.size()) {
+        open.emplace_back();
         if (t > 0)
           events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", sp.gpu},
                             {"tid", (sp.lane < 0 ? 100000 : sp.lane) + static_cast<int64_t>(t) * 1000000},
                             {"args", {{"name", (sp.lane < 0 ? std::string("expert GEMMs") : "SM " + std::to_string(sp.lane)) +
                                                    " (overlapping " + std::to_string(t) + ")"}}}});
-      } else {
-        ends[t] = sp.end_ns;
       }
-      track[order[k]] = static_cast<int>(t);
+      std::vector<int64_t>& stack = open[t];
+      while (!stack.empty() && stack.back() <= sp.start_ns) stack.pop_back();  // closed before this span
+      if (stack.empty() || sp.end_ns <= stack.back()) {  // disjoint from the track, or inside its innermost span
+        stack.push_back(sp.end_ns);
+        break;
+      }
     }
-  }
-  for (size_t i = 0; i < r.trace.size(); ++i) {
-    const auto& s = r.trace[i];
     nlohmann::json e{{"ph", "X"},
-                     {"name", s.name},
-                     {"pid", s.gpu},
-                     {"tid", (s.lane < 0 ? 100000 : s.lane) + static_cast<int64_t>(track[i]) * 1000000},
-                     {"ts", static_cast<double>(s.start_ns) / 1000.0},
-                     {"dur", static_cast<double>(s.end_ns - s.start_ns) / 1000.0}};
-    if (s.bytes > 0) e["args"] = {{"bytes", s.bytes}};
+                     {"name", sp.name},
+                     {"pid", sp.gpu},
+                     {"tid", (sp.lane < 0 ? 100000 : sp.lane) + static_cast<int64_t>(t) * 1000000},
+                     {"ts", static_cast<double>(sp.start_ns) / 1000.0},
+                     {"dur", static_cast<double>(sp.end_ns - sp.start_ns) / 1000.0}};
+    if (sp.bytes > 0) e["args"] = {{"bytes", sp.bytes}};
     events.push_back(std::move(e));
   }
   for (size_t g = 0; g < r.gpus.size() && static_cast<int>(g) <= max_gpu; ++g) {

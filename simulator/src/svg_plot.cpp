@@ -153,12 +153,19 @@ void check_plot_request(const nlohmann::json& req, const std::vector<SweepPoint>
     if (!setting(p, x_path)->is_number()) throw Error(origin + ": plot x '" + x_path + "' must sweep numbers");
   // A sweep axis that is neither x nor the series would be averaged into the plotted lines
   // without a word (push and pull as one line, say).
-  for (const auto& [path, v] : points[0].settings)
-    if (path != x_path && path != s_path)
+  if (!s_path.empty() && s_path == x_path)
+    throw Error(origin + ": plot '" + file + "': series and x are both " + x_path + "; give another sweep path as the series");
+  for (size_t a = 0; a < points[0].settings.size(); ++a) {
+    const std::string& path = points[0].settings[a].first;
+    if (path == x_path || path == s_path) continue;
+    bool varies = false;  // an axis of one value averages nothing
+    for (const SweepPoint& p : points) varies |= p.settings[a].second != points[0].settings[a].second;
+    if (varies)
       throw Error(origin + ": plot '" + file + "': the sweep also varies " + path + ", which is neither its x nor " +
                   (s_path.empty() ? "a series" : "its series") + ": its runs would be averaged into one line; " +
-                  (s_path.empty() ? "give \"series\": \"" + path + "\"" : std::string("sweep at most two fields")) +
-                  " or split the sweep into scenarios");
+                  (s_path.empty() ? "give \"series\": \"" + path + "\" or" : std::string("plot at most two varying fields:")) +
+                  " split the sweep into scenarios");
+  }
   // The metric names are the same for every run (flat_metrics), so an empty result lists them.
   bool found = false;
   std::string names;

@@ -450,6 +450,18 @@ string(REPEAT "[" 100 deep_open)
 string(REPEAT "]" 100 deep_close)
 file(WRITE ${WORK}/deep.json "${deep_open}${deep_close}")
 expect_bad(json_too_deep "nests objects and arrays more than 64 deep" run ${WORK}/deep.json)
+# ... and 64 levels are still JSON the parser takes (refused after, as a scenario that is not an object).
+string(REPEAT "[" 64 deep_open)
+string(REPEAT "]" 64 deep_close)
+file(WRITE ${WORK}/deep64.json "${deep_open}${deep_close}")
+expect_bad(json_64_deep "a scenario must be a JSON object" run ${WORK}/deep64.json)
+# A plot over a sweep whose third axis has one value averages nothing: accepted.
+execute_process(COMMAND ${MOK_SIM} run ${SRC}/scenarios/smoke_sweep.json --set /trials=1 "--set=/sweep/0/values=[\"push\"]"
+                "--set=/plots=[{\"file\":\"p.svg\",\"x\":\"/workload/exponent\",\"y\":\"dispatch_nvlink_util\"}]"
+                --out ${WORK}/plot_one_value RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/plot_one_value/p.svg)
+  message(FATAL_ERROR "a plot over a one-value third axis: expected exit 0 and p.svg (rc ${rc}: ${err})")
+endif()
 # (16) Options that would change nothing were dropped unseen.
 expect_bad(trace_gpus_alone "--trace-gpus chooses the GPUs of the Chrome trace: give --trace FILE too" run --trace-gpus 4)
 expect_bad(per_gpu_not_json "--per-gpu adds per-GPU timelines to a run's JSON: give --format json" run --per-gpu)

@@ -1058,31 +1058,41 @@ TEST(LayerSim, ReportWritesEveryFieldFromItsOwnSource) {
   EXPECT_EQ(instants, 2);  // dispatch known, layer done
 }
 
-// Perfetto draws the spans of one thread only if they nest or are disjoint; an SM's row-order
-// chunk has members in flight together, whose spans overlap in part (found by audit, fiftieth
-// session: 306,714 such pairs in one NVL72 push trace). Such a span goes on another track of its
-// lane (tid + k * 1,000,000, named after the lane); disjoint ones stay on the lane's own.
-TEST(LayerSim, ChromeTraceTracksNeverOverlapInPart) {
+// Perfetto draws the spans of one thread only if they nest or are disjoint, an enclosing span
+// first. A row-order chunk's members start together and end apart, and were written shortest
+// first (found by audit, fiftieth session). Spans are written by start, longest first; a span
+// that would overlap a track's innermost open span in part goes on another track of its lane
+// (tid + k * 1,000,000, named after the lane); nested and disjoint ones stay on the lane's own.
+TEST(LayerSim, ChromeTraceSpansNestOnTheirThread) {
   LayerResult r;
   r.gpus.push_back(GpuTimeline{});
-  r.trace.push_back(TraceSpan{0, 3, 0, 2376, "a", 1});
-  r.trace.push_back(TraceSpan{0, 3, 1000, 4078, "b", 1});   // overlaps a in part: track 1
-  r.trace.push_back(TraceSpan{0, 3, 2376, 3000, "c", 1});   // starts as a ends: track 0 again
+  r.trace.push_back(TraceSpan{0, 3, 0, 1500, "short", 1});  // recorded first: it finished first
+  r.trace.push_back(TraceSpan{0, 3, 0, 2376, "long", 1});   // same start, encloses it
+  r.trace.push_back(TraceSpan{0, 3, 1000, 4078, "b", 1});   // overlaps "long" in part: track 1
+  r.trace.push_back(TraceSpan{0, 3, 2376, 3000, "c", 1});   // starts as "long" ends: track 0
   r.trace.push_back(TraceSpan{0, 3, 4078, 5000, "d", 1});   // after both: track 0
   r.trace.push_back(TraceSpan{0, -1, 100, 200, "tile", 0});  // the compute queue: its own thread
   const nlohmann::json t = nlohmann::json::parse(chrome_trace_json(r));
   std::map<std::string, int64_t> tid;
+  std::vector<std::string> order;
   bool named = false;
   for (const auto& e : t["traceEvents"]) {
-    if (e["ph"] == "X") tid[e["name"].get<std::string>()] = e["tid"].get<int64_t>();
+    if (e["ph"] == "X") {
+      tid[e["name"].get<std::string>()] = e["tid"].get<int64_t>();
+      order.push_back(e["name"].get<std::string>());
+    }
     if (e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == 1000003) named = e["args"]["name"] == "SM 3 (overlapping 1)";
   }
-  EXPECT_EQ(tid.at("a"), 3);
+  EXPECT_EQ(tid.at("long"), 3);
+  EXPECT_EQ(tid.at("short"), 3) << "a nested span stays on its lane's thread";
   EXPECT_EQ(tid.at("b"), 1000003);
   EXPECT_EQ(tid.at("c"), 3);
   EXPECT_EQ(tid.at("d"), 3);
   EXPECT_EQ(tid.at("tile"), 100000);
   EXPECT_TRUE(named) << "track 1 of SM 3 has no thread name";
+  EXPECT_LT(std::find(order.begin(), order.end(), "long") - order.begin(),
+            std::find(order.begin(), order.end(), "short") - order.begin())
+      << "the enclosing span is written first";
 }
 
 // The fixed-width table (mok-sim's default output): every figure in its own column, from its own

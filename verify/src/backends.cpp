@@ -179,7 +179,8 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
       if (!missing.empty()) {
         std::string names;
         for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m.substr(m.find('/') + 1);
-        say("the golden lacks intermediates " + names + ": emulating them as the oracle's operands");
+        say("the golden lacks intermediates " + names + ": emulating them as the oracle's operands (the stages "
+            "that take them are judged against the emulator's values there)");
         ref::EmulateOptions eo;
         eo.backward = backward;
         eo.num_threads = options.num_threads;
@@ -200,8 +201,8 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
           "the inputs overflow bf16-v1 there, and the oracle's bounds do not cover overflow: scale the inputs down";
     }
     // With the golden's own intermediates as operands, those intermediates are judged too (each
-    // stage from the golden's earlier stages); emulated operands are not the golden's, so without
-    // them there is nothing more to judge.
+    // stage from the golden's earlier stages, or the emulator's where the file lacks them); a
+    // golden without intermediates has nothing more to judge.
     say(std::string("oracle: exact sums and radii for every checked element") +
         (intermediates ? " and every intermediate" : ""));
     const ref::TensorMap bounds = ref::oracle_bounds(golden.cfg, inputs, reference, oo);

@@ -527,7 +527,13 @@ TensorMap end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, cons
                                       std::to_string(t_now % cfg.tokens_per_rank) + ")");
     }
   }, 1);
-  if (backward) weight_grads(cfg, inputs, sample, threads, out);
+  if (backward) {
+    try {
+      weight_grads(cfg, inputs, sample, threads, out);
+    } catch (const oracle_scalar::RangeError& e) {
+      throw oracle_scalar::RangeError(std::string(e.what()) + " in a weight gradient (grads/d_w_routed_* or grads/d_w_shared_*)");
+    }
+  }
   return out;
 }
 

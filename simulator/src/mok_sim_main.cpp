@@ -344,7 +344,7 @@ struct PendingFiles {
 nlohmann::json parse_set_value(const std::string& set, const std::string& text) {
   if (!nlohmann::json::accept(text, /*ignore_comments=*/true)) return nlohmann::json(text);
   std::istringstream in(text);
-  return mok::sim::parse_json_checked(in, "--set '" + set + "'");
+  return mok::sim::parse_json_checked(in, "--set '" + set + "'", set.substr(0, set.find('=')));
 }
 
 // Whether JSON pointer `a` is `b` or lies inside it.
@@ -404,7 +404,16 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
         const nlohmann::json& axis = doc["sweep"][a];
         if (!axis.is_object() || !axis.contains("path") || !axis["path"].is_string()) continue;  // refused later
         const std::string path = axis["path"].get<std::string>();
-        if (!path.empty() && pointer_within(ptr, path))  // an empty path is refused with the sweep
+        // On the swept field or inside it; or on an object above it whose value gives that field.
+        bool replaced = !path.empty() && pointer_within(ptr, path);  // an empty path is refused with the sweep
+        if (!replaced && !path.empty() && pointer_within(path, ptr)) {
+          const nlohmann::json value = parse_set_value(s, s.substr(s.find('=') + 1));
+          try {
+            replaced = value.contains(nlohmann::json::json_pointer(path.substr(ptr.size())));
+          } catch (const nlohmann::json::exception&) {
+          }
+        }
+        if (replaced)
           throw Error("--set '" + s + "': /sweep/" + std::to_string(a) + "/path '" + path +
                       "' sweeps this field, so every point would replace the --set; drop the axis (--set "
                       "/sweep=[] removes the whole sweep) or the --set");

@@ -258,7 +258,7 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   return parse_json_checked(in, what + " '" + path + "'");
 }
 
-nlohmann::json parse_json_checked(std::istream& in, const std::string& origin) {
+nlohmann::json parse_json_checked(std::istream& in, const std::string& origin, const std::string& base) {
   // A key given twice in one object would silently keep the last value (a whole "protocol"
   // block lost, say): the parser's callback follows the open objects and arrays to name it.
   struct Frame {
@@ -270,8 +270,8 @@ nlohmann::json parse_json_checked(std::istream& in, const std::string& origin) {
   };
   std::vector<Frame> open;
   std::string duplicate;
-  auto child_pointer = [&open]() -> std::string {
-    if (open.empty()) return "";
+  auto child_pointer = [&open, &base]() -> std::string {
+    if (open.empty()) return base;
     Frame& top = open.back();
     return top.pointer + "/" + (top.object ? top.key : std::to_string(top.next++));
   };

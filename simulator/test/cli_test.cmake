@@ -432,6 +432,10 @@ endif()
 # (10) A --set on a field the sweep varies was overwritten at every point, in silence.
 expect_bad(set_on_swept_field "--set '/protocol/dispatch=push': /sweep/0/path '/protocol/dispatch' sweeps this field"
            run ${SRC}/scenarios/smoke_sweep.json --set /protocol/dispatch=push --out ${WORK}/swept_set)
+# ... and on an object above it whose value gives that field.
+expect_bad(set_above_swept_field "/sweep/0/path '/protocol/dispatch' sweeps this field"
+           run ${SRC}/scenarios/smoke_sweep.json "--set=/protocol={\"dispatch\":\"push\",\"phases\":\"dispatch\"}"
+           --out ${WORK}/swept_parent)
 # (11) A plot over a sweep with a third axis averaged that axis's runs into one line.
 expect_bad(plot_averages_an_axis "the sweep also varies /protocol/dispatch, which is neither its x nor a series"
            run ${SRC}/scenarios/smoke_sweep.json --set "/plots=[{\"file\":\"p.svg\",\"x\":\"/workload/exponent\",\"y\":\"dispatch_nvlink_util\"}]"
@@ -443,7 +447,7 @@ expect_bad(trials_fixed_routing "trials 3 would repeat one run: a golden workloa
 expect_bad(experts_per_rank_negative "layer.experts_per_rank must be at least 1"
            run --set /layer/experts_per_rank=-3 --set /layer/num_experts=256)
 # (14) A --set value may not repeat a key either (a file may not).
-expect_bad(set_duplicate_key "--set '/protocol=.*': the top level has \"dispatch\" twice"
+expect_bad(set_duplicate_key "--set '/protocol=.*': /protocol has \"dispatch\" twice"
            run --set "/protocol={\"dispatch\":\"push\",\"dispatch\":\"pull\"}")
 # (15) Nesting past 64 levels (memory grew with its square; 200,000 levels ran out of memory, exit 1).
 string(REPEAT "[" 100 deep_open)

@@ -76,9 +76,10 @@ Topology resolve_topology(const std::string& spec);
 nlohmann::json read_json_file(const std::string& path, const std::string& what = "scenario");
 // The parser read_json_file uses, on any stream: JSON with comments; a key repeated in an object,
 // a number past a double's range, nesting deeper than kMaxJsonDepth or bad syntax throw Error
-// naming `origin` (e.g. "scenario 'x.json'" or "--set '/protocol=...'").
+// naming `origin` (e.g. "scenario 'x.json'" or "--set '/protocol=...'"); places in the text are
+// named as JSON pointers below `base` (a --set value's own pointer; "" for a whole file).
 inline constexpr size_t kMaxJsonDepth = 64;
-nlohmann::json parse_json_checked(std::istream& in, const std::string& origin);
+nlohmann::json parse_json_checked(std::istream& in, const std::string& origin, const std::string& base = "");
 // The raw JSON of a preset (for `mok-sim topology show`).
 nlohmann::json preset_json(const std::string& name);
 // Applies {"section.field": value} overrides, e.g. {"scale_up.nvlink_gbps": 1000}.

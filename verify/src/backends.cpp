@@ -159,46 +159,43 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     // The oracle's bounds do not cover overflow: it names a non-finite operand by the golden's
     // dataset, or as emulated, with the fix that fits.
     oo.origin = options.golden_name;
-    ref::TensorMap reference;
     if (intermediates) {
       oo.reference_name = "dataset /";
       oo.reference_fix =
           "the oracle bounds the output and gradients from the golden's intermediates, and its bounds need finite "
           "operands (they do not cover overflow): regenerate the file with mok-golden; where the emulator is not "
           "finite there either, the inputs overflow bf16-v1: scale them down";
-      reference = golden.tensors;
-      // A golden that kept some intermediates and not others: each stage is bounded from its
-      // operands, so an intermediate whose operands the file lacks was neither judged nor listed,
-      // and a missing operand ended the run. The missing ones are emulated and serve as operands;
-      // only the file's own intermediates are judged (below).
-      std::vector<std::string> missing;
-      for (const ref::TensorSpec& s : ref::golden_schema())
-        if (s.role == ref::Role::kIntermediate && ref::spec_applies(s, golden.cfg) &&
-            (backward || !ref::is_backward_intermediate(s.path)) && !golden.tensors.count(s.path))
-          missing.push_back(s.path);
-      if (!missing.empty()) {
+    } else {
+      oo.reference_name = "the emulated ";
+      oo.reference_fix =
+          "the inputs overflow bf16-v1 there, and the oracle's bounds do not cover overflow: scale the inputs down";
+    }
+    // The operands: the golden's intermediates, and the emulator's for those it lacks (all of them
+    // for a golden without intermediates; some for one that kept only some, where each stage
+    // whose operands the file lacks is then judged against the emulator's). Only the file's own
+    // intermediates are judged (below).
+    ref::TensorMap reference = golden.tensors;
+    std::vector<std::string> missing;
+    for (const ref::TensorSpec& s : ref::golden_schema())
+      if (s.role == ref::Role::kIntermediate && ref::spec_applies(s, golden.cfg) &&
+          (backward || !ref::is_backward_intermediate(s.path)) && !golden.tensors.count(s.path))
+        missing.push_back(s.path);
+    if (!missing.empty()) {
+      if (intermediates) {
         std::string names;
         for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m.substr(m.find('/') + 1);
         say("the golden lacks intermediates " + names + ": emulating them as the oracle's operands (the stages "
             "that take them are judged against the emulator's values there)");
-        ref::EmulateOptions eo;
-        eo.backward = backward;
-        eo.num_threads = options.num_threads;
-        eo.sample = options.sample;
-        ref::TensorMap emulated = ref::emulate(golden.cfg, inputs, eo);
-        for (const std::string& m : missing)
-          if (auto it = emulated.find(m); it != emulated.end()) reference[m] = std::move(it->second);
+      } else {
+        say("the golden has no intermediates: emulating them for the oracle's operands");
       }
-    } else {
-      say("the golden has no intermediates: emulating them for the oracle's operands");
       ref::EmulateOptions eo;
       eo.backward = backward;
       eo.num_threads = options.num_threads;
       eo.sample = options.sample;
-      reference = ref::emulate(golden.cfg, inputs, eo);
-      oo.reference_name = "the emulated ";
-      oo.reference_fix =
-          "the inputs overflow bf16-v1 there, and the oracle's bounds do not cover overflow: scale the inputs down";
+      ref::TensorMap emulated = ref::emulate(golden.cfg, inputs, eo);
+      for (const std::string& m : missing)
+        if (auto it = emulated.find(m); it != emulated.end()) reference[m] = std::move(it->second);
     }
     // With the golden's own intermediates as operands, those intermediates are judged too (each
     // stage from the golden's earlier stages, or the emulator's where the file lacks them); a

@@ -384,12 +384,14 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
     }
   }
   if (!golden_path.empty()) doc["workload"] = {{"kind", "golden"}, {"file", golden_path}};
+  std::vector<std::pair<std::string, nlohmann::json>> set_values;  // (pointer, value) of each --set
   for (const auto& s : sets) {
     const auto eq = s.find('=');
     if (eq == std::string::npos || s.empty() || s[0] != '/')
       throw Error("--set '" + s + "': write it as /json/pointer=value, e.g. --set /protocol/comm_sms=24");
+    set_values.emplace_back(s.substr(0, eq), parse_set_value(s, s.substr(eq + 1)));
     try {
-      doc[nlohmann::json::json_pointer(s.substr(0, eq))] = parse_set_value(s, s.substr(eq + 1));
+      doc[nlohmann::json::json_pointer(set_values.back().first)] = set_values.back().second;
     } catch (const nlohmann::json::exception& e) {
       throw Error("--set '" + s + "': " + e.what() + "; the pointer must lead through objects of the scenario to " +
                   "the field to change (e.g. /protocol/comm_sms; `mok-sim example` shows the fields)");
@@ -397,8 +399,9 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
   }
   // A --set on a field the sweep varies would be overwritten at every point, in silence.
   if (doc.contains("sweep") && doc["sweep"].is_array())
-    for (const auto& s : sets) {
-      const std::string ptr = s.substr(0, s.find('='));
+    for (size_t i = 0; i < sets.size(); ++i) {
+      const std::string& s = sets[i];
+      const auto& [ptr, value] = set_values[i];
       if (pointer_within(ptr, "/sweep") || pointer_within(ptr, "/plots")) continue;  // the sweep itself
       for (size_t a = 0; a < doc["sweep"].size(); ++a) {
         const nlohmann::json& axis = doc["sweep"][a];
@@ -407,7 +410,6 @@ int run_command(const std::string& scenario_path, const std::string& topology, c
         // On the swept field or inside it; or on an object above it whose value gives that field.
         bool replaced = !path.empty() && pointer_within(ptr, path);  // an empty path is refused with the sweep
         if (!replaced && !path.empty() && pointer_within(path, ptr)) {
-          const nlohmann::json value = parse_set_value(s, s.substr(s.find('=') + 1));
           try {
             replaced = value.contains(nlohmann::json::json_pointer(path.substr(ptr.size())));
           } catch (const nlohmann::json::exception&) {

@@ -797,6 +797,19 @@ nlohmann::json tensor_entry(const std::string& report, const std::string& tensor
   return nullptr;
 }
 
+// `mok-verify compare GOLDEN CANDIDATE --json ARGS` for a candidate written from `cand`: the run's
+// exit code is 1 (the candidate differs), and the report's entry for `tensor` is returned.
+nlohmann::json compare_json_entry(const ref::Golden& cand, const std::string& file, const std::string& args,
+                                  const std::string& tensor, const std::string& good, const fs::path& dir) {
+  const std::string path = (dir / file).string();
+  ref::write_golden(path, cand);
+  const CliRun r = run_cli("compare " + good + " " + path + " --json" + args);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  const nlohmann::json t = tensor_entry(r.out, tensor);
+  EXPECT_TRUE(t.is_object()) << r.out;
+  return t;
+}
+
 // Found by the same audit: under --criterion bounds the JSON's first_element was the first
 // element whose bits differ, not the first outside its radius (the table's, and the README's).
 TEST_F(CliTest, JsonFirstElementUnderBoundsIsTheFirstOutsideItsRadius) {
@@ -809,12 +822,9 @@ TEST_F(CliTest, JsonFirstElementUnderBoundsIsTheFirstOutsideItsRadius) {
   ++bits;  // one ulp: inside any radius
   std::memcpy(&v[1], &bits, 4);
   v[far] = v[far] * 4 + 1;  // far outside
-  const std::string path = (dir_ / "bounds_first.h5").string();
-  ref::write_golden(path, cand);
-  const CliRun r = run_cli("compare " + good_ + " " + path + " --criterion bounds --json");
-  EXPECT_EQ(r.code, 1) << r.out << r.err;
-  const nlohmann::json t = tensor_entry(r.out, "grads/d_w_routed_down");
-  ASSERT_TRUE(t.is_object()) << r.out;
+  const nlohmann::json t =
+      compare_json_entry(cand, "bounds_first.h5", " --criterion bounds", "grads/d_w_routed_down", good_, dir_);
+  ASSERT_TRUE(t.is_object());
   EXPECT_EQ(t["first_index"], far) << t.dump();
   EXPECT_EQ(t["first_outside_index"], far) << t.dump();
   EXPECT_EQ(t["first_element"], t["first_outside_element"]) << t.dump();
@@ -824,12 +834,8 @@ TEST_F(CliTest, JsonFirstElementUnderBoundsIsTheFirstOutsideItsRadius) {
 TEST_F(CliTest, JsonWritesInfiniteValuesAsStrings) {
   ref::Golden cand = golden_;
   cand.tensors.at("outputs/output").data<uint16_t>()[0] = 0x7f80;  // bf16 +inf
-  const std::string path = (dir_ / "inf_output.h5").string();
-  ref::write_golden(path, cand);
-  const CliRun r = run_cli("compare " + good_ + " " + path + " --json");
-  EXPECT_EQ(r.code, 1) << r.out << r.err;
-  const nlohmann::json t = tensor_entry(r.out, "outputs/output");
-  ASSERT_TRUE(t.is_object()) << r.out;
+  const nlohmann::json t = compare_json_entry(cand, "inf_output.h5", "", "outputs/output", good_, dir_);
+  ASSERT_TRUE(t.is_object());
   EXPECT_EQ(t["worst_actual"], "inf") << t.dump();
   EXPECT_TRUE(t["worst_expected"].is_number()) << t.dump();
 }

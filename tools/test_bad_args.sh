@@ -177,11 +177,12 @@ if [[ -n ${MOK_BENCH:-} ]]; then
   expect_exit "$MOK_BENCH" 2 "--python '': is empty" --python ''
   expect_exit "$MOK_BENCH" 2 "--torch /tmp: is a directory" --torch /tmp
   MOK_TORCH_BASELINE=/nonexistent/baseline.py expect_exit "$MOK_BENCH" 2 "MOK_TORCH_BASELINE=/nonexistent/baseline.py: no such file"
-  # Sizes whose product overflows are refused as they are, not shown as G=0.
-  out=$("$MOK_BENCH" --T 1099511627776 --R 1099511627776 --E 1099511627776 --show-config 2>&1)
+  # Sizes past the spec's limits are refused by their ranges (mok::cli::layer_size_range), before
+  # any product of them is formed (R * T past 2^63 once wrapped to G=0).
+  out=$("$MOK_BENCH" --T 1099511627776 --show-config 2>&1)
   code=$?
-  if [[ $code != 2 || $out != *"not in range"* || $out == *"G=0"* ]]; then
-    echo "mok-bench with R*T past 2^63: expected exit 2 without a wrapped G, got $code: $out"; expect_failed=1
+  if [[ $code != 2 || $out != *"--T: Value 1099511627776 not in range 1 to 16777216"* ]]; then
+    echo "mok-bench with --T past 2^24: expected exit 2 naming --T's range, got $code: $out"; expect_failed=1
   fi
   expect_unwritable "$MOK_BENCH" --show-config
   expect_closed_pipe "$MOK_BENCH" --show-config

@@ -612,8 +612,9 @@ std::string expected_type_text(DType dtype) {
   return file_dtype_name(dtype);
 }
 
-// What a dataset must be before its data is read: the schema's shape and dtype, its data in this
-// file and written. Throws (naming the dataset) otherwise.
+// What a dataset must be before its data is read: the schema's shape and dtype (where its data
+// lies, in this file and written, is check_storage's, after the memory check). Throws (naming the
+// dataset) otherwise.
 void check_dataset(const Context& ctx, hid_t dset_id, const std::string& path, const TensorSpec& spec,
                    const spec::LayerConfig& cfg);
 

@@ -304,7 +304,7 @@ std::string format_json(const Report& r) {
         tj["first_outside_index"] = t.first_outside_idx;
         tj["first_outside_element"] = t.first_outside_location;
       }
-      tj["worst_error_over_bound"] = std::isinf(t.worst_bound_ratio) ? nlohmann::json("inf") : nlohmann::json(t.worst_bound_ratio);
+      tj["worst_error_over_bound"] = json_number(t.worst_bound_ratio);
       tj["worst_bound_element"] = t.worst_bound_location;
     }
     tj["passed"] = t.passed;

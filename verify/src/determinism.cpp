@@ -98,6 +98,13 @@ ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, 
 }  // namespace
 #endif
 
+bool rank_count_fits(const spec::LayerConfig& cfg, int R, const std::vector<int64_t>& minibatches) {
+  if (R < 1 || cfg.num_experts % R) return false;
+  for (int64_t mb : minibatches.empty() ? std::vector<int64_t>{cfg.num_tokens()} : minibatches)
+    if (mb % R) return false;
+  return true;
+}
+
 void check_determinism_options(const spec::LayerConfig& cfg, const DeterminismOptions& options) {
   const int64_t G = cfg.num_tokens();
   const std::string E = std::to_string(cfg.num_experts);
@@ -125,6 +132,7 @@ void check_determinism_options(const spec::LayerConfig& cfg, const DeterminismOp
       throw Error("determinism: --minibatch " + std::to_string(mb) + " does not divide the batch (G = R*T = " +
                   std::to_string(G) + " tokens); give divisors of " + std::to_string(G));
   for (int R : options.ranks) {
+    if (rank_count_fits(cfg, R, options.minibatches)) continue;  // the rule; below, which part fails
     if (R < 1 || cfg.num_experts % R)
       throw Error("determinism: --ranks " + std::to_string(R) + " does not divide E = " + E +
                   " (each rank owns E/R experts); give divisors of " + E);

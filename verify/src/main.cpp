@@ -207,15 +207,16 @@ int main(int argc, char** argv) {
         // (dividing E and every minibatch) rather than refuse a count nobody gave.
         std::vector<int> kept;
         const int64_t G = golden.cfg.num_tokens();
+        std::string defaults, list;
         for (int R : o.ranks) {
-          bool fits = golden.cfg.num_experts % R == 0;
-          for (int64_t mb : minibatch.empty() ? std::vector<int64_t>{G} : minibatch) fits = fits && mb % R == 0;
-          if (fits) kept.push_back(R);
+          defaults += (defaults.empty() ? "" : ",") + std::to_string(R);
+          if (mok::verify::rank_count_fits(golden.cfg, R, minibatch)) {
+            kept.push_back(R);
+            list += (list.empty() ? "" : ",") + std::to_string(R);
+          }
         }
         if (kept.size() != o.ranks.size()) {
-          std::string list;
-          for (int R : kept) list += (list.empty() ? "" : ",") + std::to_string(R);
-          progress("--ranks defaults to 1,2,4,8; this layer (E = " + std::to_string(golden.cfg.num_experts) +
+          progress("--ranks defaults to " + defaults + "; this layer (E = " + std::to_string(golden.cfg.num_experts) +
                    ", " + std::to_string(G) + " tokens" + (minibatch.empty() ? "" : ", the minibatches") +
                    ") takes " + list + " of them");
           o.ranks = kept;

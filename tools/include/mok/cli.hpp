@@ -4,6 +4,8 @@
 // crashes).
 #pragma once
 
+#include "mok/spec/config.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -99,15 +101,15 @@ inline std::optional<std::string> empty_list_item(int argc, const char* const* a
 // states them (include/mok/spec/config.hpp; the multiples of 16 and E % R, K <= E are its own
 // checks): so that --help shows the real limits rather than [1 - 2^40].
 inline CLI::Range layer_size_range(char field) {
-  constexpr int64_t kDim = int64_t{1} << 24;
+  using namespace mok::spec;
   switch (field) {
     case 'H':
-    case 'I': return CLI::Range(int64_t{16}, kDim);
-    case 's': return CLI::Range(int64_t{0}, kDim);  // Is: 0 = no shared expert
-    case 'E': return CLI::Range(int64_t{1}, int64_t{1} << 20);
-    case 'K': return CLI::Range(int64_t{1}, int64_t{64});
-    case 'R': return CLI::Range(int64_t{1}, int64_t{4096});
-    default: return CLI::Range(int64_t{1}, kDim);  // T
+    case 'I': return CLI::Range(int64_t{kMmaK}, kMaxDim);
+    case 's': return CLI::Range(int64_t{0}, kMaxDim);  // Is: 0 = no shared expert
+    case 'E': return CLI::Range(int64_t{1}, kMaxExperts);
+    case 'K': return CLI::Range(int64_t{1}, kMaxTopK);
+    case 'R': return CLI::Range(int64_t{1}, kMaxRanks);
+    default: return CLI::Range(int64_t{1}, kMaxDim);  // T
   }
 }
 

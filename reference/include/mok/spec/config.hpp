@@ -11,6 +11,9 @@ inline constexpr int kMmaK = 16;
 inline constexpr int64_t kMaxDim = int64_t{1} << 24;
 // Largest accepted rank count R.
 inline constexpr int64_t kMaxRanks = 4096;
+// Largest accepted expert count E and top-k K.
+inline constexpr int64_t kMaxExperts = int64_t{1} << 20;
+inline constexpr int64_t kMaxTopK = 64;
 
 struct LayerConfig {
   int64_t hidden = 0;              // H
@@ -44,11 +47,11 @@ struct LayerConfig {
       return Status::fail("config.Is (shared intermediate) must be 0 (no shared expert) or in [16, 2^24]");
     if (shared_intermediate % kMmaK != 0)
       return Status::fail("config.Is (shared intermediate) must be a multiple of 16 (the MMA step)");
-    if (num_experts <= 0 || num_experts > (int64_t{1} << 20))
+    if (num_experts <= 0 || num_experts > kMaxExperts)
       return Status::fail("config.E (experts) must be in [1, 2^20]");
     if (top_k <= 0 || top_k > num_experts)
       return Status::fail("config.K (top-k) must be in [1, E]");
-    if (top_k > 64) return Status::fail("config.K (top-k) must be at most 64");
+    if (top_k > kMaxTopK) return Status::fail("config.K (top-k) must be at most 64");
     if (num_ranks <= 0 || num_ranks > kMaxRanks) return Status::fail("config.R (ranks) must be in [1, 4096]");
     if (num_experts % num_ranks != 0)
       return Status::fail("config.E (experts) must be divisible by config.R (ranks): experts are placed in equal contiguous blocks");

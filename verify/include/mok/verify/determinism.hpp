@@ -41,6 +41,9 @@ struct DeterminismResult {
 // before whether this machine can run the matrix). Configurations with more NCCL ranks than GPUs
 // are skipped with a progress line; when that leaves none, kUnsupported.
 void check_determinism_options(const spec::LayerConfig& cfg, const DeterminismOptions& options);
+// Whether R ranks can run this layer in passes of these minibatches (empty: the whole batch): R
+// divides E (each rank owns E/R experts) and every minibatch (each rank takes minibatch/R tokens).
+bool rank_count_fits(const spec::LayerConfig& cfg, int R, const std::vector<int64_t>& minibatches);
 DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOptions& options);
 
 // FNV-1a 64-bit hash of a tensor's bytes.

@@ -1281,6 +1281,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_forward_kernel(const __grid_c
   const LaunchParams& P = params;
   const Role role = my_role(P, true);
   if (role.rank == P.silent_rank) return;
+  if (!enter_pass(P, role.block == 0)) return;  // windowed transports: every rank's window is published
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);
 #if defined(MOK_WGMMA)
@@ -1714,6 +1715,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_backward_kernel(const __grid_
   const LaunchParams& P = params;
   const Role role = my_role(P, false);
   if (role.rank == P.silent_rank) return;
+  if (!enter_pass(P, role.block == 0)) return;  // windowed transports: every rank's window is published
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   uint8_t* smem = aligned_smem(dynamic_smem);
 #if defined(MOK_WGMMA)

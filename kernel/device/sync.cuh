@@ -99,6 +99,33 @@ __device__ inline bool block_wait(const LaunchParams& P, const uint32_t* p, uint
   return ok != 0;
 }
 
+// Windowed transports (NCCL, the split rack: one launch per rank): a rank's inputs sit in its
+// window, copied there on its stream before its launch, and its peers read them and push into it.
+// On entering a pass, the rank's first block says so in its own window (its pass word := pass_seq;
+// the copy before the launch is complete by then), and every block waits until every rank's word
+// has reached pass_seq before it reads any window. Every pass waits for every rank, so a rank that
+// starts pass n has seen every rank start pass n - 1, hence finish pass n - 2: the transport keeps
+// two copies of each window input, by parity, and a copy for pass n never overwrites one a peer
+// may still read. A rank that never enters ends the wait in the timeout's diagnostic (naming it).
+// No-op on the virtual rack (every rank in one launch, ordered by its stream).
+__device__ inline bool enter_pass(const LaunchParams& P, bool first_block) {
+  if (!P.pass_entry) return true;
+  __shared__ int ok;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (first_block) {
+      publish_fence(P);
+      atomicMax(P.peers[P.first_rank].pass_word, P.pass_seq);
+    }
+    ok = 1;
+    // ORDER: ranks ascending, so that a missing rank is reported the same way every time.
+    for (int p = 0; p < P.num_ranks && ok && P.pass_entry == 1; ++p)
+      ok = wait_at_least(P, P.peers[p].pass_word, P.pass_seq, p, kFlagPassEntry, p) ? 1 : 0;
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
 // Barrier over the blocks of one rank (count in counters[0], generation in counters[1]).
 __device__ inline bool rank_barrier(const LaunchParams& P, int rank) {
   uint32_t* counters = P.state[rank].counters;

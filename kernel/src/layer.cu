@@ -91,7 +91,7 @@ const void* forward_kernel() { return reinterpret_cast<const void*>(device::moe_
 const void* backward_kernel() { return reinterpret_cast<const void*>(device::moe_backward_kernel); }
 
 LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks,
-                     bool system_scope)
+                     bool system_scope, int gpu_ranks)
     : options_(options), first_rank_(first_rank), local_ranks_(local_ranks) {
   host_.system_scope = system_scope ? 1 : 0;
   const spec::Status st = cfg.validate();
@@ -132,11 +132,14 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
                                                          smem_bytes_));
   const int resident = sms * std::min(per_sm_fwd, per_sm_bwd);
   const int L = local_ranks;
+  // Ranks on this GPU: this launch's, or (the split rack) more, each in its own launch, all resident at once.
+  const int on_gpu = gpu_ranks > 0 ? gpu_ranks : L;
+  if (on_gpu < L) throw Error("kernel: gpu_ranks below the launch's own ranks", ErrorKind::kInternal);
   // Filling the GPU, the blocks that do not divide evenly go one each to the first ranks (132 SMs,
   // 8 ranks: four ranks of 17 blocks and four of 16; rank_block_of in params.hpp), so no SM idles.
-  blocks_per_rank_ = options.blocks_per_rank > 0 ? options.blocks_per_rank : resident / L;
-  wide_ranks_ = options.blocks_per_rank > 0 ? 0 : resident % L;
-  if (int64_t{blocks_per_rank_} * L > resident)
+  blocks_per_rank_ = options.blocks_per_rank > 0 ? options.blocks_per_rank : resident / on_gpu;
+  wide_ranks_ = options.blocks_per_rank > 0 || on_gpu != L ? 0 : resident % L;
+  if (int64_t{blocks_per_rank_} * on_gpu > resident)
     throw Error("kernel: " + std::to_string(blocks_per_rank_) + " blocks per rank x " + std::to_string(L) +
                 " ranks exceed the " + std::to_string(resident) + " blocks that fit on this GPU at once");
   // The three rules live in block_counts.hpp (mok-bench applies them before it has a GPU); the
@@ -333,8 +336,11 @@ void LayerCore::launch(const void* kernel, cudaStream_t stream) {
   if (trace_)
     MOK_CUDA(cudaMemsetAsync(trace_, 0, int64_t{launch_blocks()} * kTraceSlots * sizeof(uint64_t), stream));
   void* args[] = {&host_};
-  MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(launch_blocks()), dim3(device::kThreads), args,
-                                       smem_bytes_, stream));
+  if (cooperative_)
+    MOK_CUDA(cudaLaunchCooperativeKernel(kernel, dim3(launch_blocks()), dim3(device::kThreads), args,
+                                         smem_bytes_, stream));
+  else
+    MOK_CUDA(cudaLaunchKernel(kernel, dim3(launch_blocks()), dim3(device::kThreads), args, smem_bytes_, stream));
   if (kernel == forward_kernel()) forward_launched_ = true;  // launched (whether it succeeds, check_errors says)
 }
 

@@ -56,9 +56,10 @@ class LayerCore {
   // Validates the config and options, sizes the launch for `local_ranks` ranks starting at
   // `first_rank` on the current device, and allocates their workspaces. system_scope: the peers
   // are other GPUs (NCCL with several), so cross-rank signals use system-scope fences and the
-  // forward gathers with threads.
+  // forward gathers with threads. gpu_ranks: the ranks that share this GPU's blocks (0: this
+  // launch's own; the split rack runs several one-rank launches side by side on one GPU).
   LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options, int first_rank, int local_ranks,
-            bool system_scope = false);
+            bool system_scope = false, int gpu_ranks = 0);
   ~LayerCore();
   LayerCore(const LayerCore&) = delete;
   LayerCore& operator=(const LayerCore&) = delete;
@@ -68,6 +69,17 @@ class LayerCore {
   // Encodes and copies the tensor maps, resets counters and the error record, and
   // launches `kernel` for the local ranks on `stream`.
   void launch(const void* kernel, cudaStream_t stream);
+  // Windowed transports (one rank per launch): the next launches wait, before touching any window,
+  // until every rank has entered pass `seq` (enter_pass in device/sync.cuh); wait false: they
+  // only say they have entered (a test's way to show the wait is needed).
+  void set_pass(uint32_t seq, bool wait = true) {
+    host_.pass_entry = wait ? 1 : 2;
+    host_.pass_seq = seq;
+  }
+  // false: a plain launch instead of a cooperative one (the split rack: several launches must be
+  // resident together, which a cooperative launch does not promise either; the host checks the
+  // blocks fit).
+  void set_cooperative(bool on) { cooperative_ = on; }
   // Throws mok::Error (bad input) unless a forward was launched on this layer before.
   void require_forward() const;
   // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
@@ -92,6 +104,7 @@ class LayerCore {
   size_t smem_bytes_ = 0;
   uint32_t epoch_ = 0;
   bool forward_launched_ = false;  // a backward needs a forward's plan (launch())
+  bool cooperative_ = true;
   std::vector<void*> owned_;
   LaunchParams host_{};  // passed by value to every launch (a __grid_constant__ kernel parameter)
   std::vector<RankTensorMaps> host_maps_;   // [2 * kMaxRanks] (params.hpp): the launch's ranks' entries encoded every launch

@@ -3,6 +3,7 @@
 #include "mok/kernel/nccl.hpp"
 
 #include "layer_core.cuh"
+#include "windowed.cuh"
 #include "mok/reference/error.hpp"
 #include "mok/reference/schema.hpp"
 #include "mok/reference/validate.hpp"
@@ -34,8 +35,6 @@ __global__ void peer_window_bases(ncclWindow_t win, int nranks, void** out) {
   for (int p = threadIdx.x; p < nranks; p += blockDim.x) out[p] = ncclGetPeerPointer(win, 0, p);
 }
 
-size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
 }  // namespace
 
 // The device API (ncclGetPeerPointer above) is compiled from this build's NCCL headers and reads
@@ -66,37 +65,13 @@ bool nccl_available(std::string* why) {
 }
 
 struct NcclLayer::Impl {
-  // Window layout (the same offsets on every rank).
-  struct Layout {
-    size_t x, topk, rw, d_output, y_slots, dx_slots, arrivals, total;
-  };
   ncclComm_t comm;
   int rank = 0, nranks = 0;
-  Layout lay{};
+  detail::WindowLayout lay{};
   void* window_buf = nullptr;
   ncclWindow_t window{};
-  int* barrier_word = nullptr;
   detail::LayerCore core;
-
-  static Layout layout(const spec::LayerConfig& c) {
-    const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k;
-    Layout l{};
-    size_t at = 0;
-    auto take = [&](size_t bytes) {
-      const size_t off = at;
-      at = align_up(at + bytes, 256);
-      return off;
-    };
-    l.x = take(T * H * 2);
-    l.topk = take(T * K * 4);
-    l.rw = take(T * K * 4);
-    l.d_output = take(T * H * 2);
-    l.y_slots = take(T * K * H * 2);
-    l.dx_slots = take(T * K * H * 2);
-    l.arrivals = take(2 * 4);
-    l.total = align_up(at, NCCL_WIN_REQUIRED_ALIGNMENT);
-    return l;
-  }
+  std::unique_ptr<detail::WindowPasses> passes;
 
   static int comm_rank(ncclComm_t c) {
     int r = 0;
@@ -110,9 +85,11 @@ struct NcclLayer::Impl {
     if (nranks != cfg.num_ranks)
       throw Error("NcclLayer: the communicator has " + std::to_string(nranks) + " ranks but config.R is " +
                   std::to_string(cfg.num_ranks));
-    lay = layout(cfg);
+    lay = detail::WindowLayout::of(cfg, NCCL_WIN_REQUIRED_ALIGNMENT);
     MOK_NCCL(ncclMemAlloc(&window_buf, lay.total));
     MOK_CUDA(cudaMemset(window_buf, 0, lay.total));
+    // Zeroed (every pass word 0) before the collective registration lets any peer's first pass read it.
+    MOK_CUDA(cudaDeviceSynchronize());
     MOK_NCCL(ncclCommWindowRegister(comm, window_buf, lay.total, &window, NCCL_WIN_COLL_SYMMETRIC));
     // NCCL returns success with no window where symmetric memory is unavailable (no CUDA P2P
     // between the ranks, no cuMem, NCCL_WIN_ENABLE=0): say so instead of faulting on its pointers.
@@ -120,23 +97,14 @@ struct NcclLayer::Impl {
       throw Error("transport nccl: NCCL gave no symmetric memory window (needs every rank's GPU reachable by CUDA "
                   "P2P/NVLink in one node, cuMem, and NCCL_WIN_ENABLE not 0); use --transport virtual",
                   ErrorKind::kUnsupported);
-    barrier_word = detail::device_alloc<int>(core.owned(), 1);
     void** bases_dev = detail::device_alloc<void*>(core.owned(), nranks);
     peer_window_bases<<<1, 128>>>(window, nranks, bases_dev);
     MOK_CUDA(cudaGetLastError());
     std::vector<void*> bases(nranks);
     MOK_CUDA(cudaMemcpy(bases.data(), bases_dev, nranks * sizeof(void*), cudaMemcpyDeviceToHost));
-    for (int p = 0; p < nranks; ++p) {
-      char* b = static_cast<char*>(bases[p]);
-      PeerBuffers& pb = core.peer(p);
-      pb.x = reinterpret_cast<const uint16_t*>(b + lay.x);
-      pb.topk = reinterpret_cast<const int32_t*>(b + lay.topk);
-      pb.router_weights = reinterpret_cast<const float*>(b + lay.rw);
-      pb.d_output = reinterpret_cast<const uint16_t*>(b + lay.d_output);
-      pb.y_slots = reinterpret_cast<uint16_t*>(b + lay.y_slots);
-      pb.dx_slots = reinterpret_cast<uint16_t*>(b + lay.dx_slots);
-      pb.arrivals = reinterpret_cast<uint32_t*>(b + lay.arrivals);
-    }
+    std::vector<char*> windows(nranks);
+    for (int p = 0; p < nranks; ++p) windows[p] = static_cast<char*>(bases[p]);
+    passes = std::make_unique<detail::WindowPasses>(core, lay, rank, std::move(windows));
   }
 
   ~Impl() {
@@ -144,28 +112,10 @@ struct NcclLayer::Impl {
     if (window_buf) ncclMemFree(window_buf);
   }
 
-  // Stream-ordered barrier across the ranks: a one-element all-reduce.
-  void barrier(cudaStream_t s) { MOK_NCCL(ncclAllReduce(barrier_word, barrier_word, 1, ncclInt32, ncclSum, comm, s)); }
-
+  // No host barrier: the kernel's entry wait (enter_pass) orders the ranks, and the window's
+  // parity copies keep a copy for this pass clear of a peer still in the last one (windowed.cuh).
   void pass(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, bool backward, cudaStream_t s) {
-    const spec::LayerConfig& c = core.cfg();
-    const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k;
-    char* own = static_cast<char*>(window_buf);
-    // 1. Every peer has finished the previous pass (its reads of this window are over).
-    barrier(s);
-    // 2. Publish this rank's inputs and reset its arrival counters.
-    if (!backward) {
-      MOK_CUDA(cudaMemcpyAsync(own + lay.x, in.x, T * H * 2, cudaMemcpyDeviceToDevice, s));
-      MOK_CUDA(cudaMemcpyAsync(own + lay.topk, in.topk_experts, T * K * 4, cudaMemcpyDeviceToDevice, s));
-      MOK_CUDA(cudaMemcpyAsync(own + lay.rw, in.router_weights, T * K * 4, cudaMemcpyDeviceToDevice, s));
-    } else {
-      MOK_CUDA(cudaMemcpyAsync(own + lay.d_output, in.d_output, T * H * 2, cudaMemcpyDeviceToDevice, s));
-    }
-    MOK_CUDA(cudaMemsetAsync(own + lay.arrivals, 0, 8, s));
-    // 3. Every peer's window is ready before any kernel reads from it or pushes into it.
-    barrier(s);
-    core.set_tensors(rank, in, out, false);
-    core.launch(kernel, s);
+    passes->pass(kernel, in, out, backward, s);
   }
 };
 
@@ -188,12 +138,8 @@ void NcclLayer::backward(const DeviceInputs& in, const DeviceOutputs& out, void*
 
 void NcclLayer::check_errors(void* stream) { impl_->core.check_errors(static_cast<cudaStream_t>(stream)); }
 int NcclLayer::rank() const { return impl_->rank; }
-const uint16_t* NcclLayer::y_slots() const {
-  return reinterpret_cast<const uint16_t*>(static_cast<char*>(impl_->window_buf) + impl_->lay.y_slots);
-}
-const uint16_t* NcclLayer::dx_slots() const {
-  return reinterpret_cast<const uint16_t*>(static_cast<char*>(impl_->window_buf) + impl_->lay.dx_slots);
-}
+const uint16_t* NcclLayer::y_slots() const { return impl_->passes->y_slots(); }
+const uint16_t* NcclLayer::dx_slots() const { return impl_->passes->dx_slots(); }
 int NcclLayer::blocks_per_rank() const { return impl_->core.blocks_per_rank(); }
 int NcclLayer::comm_blocks_per_rank() const { return impl_->core.options().comm_blocks_per_rank; }
 int NcclLayer::forward_comm_blocks_per_rank() const { return impl_->core.options().forward_comm_blocks_per_rank; }
@@ -207,86 +153,9 @@ void NcclLayer::copy_intermediates(ref::TensorMap& result, bool backward) const 
 
 namespace {
 
-// The result tensors of a pass (global shapes, zeros), outputs, gradients and slot intermediates.
-ref::TensorMap empty_results(const spec::LayerConfig& cfg, bool backward) {
-  ref::TensorMap result;
-  auto make = [&](const char* path) {
-    const ref::TensorSpec* s = ref::find_spec(path);
-    result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
-  };
-  for (const char* p : detail::result_paths(cfg, backward)) make(p);
-  make("intermediates/y");
-  if (backward) make("intermediates/dx_slot");
-  for (const char* p : detail::workspace_intermediate_paths(cfg, backward)) make(p);
-  return result;
-}
-
-// Device allocations freed together (also when a constructor that fills them throws).
-struct OwnedDevice {
-  std::vector<void*> ptrs;
-  OwnedDevice() = default;
-  OwnedDevice(const OwnedDevice&) = delete;
-  OwnedDevice& operator=(const OwnedDevice&) = delete;
-  ~OwnedDevice() {
-    for (void* p : ptrs) cudaFree(p);
-  }
-};
-
-// Rank r's device buffers on the current device: its slices of the global inputs (tokens and
-// experts; the shared weights whole) and zeroed slices of every result. Freed with it.
-struct RankBuffers {
-  OwnedDevice owned;
-  DeviceInputs in;
-  std::map<std::string, void*> dev;  // result path -> this rank's slice
-  DeviceOutputs out;
-
-  RankBuffers(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, int r) {
-    const int R = static_cast<int>(cfg.num_ranks);
-    auto upload = [&](const char* path, bool sliced) -> const void* {
-      auto it = inputs.find(path);
-      if (it == inputs.end()) return nullptr;
-      const size_t bytes = sliced ? it->second.size_bytes() / R : it->second.size_bytes();
-      void* d = detail::device_alloc<uint8_t>(owned.ptrs, static_cast<int64_t>(bytes));
-      MOK_CUDA(cudaMemcpy(d, static_cast<const char*>(it->second.raw()) + (sliced ? r * bytes : 0), bytes,
-                          cudaMemcpyHostToDevice));
-      return d;
-    };
-    in.x = static_cast<const uint16_t*>(upload("inputs/x", true));
-    in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts", true));
-    in.router_weights = static_cast<const float*>(upload("inputs/router_weights", true));
-    in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate", true));
-    in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up", true));
-    in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down", true));
-    in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate", false));
-    in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
-    in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
-    if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
-    for (const char* p : detail::result_paths(cfg, backward)) {
-      const size_t bytes = slice_bytes(cfg, p);
-      void* d = detail::device_alloc<uint8_t>(owned.ptrs, static_cast<int64_t>(bytes));
-      MOK_CUDA(cudaMemset(d, 0, bytes));
-      dev[p] = d;
-    }
-    out = detail::outputs_from(dev);
-  }
-
-  // Bytes of one rank's slice of a result (its rows of the first axis: tokens, experts or ranks).
-  static size_t slice_bytes(const spec::LayerConfig& cfg, const std::string& path) {
-    const ref::TensorSpec* s = ref::find_spec(path);
-    size_t n = ref::dtype_size(s->dtype);
-    for (int64_t d : ref::spec_shape(*s, cfg)) n *= static_cast<size_t>(d);
-    return n / static_cast<size_t>(cfg.num_ranks);
-  }
-};
-
-// The options a rank's NcclLayer gets: the workspace this routing needs unless the caller chose.
-KernelOptions sized_options(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, const KernelOptions& options) {
-  KernelOptions sized = options;
-  if (sized.row_capacity == 0)  // what this routing needs (every rank sees the whole routing here)
-    sized.row_capacity = std::max<int64_t>(
-        1, rows_per_rank(cfg, reinterpret_cast<const int32_t*>(inputs.at("inputs/topk_experts").raw())));
-  return sized;
-}
+using detail::empty_results;
+using detail::RankBuffers;
+using detail::sized_options;
 
 // Runs rank r of a communicator on the current device and writes its slices of every result
 // (rank r's rows of the first axis: tokens, experts or ranks) into `result`.
@@ -305,7 +174,7 @@ void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool b
     const size_t bytes = t.size_bytes() / cfg.num_ranks;
     MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
   };
-  for (auto& [path, d] : buf.dev) fetch(path, d);
+  buf.fetch_results(cfg, r, result);
   fetch("intermediates/y", layer.y_slots());
   if (backward) fetch("intermediates/dx_slot", layer.dx_slots());
   layer.copy_intermediates(result, backward);

@@ -2,6 +2,7 @@
 // ranks and role splits, bounded waits, and routing validation. Skip with a message without a GPU.
 #include "mok/kernel/layer.hpp"
 #include "mok/kernel/nccl.hpp"
+#include "mok/kernel/split_rack.hpp"
 #include "mok/reference/emulate.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/generate.hpp"
@@ -400,6 +401,91 @@ TEST(Kernel, NcclTransportMatchesTheVirtualRack) {
     std::printf("[   NOTE   ] not run:%s (%d GPU(s) visible, or the fixture does not split)\n", not_run.c_str(), devices);
     RecordProperty("not_run", not_run);
   }
+}
+
+// The NCCL transport's windowed protocol on one GPU (run_layer_split): every rank its own launch
+// on its own stream, inputs copied into windows, no host synchronisation between passes, ranks
+// entering passes at different times. Three input sets back to back (a forward and a backward
+// each), every set bit for bit the virtual rack's, for both engines and R = 2, 4, 8: a rank that
+// read a peer's window before the peer published this set's copy, or a copy a peer still read,
+// would differ.
+TEST(Kernel, SplitRackMatchesTheVirtualRackPassAfterPass) {
+  REQUIRE_GPU();
+  const std::vector<std::string> routings{"uniform", "zipf:1.2", "hot:2:10"};
+  for (const bool fast : {false, true}) {
+    for (int R : {2, 4, 8}) {
+      // fast: H, I, Is multiples of 64 (the TMA engine); slow: a small layer of the slow engine.
+      const spec::LayerConfig cfg = fast ? spec::LayerConfig{128, 64, 64, 16, 4, R, 64}
+                                         : spec::LayerConfig{64, 32, 32, 8, 2, R, 16};
+      std::vector<ref::TensorMap> sets;
+      for (size_t i = 0; i < routings.size(); ++i)
+        sets.push_back(ref::generate_inputs(cfg, ref::parse_routing(routings[i]), 100 + 7 * i + R));
+      kernel::SplitRackOptions split;
+      for (int r = 0; r < R; ++r) split.delay_us.push_back(r % 2 ? 300.0 * r : 0.0);  // odd ranks late
+      const std::vector<ref::TensorMap> got = kernel::run_layer_split(cfg, sets, true, {}, split);
+      ASSERT_EQ(got.size(), sets.size());
+      for (size_t i = 0; i < sets.size(); ++i) {
+        ref::TensorMap want = kernel::run_layer(cfg, sets[i], true);
+        for (auto& [p, t] : sets[i]) want[p] = t;
+        const std::string what = std::string(fast ? "fast" : "slow") + " R=" + std::to_string(R) + " set " +
+                                 std::to_string(i) + " (" + routings[i] + ")";
+        // Only the last set keeps its intermediates; the earlier sets' results are outputs and grads.
+        if (i + 1 < sets.size())
+          for (const auto& [p, t] : got[i]) EXPECT_NE(p.rfind("intermediates/", 0), 0u) << what << ": " << p;
+        expect_bitwise(want, got[i], cfg, "split rack " + what);
+      }
+    }
+  }
+}
+
+// A rank that never enters a pass is named in its peers' timeout, not a hang.
+TEST(Kernel, SplitRackNamesARankThatNeverEnters) {
+  REQUIRE_GPU();
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 4, 16};
+  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 5);
+  kernel::KernelOptions o;
+  o.silent_rank = 1;
+  o.wait_timeout_s = 0.3;
+  try {
+    kernel::run_layer_split(cfg, {in}, false, o);
+    FAIL() << "a rank that never entered was not detected";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("timed out"), std::string::npos) << m;
+    EXPECT_NE(m.find("pass entry"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+  }
+}
+
+// The entry wait is what keeps a rank from reading a window before its owner has published it:
+// without it (SplitRackOptions::skip_entry_wait), with one rank 50 ms late, the early ranks read
+// its window's zeroed routing (expert 0 twice in a row: the device's routing check stops the
+// pass) or push into it before it resets its arrivals, so the run fails or its results differ.
+TEST(Kernel, SplitRackNeedsTheEntryWait) {
+  REQUIRE_GPU();
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
+  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 9);
+  kernel::KernelOptions o;
+  o.wait_timeout_s = 0.5;
+  kernel::SplitRackOptions split;
+  split.delay_us = {0.0, 50000.0};
+  EXPECT_NO_THROW(kernel::run_layer_split(cfg, {in}, false, o, split)) << "with the wait";
+  split.skip_entry_wait = true;
+  bool wrong = false;
+  std::string how;
+  try {
+    const ref::TensorMap got = kernel::run_layer_split(cfg, {in}, false, o, split).front();
+    const ref::TensorMap want = kernel::run_layer(cfg, in, false);
+    const ref::Tensor& a = want.at("outputs/output");
+    const ref::Tensor& b = got.at("outputs/output");
+    wrong = std::memcmp(a.raw(), b.raw(), a.size_bytes()) != 0;
+    how = wrong ? "the output differs" : "the output matched";
+  } catch (const Error& e) {
+    wrong = true;
+    how = e.what();
+  }
+  EXPECT_TRUE(wrong) << "without the entry wait the late rank's window was read before it was published, yet " << how;
+  std::printf("[   NOTE   ] without the entry wait: %s\n", how.c_str());
 }
 
 // The benchmark entry of the NCCL transport (mok-bench --transport nccl): every rank's time of

@@ -25,6 +25,9 @@ struct PeerBuffers {
   uint32_t* arrivals;         // [2]: rows pushed into y_slots / dx_slots so far this pass
   float* acc;                 // [T, H] fp32: only the atomics variant (MOK_ATOMICS_VARIANT, a benchmark
                               // build) adds combine and d_x contributions here; null otherwise
+  uint32_t* pass_word;        // windowed transports (NCCL, the split rack): the last pass this rank has
+                              // entered (LaunchParams::pass_seq), written by the rank and read by its
+                              // peers before they touch its window; null on the virtual rack
 };
 
 // Signal words a rank waits on (ids used in diagnostics; see flag_name()).
@@ -38,6 +41,7 @@ enum FlagId : int32_t {
   kFlagSharedBackward = 7,
   kFlagBadRouting = 8,
   kFlagTileDone = 9,
+  kFlagPassEntry = 10,
 };
 
 // First error since the layer's last check_errors() (it is not cleared between launches): which
@@ -219,6 +223,10 @@ struct LaunchParams {
   int32_t silent_rank;            // testing: this rank does nothing (-1: none)
   int64_t row_capacity;           // rows each rank's workspace holds
   uint32_t epoch;                 // increases every launch; row-ready flags compare against it
+  uint32_t pass_seq;              // windowed transports: this pass's number, the same on every rank (1, 2, ...)
+  int32_t pass_entry;             // 1: before touching any window, every block waits until every rank has
+                                  // entered pass pass_seq (enter_pass in device/sync.cuh); 0 on the virtual
+                                  // rack; 2 (tests only): the rank says it entered but does not wait
   uint64_t timeout_ns;            // bound on every wait
   PeerBuffers peers[kMaxRanks];
   RankState state[kMaxRanks];
@@ -261,6 +269,7 @@ inline const char* flag_name(int32_t flag) {
     case kFlagBackwardArrivals: return "backward arrivals (dx rows pushed into this rank's slots)";
     case kFlagSharedBackward: return "shared expert backward done";
     case kFlagBadRouting: return "routing validation";
+    case kFlagPassEntry: return "pass entry (a peer rank has not started this pass, so its window's inputs are not published)";
     case kFlagTileDone: return "row tile's first GEMM done (all its column tiles)";
     default: return "unknown flag";
   }

@@ -1,0 +1,284 @@
+// The windowed transports' host side (windowed.cuh) and the split rack (split_rack.hpp).
+#include "windowed.cuh"
+
+#include "mok/kernel/split_rack.hpp"
+#include "mok/reference/error.hpp"
+#include "mok/reference/schema.hpp"
+#include "mok/reference/validate.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+namespace mok::kernel::detail {
+
+namespace {
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+WindowLayout WindowLayout::of(const spec::LayerConfig& c, size_t alignment) {
+  const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k;
+  WindowLayout l{};
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t off = at;
+    at = align_up(at + bytes, 256);
+    return off;
+  };
+  for (int b = 0; b < 2; ++b) {
+    l.x[b] = take(T * H * 2);
+    l.topk[b] = take(T * K * 4);
+    l.rw[b] = take(T * K * 4);
+    l.d_output[b] = take(T * H * 2);
+  }
+  l.y_slots = take(T * K * H * 2);
+  l.dx_slots = take(T * K * H * 2);
+  l.arrivals = take(2 * 4);
+  l.pass_word = take(4);
+  l.total = align_up(at, std::max<size_t>(alignment, 1));
+  return l;
+}
+
+WindowPasses::WindowPasses(LayerCore& core, const WindowLayout& layout, int rank, std::vector<char*> bases)
+    : core_(core), lay_(layout), rank_(rank), bases_(std::move(bases)) {
+  if (core.cfg().num_ranks != static_cast<int64_t>(bases_.size()) || rank < 0 || rank >= core.cfg().num_ranks)
+    throw Error("windowed transport: rank " + std::to_string(rank) + " of " + std::to_string(bases_.size()) +
+                    " windows for R = " + std::to_string(core.cfg().num_ranks),
+                ErrorKind::kInternal);
+  for (size_t p = 0; p < bases_.size(); ++p) {
+    char* b = bases_[p];
+    PeerBuffers& pb = core_.peer(static_cast<int>(p));
+    pb.x = reinterpret_cast<const uint16_t*>(b + lay_.x[0]);
+    pb.topk = reinterpret_cast<const int32_t*>(b + lay_.topk[0]);
+    pb.router_weights = reinterpret_cast<const float*>(b + lay_.rw[0]);
+    pb.d_output = nullptr;  // set by the first backward
+    pb.y_slots = reinterpret_cast<uint16_t*>(b + lay_.y_slots);
+    pb.dx_slots = reinterpret_cast<uint16_t*>(b + lay_.dx_slots);
+    pb.arrivals = reinterpret_cast<uint32_t*>(b + lay_.arrivals);
+    pb.pass_word = reinterpret_cast<uint32_t*>(b + lay_.pass_word);
+  }
+}
+
+void WindowPasses::pass(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, bool backward,
+                        cudaStream_t s) {
+  const spec::LayerConfig& c = core_.cfg();
+  const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k, R = bases_.size();
+  char* own = bases_[rank_];
+  // Publish this rank's inputs into this pass's copy. Stream-ordered after this rank's previous
+  // pass; a peer may still be in it, reading the other copy.
+  if (!backward) {
+    const int b = static_cast<int>(forwards_++ & 1);
+    MOK_CUDA(cudaMemcpyAsync(own + lay_.x[b], in.x, T * H * 2, cudaMemcpyDeviceToDevice, s));
+    MOK_CUDA(cudaMemcpyAsync(own + lay_.topk[b], in.topk_experts, T * K * 4, cudaMemcpyDeviceToDevice, s));
+    MOK_CUDA(cudaMemcpyAsync(own + lay_.rw[b], in.router_weights, T * K * 4, cudaMemcpyDeviceToDevice, s));
+    for (size_t p = 0; p < R; ++p) {
+      PeerBuffers& pb = core_.peer(static_cast<int>(p));
+      pb.x = reinterpret_cast<const uint16_t*>(bases_[p] + lay_.x[b]);
+      pb.topk = reinterpret_cast<const int32_t*>(bases_[p] + lay_.topk[b]);
+      pb.router_weights = reinterpret_cast<const float*>(bases_[p] + lay_.rw[b]);
+    }
+  } else {  // the backward reads the last forward's copies of x, topk and router weights
+    const int b = static_cast<int>(backwards_++ & 1);
+    MOK_CUDA(cudaMemcpyAsync(own + lay_.d_output[b], in.d_output, T * H * 2, cudaMemcpyDeviceToDevice, s));
+    for (size_t p = 0; p < R; ++p)
+      core_.peer(static_cast<int>(p)).d_output = reinterpret_cast<const uint16_t*>(bases_[p] + lay_.d_output[b]);
+  }
+  // No peer pushes into this window before this rank has entered the pass (after this reset).
+  MOK_CUDA(cudaMemsetAsync(own + lay_.arrivals, 0, 8, s));
+  core_.set_pass(++passes_, entry_wait);
+  core_.set_tensors(rank_, in, out, false);
+  core_.launch(kernel, s);
+}
+
+OwnedDevice::~OwnedDevice() {
+  for (void* p : ptrs) cudaFree(p);
+}
+
+ref::TensorMap empty_results(const spec::LayerConfig& cfg, bool backward) {
+  ref::TensorMap result;
+  auto make = [&](const char* path) {
+    const ref::TensorSpec* s = ref::find_spec(path);
+    result[path] = ref::Tensor(s->dtype, ref::spec_shape(*s, cfg));
+  };
+  for (const char* p : result_paths(cfg, backward)) make(p);
+  make("intermediates/y");
+  if (backward) make("intermediates/dx_slot");
+  for (const char* p : workspace_intermediate_paths(cfg, backward)) make(p);
+  return result;
+}
+
+RankBuffers::RankBuffers(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool backward, int r) {
+  const int R = static_cast<int>(cfg.num_ranks);
+  auto upload = [&](const char* path, bool sliced) -> const void* {
+    auto it = inputs.find(path);
+    if (it == inputs.end()) return nullptr;
+    const size_t bytes = sliced ? it->second.size_bytes() / R : it->second.size_bytes();
+    void* d = device_alloc<uint8_t>(owned.ptrs, static_cast<int64_t>(bytes));
+    MOK_CUDA(cudaMemcpy(d, static_cast<const char*>(it->second.raw()) + (sliced ? r * bytes : 0), bytes,
+                        cudaMemcpyHostToDevice));
+    return d;
+  };
+  in.x = static_cast<const uint16_t*>(upload("inputs/x", true));
+  in.topk_experts = static_cast<const int32_t*>(upload("inputs/topk_experts", true));
+  in.router_weights = static_cast<const float*>(upload("inputs/router_weights", true));
+  in.w_routed_gate = static_cast<const uint16_t*>(upload("inputs/w_routed_gate", true));
+  in.w_routed_up = static_cast<const uint16_t*>(upload("inputs/w_routed_up", true));
+  in.w_routed_down = static_cast<const uint16_t*>(upload("inputs/w_routed_down", true));
+  in.w_shared_gate = static_cast<const uint16_t*>(upload("inputs/w_shared_gate", false));
+  in.w_shared_up = static_cast<const uint16_t*>(upload("inputs/w_shared_up", false));
+  in.w_shared_down = static_cast<const uint16_t*>(upload("inputs/w_shared_down", false));
+  if (backward) in.d_output = static_cast<const uint16_t*>(upload("inputs/d_output", true));
+  for (const char* p : result_paths(cfg, backward)) {
+    const size_t bytes = slice_bytes(cfg, p);
+    void* d = device_alloc<uint8_t>(owned.ptrs, static_cast<int64_t>(bytes));
+    MOK_CUDA(cudaMemset(d, 0, bytes));
+    dev[p] = d;
+  }
+  out = outputs_from(dev);
+}
+
+size_t RankBuffers::slice_bytes(const spec::LayerConfig& cfg, const std::string& path) {
+  const ref::TensorSpec* s = ref::find_spec(path);
+  size_t n = ref::dtype_size(s->dtype);
+  for (int64_t d : ref::spec_shape(*s, cfg)) n *= static_cast<size_t>(d);
+  return n / static_cast<size_t>(cfg.num_ranks);
+}
+
+void RankBuffers::fetch_results(const spec::LayerConfig& cfg, int r, ref::TensorMap& result) const {
+  for (const auto& [path, d] : dev) {
+    ref::Tensor& t = result.at(path);
+    const size_t bytes = t.size_bytes() / cfg.num_ranks;
+    MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, d, bytes, cudaMemcpyDeviceToHost));
+  }
+}
+
+KernelOptions sized_options(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, const KernelOptions& options) {
+  KernelOptions sized = options;
+  if (sized.row_capacity == 0)  // what this routing needs (every rank sees the whole routing here)
+    sized.row_capacity = std::max<int64_t>(
+        1, rows_per_rank(cfg, reinterpret_cast<const int32_t*>(inputs.at("inputs/topk_experts").raw())));
+  return sized;
+}
+
+namespace {
+
+// One thread waits `ns` nanoseconds of %globaltimer (the split rack's per-rank delays).
+__global__ void wait_ns(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+struct Streams {
+  std::vector<cudaStream_t> s;
+  ~Streams() {
+    for (cudaStream_t x : s) cudaStreamDestroy(x);
+  }
+};
+
+}  // namespace
+
+}  // namespace mok::kernel::detail
+
+namespace mok::kernel {
+
+std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const std::vector<ref::TensorMap>& input_sets,
+                                            bool backward, const KernelOptions& options,
+                                            const SplitRackOptions& split) {
+  using namespace detail;
+  const spec::Status st = cfg.validate();
+  if (!st.ok) throw Error(st.message);
+  if (input_sets.empty()) throw Error("run_layer_split: no input sets");
+  const int R = static_cast<int>(cfg.num_ranks);
+  if (!split.delay_us.empty() && static_cast<int>(split.delay_us.size()) != R)
+    throw Error("run_layer_split: delay_us has " + std::to_string(split.delay_us.size()) + " entries for R = " +
+                std::to_string(R));
+  for (double d : split.delay_us)
+    if (!(d >= 0 && d <= 1e7)) throw Error("run_layer_split: a delay must be in [0, 1e7] microseconds");
+  for (const ref::TensorMap& in : input_sets) ref::validate_inputs(cfg, in, backward);
+  // Every rank's workspace holds the most rows any set routes to a rank.
+  KernelOptions sized = options;
+  if (sized.row_capacity == 0) {
+    int64_t most = 1;
+    for (const ref::TensorMap& in : input_sets) most = std::max(most, sized_options(cfg, in, options).row_capacity);
+    sized.row_capacity = most;
+  }
+  const WindowLayout lay = WindowLayout::of(cfg, 256);
+  OwnedDevice windows;
+  std::vector<char*> bases(R);
+  for (int r = 0; r < R; ++r) {
+    bases[r] = device_alloc<char>(windows.ptrs, static_cast<int64_t>(lay.total));
+    MOK_CUDA(cudaMemset(bases[r], 0, lay.total));
+  }
+  // Ranks share the GPU's blocks, one rank's worth left free for what each stream queues between
+  // passes (the copies' and resets' work, the delays), which must run while other ranks' passes wait.
+  std::vector<std::unique_ptr<LayerCore>> cores;
+  std::vector<std::unique_ptr<WindowPasses>> passes;
+  for (int r = 0; r < R; ++r) {
+    cores.push_back(std::make_unique<LayerCore>(cfg, sized, r, 1, /*system_scope=*/true, R + 1));
+    cores.back()->set_cooperative(false);
+    passes.push_back(std::make_unique<WindowPasses>(*cores.back(), lay, r, bases));
+    passes.back()->entry_wait = !split.skip_entry_wait;
+  }
+  Streams streams;
+  for (int r = 0; r < R; ++r) {
+    cudaStream_t s = nullptr;
+    MOK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams.s.push_back(s);
+  }
+  std::vector<std::vector<std::unique_ptr<RankBuffers>>> bufs(input_sets.size());
+  for (size_t i = 0; i < input_sets.size(); ++i)
+    for (int r = 0; r < R; ++r) bufs[i].push_back(std::make_unique<RankBuffers>(cfg, input_sets[i], backward, r));
+  MOK_CUDA(cudaDeviceSynchronize());  // the uploads and zeroed results (legacy stream) before any pass
+  auto one_pass = [&](int r, size_t i, bool bwd) {
+    if (!split.delay_us.empty() && split.delay_us[r] > 0) {
+      wait_ns<<<1, 1, 0, streams.s[r]>>>(static_cast<uint64_t>(split.delay_us[r] * 1e3));
+      MOK_CUDA(cudaGetLastError());
+    }
+    const RankBuffers& b = *bufs[i][r];
+    check_pass_pointers(cfg, b.in, b.out, bwd, "split rack");
+    passes[r]->pass(bwd ? backward_kernel() : forward_kernel(), b.in, b.out, bwd, streams.s[r]);
+  };
+  for (size_t i = 0; i < input_sets.size(); ++i) {
+    for (int r = 0; r < R; ++r) one_pass(r, i, false);
+    if (backward)
+      for (int r = 0; r < R; ++r) one_pass(r, i, true);
+  }
+  // The first rank's diagnostic (in rank order), after every stream has ended.
+  std::string first_error;
+  for (int r = 0; r < R; ++r) {
+    try {
+      cores[r]->check_errors(streams.s[r]);
+    } catch (const Error& e) {
+      if (first_error.empty()) first_error = "split rack rank " + std::to_string(r) + ": " + e.what();
+    }
+  }
+  if (!first_error.empty()) throw Error(first_error);
+  std::vector<ref::TensorMap> results;
+  for (size_t i = 0; i < input_sets.size(); ++i) {
+    ref::TensorMap result = empty_results(cfg, backward);
+    const bool last = i + 1 == input_sets.size();
+    for (int r = 0; r < R; ++r) {
+      bufs[i][r]->fetch_results(cfg, r, result);
+      if (!last) continue;
+      auto fetch_slots = [&](const char* path, const uint16_t* src) {
+        ref::Tensor& t = result.at(path);
+        const size_t bytes = t.size_bytes() / R;
+        MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
+      };
+      fetch_slots("intermediates/y", passes[r]->y_slots());
+      if (backward) fetch_slots("intermediates/dx_slot", passes[r]->dx_slots());
+      copy_rank_intermediates(*cores[r], r, backward, result);
+    }
+    if (!last)
+      for (auto it = result.begin(); it != result.end();)
+        it = it->first.rfind("intermediates/", 0) == 0 ? result.erase(it) : std::next(it);
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+}  // namespace mok::kernel

@@ -878,7 +878,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf("# transport nccl: R=%lld, one rank per GPU (%s), NCCL symmetric memory; fused times are the median "
                   "over reps of the SLOWEST RANK's pass, each rank timed with CUDA events from a common start (an "
-                  "untimed barrier), its pass including two NCCL barriers and the copy of its inputs into its window\n",
+                  "untimed barrier), its pass including the copy of its inputs into its window and the entry wait\n",
                   (long long)Rn, per_process ? "one process each, started by mok-launch" : "one thread each, in this process");
       std::printf("# per-rank medians, forward / backward ms: %s\n", per_rank_line.c_str());
     }

@@ -232,6 +232,12 @@ std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const 
   std::vector<std::vector<std::unique_ptr<RankBuffers>>> bufs(input_sets.size());
   for (size_t i = 0; i < input_sets.size(); ++i)
     for (int r = 0; r < R; ++r) bufs[i].push_back(std::make_unique<RankBuffers>(cfg, input_sets[i], backward, r));
+  // Every kernel a stream below launches is loaded now: with lazy module loading (CUDA's default)
+  // a kernel's first launch may wait for the device's running kernels, and a rank's pass waits for
+  // the other ranks' launches, so loading the delay kernel behind one would deadlock until the
+  // timeout. (The layer's kernels were loaded by LayerCore's occupancy queries.)
+  cudaFuncAttributes loaded{};
+  MOK_CUDA(cudaFuncGetAttributes(&loaded, wait_ns));
   MOK_CUDA(cudaDeviceSynchronize());  // the uploads and zeroed results (legacy stream) before any pass
   auto one_pass = [&](int r, size_t i, bool bwd) {
     if (!split.delay_us.empty() && split.delay_us[r] > 0) {

@@ -9,6 +9,7 @@
 #if defined(MOK_HAVE_CUDA_KERNEL)
 #include "mok/kernel/layer.hpp"
 #include "mok/kernel/nccl.hpp"
+#include "mok/kernel/split_rack.hpp"
 #endif
 
 #include <chrono>
@@ -237,12 +238,16 @@ Report run_backend(const ref::Golden& golden, const RunOptions& options) {
     const bool nccl = options.transport == "nccl";
     if (std::string nccl_why; nccl && !kernel::nccl_available(&nccl_why))
       throw Error("transport nccl: " + nccl_why, ErrorKind::kUnsupported);
+    const bool split = options.transport == "split";
     say("running the CUDA kernel (R=" + std::to_string(golden.cfg.num_ranks) +
-        (nccl ? " ranks, one GPU each, NCCL transport)" : " virtual ranks on one GPU)") +
+        (nccl    ? " ranks, one GPU each, NCCL transport)"
+         : split ? " ranks on one GPU, a launch each: the split rack)"
+                 : " virtual ranks on one GPU)") +
         (backward ? ", forward and backward" : ", forward"));
     // Under mok-launch each process runs one rank; otherwise one thread per GPU of this process.
     report = compare_bitwise(keep(
-        !nccl ? kernel::run_layer(golden.cfg, inputs, backward, {}, intermediates)
+        split ? kernel::run_layer_split(golden.cfg, {inputs}, backward).front()
+        : !nccl ? kernel::run_layer(golden.cfg, inputs, backward, {}, intermediates)
         : kernel::launched_by_mok_launch() ? kernel::run_layer_nccl_process(golden.cfg, inputs, backward)
                                            : kernel::run_layer_nccl(golden.cfg, inputs, backward)));
 #else

@@ -8,6 +8,7 @@
 #if defined(MOK_HAVE_CUDA_KERNEL)
 #include "mok/kernel/layer.hpp"
 #include "mok/kernel/nccl.hpp"
+#include "mok/kernel/split_rack.hpp"
 
 #include <cuda_runtime.h>
 #endif
@@ -60,7 +61,7 @@ ref::Tensor rows(const ref::Tensor& t, int64_t g0, int64_t n) {
 
 // Runs the layer in passes of `mb` tokens and concatenates per-token results; weight
 // gradients are kept only for a single pass over the whole batch.
-ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, bool nccl) {
+ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, const std::string& transport) {
   const int64_t G = g.cfg.num_tokens();
   ref::TensorMap all;
   for (int64_t g0 = 0; g0 < G; g0 += c.minibatch) {
@@ -77,7 +78,9 @@ ref::TensorMap run_config(const ref::Golden& g, const Config& c, bool backward, 
     kernel::KernelOptions o;
     o.comm_blocks_per_rank = c.comm;
     o.shared_items = !c.own_items;
-    ref::TensorMap part = nccl ? kernel::run_layer_nccl(cfg, in, backward, o) : kernel::run_layer(cfg, in, backward, o);
+    ref::TensorMap part = transport == "nccl"    ? kernel::run_layer_nccl(cfg, in, backward, o)
+                          : transport == "split" ? kernel::run_layer_split(cfg, {in}, backward, o).front()
+                                                 : kernel::run_layer(cfg, in, backward, o);
     for (auto& [p, t] : part) {
       if (!per_token(p)) {
         if (c.minibatch == G) all[p] = std::move(t);
@@ -178,7 +181,7 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
       for (int64_t mb : mbs) {
         // Own items differ from shared ones only where one launch holds several ranks; elsewhere
         // either request runs the one configuration.
-        const bool can_own = R > 1 && !nccl;
+        const bool can_own = R > 1 && options.transport == "virtual";
         if (want_shared || !can_own) configs.push_back({R, comm, mb, false});
         if (want_own && can_own) configs.push_back({R, comm, mb, true});
       }
@@ -191,18 +194,22 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
   // The block counts of every configuration, before any run (a --comm-sms too large for R's
   // blocks was found only when its configuration ran, in the kernel's words): a launch holds R
   // ranks (virtual) or one (nccl), and shares this GPU's co-resident blocks among them as
-  // Layer's constructor does (block_counts.hpp's rules, on the fewest blocks a rank gets).
+  // Layer's constructor does (block_counts.hpp's rules, on the fewest blocks a rank gets); the
+  // split rack's R one-rank launches share them with one rank's worth left free (run_layer_split).
   {
     spec::LayerConfig one = cfg;  // one rank of one token: the co-resident blocks do not depend on T,
     one.num_ranks = 1;            // and its workspace is the smallest
     one.tokens_per_rank = 1;
     const int resident = kernel::Layer(one, kernel::KernelOptions{}).launch_blocks();
     for (const Config& c : configs) {
-      const int per = resident / (nccl ? 1 : c.ranks);
+      const bool split = options.transport == "split";
+      const int per = resident / (nccl ? 1 : split ? c.ranks + 1 : c.ranks);
       if (kernel::check_block_counts(per, c.comm, 0) == kernel::BlockCountProblem::kNone) continue;
       const std::string at = "at R=" + std::to_string(c.ranks) + " each rank has " + std::to_string(per) +
                              " blocks on this GPU (" + std::to_string(resident) + " co-resident blocks" +
-                             (nccl ? ", one rank per GPU)" : " shared by the R ranks)");
+                             (nccl    ? ", one rank per GPU)"
+                              : split ? " shared by the R ranks' launches and one rank's worth left free)"
+                                      : " shared by the R ranks)");
       if (per < 2)
         throw Error("determinism: --ranks " + std::to_string(c.ranks) + ": " + at +
                     ", and a rank needs at least 2 (1 communication + 1 compute); give fewer ranks");
@@ -248,7 +255,7 @@ DeterminismResult run_determinism(const ref::Golden& golden, const DeterminismOp
     const Config& c = configs[ci];
     if (options.progress && (step % std::max<size_t>(1, order.size() / 10) == 0))
       options.progress("run " + std::to_string(step + 1) + " of " + std::to_string(order.size()) + ": " + c.name());
-    ref::TensorMap got = run_config(golden, c, backward, options.transport == "nccl");
+    ref::TensorMap got = run_config(golden, c, backward, options.transport);
     ++result.executions;
     const std::string name = c.name() + " run=" + std::to_string(run);
     if (first[ci].empty()) {

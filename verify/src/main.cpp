@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
       "      recomputes exact values and error radii and checks the file's tensors lie within.\n"
       "  mok-verify compare GOLDEN CANDIDATE\n"
       "      compares a candidate file (same schema; e.g. written by another backend) with a golden.\n"
-      "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--items shared,own] [--minibatch M,...] [--transport nccl]\n"
+      "  mok-verify determinism FILE --runs 20 --ranks 1,2,4,8 --comm-sms 1,2 [--items shared,own] [--minibatch M,...] [--transport nccl|split]\n"
       "      runs the CUDA kernel on the file's inputs under every configuration, prints one hash per\n"
       "      tensor per configuration, and fails on any difference (the CI gate for GPU nodes).\n\n"
       "Exit codes: 0 passed, 1 a check failed, 2 bad input or usage, or the report could not be written\n"
@@ -121,9 +121,11 @@ int main(int argc, char** argv) {
       ->needs(e2e_flag);
   std::string transport = "virtual";
   run->add_option("--transport", transport,
-                  "cuda backend: virtual (all R ranks on one GPU) or nccl (one GPU per rank, NCCL symmetric memory); "
-                  "with --backend auto where cuda is not available, nccl exits 3 and virtual is noted and unused")
-      ->check(CLI::IsMember({"virtual", "nccl"}))
+                  "cuda backend: virtual (all R ranks on one GPU, one launch), nccl (one GPU per rank, NCCL symmetric "
+                  "memory) or split (one GPU, each rank its own launch on its own stream: the nccl transport's window "
+                  "protocol without several GPUs); with --backend auto where cuda is not available, nccl and split exit "
+                  "3 and virtual is noted and unused")
+      ->check(CLI::IsMember({"virtual", "nccl", "split"}))
       ->capture_default_str();
   run->add_flag("--json", json, "machine-readable report on stdout");
 
@@ -152,7 +154,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> items{"shared", "own"};
   det->add_option("--items", items,
                   "who works the GEMM items of several virtual ranks on one GPU: shared (every block, rank after rank; "
-                  "the kernel's default) and/or own (each rank's blocks); R = 1 and --transport nccl have one rank a "
+                  "the kernel's default) and/or own (each rank's blocks); R = 1 and --transport nccl or split have one rank a "
                   "launch and run once")
       ->delimiter(',')
       ->capture_default_str()
@@ -160,8 +162,10 @@ int main(int argc, char** argv) {
   det->add_option("--seed", det_seed, "shuffles the order in which configurations run (0 to 2^64 - 1)")
       ->capture_default_str()
       ->check(mok::cli::seed());
-  det->add_option("--transport", transport, "virtual (ranks on one GPU) or nccl (one GPU per rank)")
-      ->check(CLI::IsMember({"virtual", "nccl"}))
+  det->add_option("--transport", transport,
+                  "virtual (ranks on one GPU, one launch), nccl (one GPU per rank) or split (one GPU, one launch per "
+                  "rank: the nccl transport's window protocol)")
+      ->check(CLI::IsMember({"virtual", "nccl", "split"}))
       ->capture_default_str();
   det->add_flag("--json", json, "machine-readable summary on stdout");
 
@@ -274,11 +278,11 @@ int main(int argc, char** argv) {
         // auto resolves to emulate without a GPU: an explicit transport would silently not apply.
         std::string why;
         if (!mok::verify::cuda_available(&why)) {
-          if (transport == "nccl") {
+          if (transport != "virtual") {
             std::fprintf(stderr,
-                         "mok-verify: --transport nccl needs the cuda backend, which is not supported here (%s), "
+                         "mok-verify: --transport %s needs the cuda backend, which is not supported here (%s), "
                          "and --backend auto would run emulate instead; run on a GPU node, or drop --transport\n",
-                         why.c_str());
+                         transport.c_str(), why.c_str());
             return kExitUnsupported;
           }
           progress("--transport " + transport + " applies to the cuda backend only; it is unused here");

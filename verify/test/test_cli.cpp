@@ -655,6 +655,9 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
   EXPECT_EQ(run_cli("run " + good_ + " --sample-tokens 0").code, 2);
   EXPECT_EQ(run_cli("run " + good_ + " -j -1").code, 2);
   EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --transport nccl").code, 2);
+  EXPECT_EQ(run_cli("run " + good_ + " --backend emulate --transport split").code, 2);
+  EXPECT_EQ(run_cli("run " + good_ + " --backend cuda --transport bogus").code, 2);
+  EXPECT_EQ(run_cli("determinism " + good_ + " --transport bogus").code, 2);
   EXPECT_EQ(run_cli("determinism " + good_ + " --ranks 0").code, 2);  // usage before support
   for (const char* items : {"--items bad", "--items shared,x", "--items ''"}) {
     const CliRun r = run_cli("determinism " + good_ + " " + items);
@@ -711,6 +714,10 @@ TEST_F(CliTest, UsageErrorsAndUnsupportedBackends) {
     r = run_cli("run " + good_ + " --transport nccl");
     EXPECT_EQ(r.code, 3) << r.out << r.err;
     EXPECT_NE(r.err.find("--transport nccl needs the cuda backend"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+    r = run_cli("run " + good_ + " --transport split");  // the split rack needs the GPU as much
+    EXPECT_EQ(r.code, 3) << r.out << r.err;
+    EXPECT_NE(r.err.find("--transport split needs the cuda backend"), std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
     r = run_cli("run " + good_ + " --backend auto --transport virtual");
     EXPECT_EQ(r.code, 0) << r.out << r.err;

@@ -22,9 +22,10 @@ bool nccl_available(std::string* why);
 // its own: x, topk_experts, router_weights, d_output [T, ...], its experts' weights
 // [E/R, ...], the shared weights; results for its tokens and experts (DeviceOutputs without
 // rank offsets; shared-expert gradients [Is, H] of this rank). Each pass copies the exposed
-// inputs into the rank's window and fences the ranks with two stream-ordered barriers (one
-// before the copy, one before the launch); no host synchronisation. Bits equal the virtual
-// rack's for the same global inputs and R.
+// inputs into the rank's window (one of two copies, by parity) on `stream` before the launch, and
+// the kernel waits on entry until every rank has entered the same pass (no host barrier, no host
+// synchronisation). Every rank must run the same sequence of passes, each rank's passes ordered
+// on its streams. Bits equal the virtual rack's for the same global inputs and R.
 class NcclLayer {
  public:
   NcclLayer(const spec::LayerConfig& cfg, void* nccl_comm, const KernelOptions& options = {});
@@ -75,8 +76,8 @@ ref::TensorMap run_layer_nccl_process(const spec::LayerConfig& cfg, const ref::T
 // `warmup` untimed and then `reps` timed forward passes (each followed by a backward pass when
 // `backward`) on its own GPU, timing each pass on its stream with CUDA events: the ranks first
 // meet at an untimed stream-ordered barrier (a one-element all-reduce), so every rank's time
-// runs from a common start to the end of its own kernel and includes the pass's two barriers
-// and the copy of the rank's inputs into its window. The slowest rank of a repetition is the
+// runs from a common start to the end of its own kernel and includes the copy of the rank's inputs
+// into its window and the kernel's wait for every rank to enter the pass. The slowest rank of a repetition is the
 // layer's time for that repetition.
 struct NcclTimes {
   int num_ranks = 0, reps = 0;

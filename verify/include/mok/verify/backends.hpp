@@ -31,7 +31,8 @@ struct RunOptions {
   // else computed now; recompute_end_to_end computes them even then.
   bool end_to_end = false;
   bool recompute_end_to_end = false;
-  std::string transport = "virtual";  // cuda backend: "virtual" (R ranks on one GPU) or "nccl" (one GPU per rank)
+  std::string transport = "virtual";  // cuda backend: "virtual" (R ranks on one GPU), "nccl" (one GPU per rank) or
+                                      // "split" (one GPU, a launch per rank: kernel::run_layer_split)
   std::function<void(const std::string&)> progress;  // one line per phase (stderr in the CLI)
   std::string golden_name = "golden";  // the golden's path, for errors about its content
 };

@@ -17,10 +17,11 @@ struct DeterminismOptions {
   std::vector<int> comm_blocks{1, 2};   // communication blocks per rank ("comm SMs")
   std::vector<int64_t> minibatches;      // tokens per pass; empty = the whole batch only
   uint64_t seed = 1;                     // shuffles the order in which configurations run
-  std::string transport = "virtual";     // "virtual" or "nccl" (R GPUs for R ranks)
+  std::string transport = "virtual";     // "virtual", "nccl" (R GPUs for R ranks) or "split" (one GPU, a launch a rank)
   std::vector<std::string> items{"shared", "own"};  // GEMM items of several virtual ranks: worked by every
                                                    // block ("shared") or by each rank's own ("own"); R = 1
-                                                   // and the nccl transport run one launch a rank: "shared" only
+                                                   // and the nccl and split transports run one launch a rank:
+                                                   // "shared" only
   std::function<void(const std::string&)> progress;
 };
 

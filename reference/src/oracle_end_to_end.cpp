@@ -276,6 +276,7 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
       for (int64_t item = begin; item < end; ++item) {
         const int64_t e = item / nc, i = cols[item % nc];
         const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        try {
         if (e != cached) {
           x_t.assign(H * n, 0);
           dy_bits.assign(H * n, 0);
@@ -310,6 +311,13 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
           c.add_mixed(av.data(), ar.data(), dy_bits.data() + h * n, dy_true.data() + h * n, n);
           store(c.result(), od.exact + di, od.bound + di);
         }
+        } catch (const oracle_scalar::RangeError& err) {
+          throw oracle_scalar::RangeError(std::string(err.what()) + " in expert " + std::to_string(e) +
+                                          "'s weight gradients of intermediate column " + std::to_string(i) +
+                                          " (grads/d_w_routed_gate and _up [" + std::to_string(e) + ", " +
+                                          std::to_string(i) + ", :], grads/d_w_routed_down [" + std::to_string(e) +
+                                          ", :, " + std::to_string(i) + "])");
+        }
       }
     }, std::max<int64_t>(1, nc));
   }
@@ -327,6 +335,7 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
       int64_t cached = -1;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t rank = item / nc, j = scols[item % nc], t0 = rank * T;
+        try {
         if (rank != cached) {
           for (int64_t t = 0; t < T; ++t)
             for (int64_t h = 0; h < H; ++h) {
@@ -346,6 +355,13 @@ void weight_grads(const spec::LayerConfig& cfg, const TensorMap& inputs, const S
           store(bounded_chain(gv.data(), gr.data(), x_t.data() + h * T, 1, T), og.exact + gi, og.bound + gi);
           store(bounded_chain(uv.data(), ur.data(), x_t.data() + h * T, 1, T), ou.exact + gi, ou.bound + gi);
           store(bounded_chain(av.data(), ar.data(), do_t.data() + h * T, 1, T), od.exact + di, od.bound + di);
+        }
+        } catch (const oracle_scalar::RangeError& err) {
+          throw oracle_scalar::RangeError(std::string(err.what()) + " in rank " + std::to_string(rank) +
+                                          "'s shared-expert weight gradients of column " + std::to_string(j) +
+                                          " (grads/d_w_shared_gate and _up [" + std::to_string(rank) + ", " +
+                                          std::to_string(j) + ", :], grads/d_w_shared_down [" +
+                                          std::to_string(rank) + ", :, " + std::to_string(j) + "])");
         }
       }
     }, std::max<int64_t>(1, nc));
@@ -528,11 +544,7 @@ TensorMap end_to_end(const spec::LayerConfig& cfg, const TensorMap& inputs, cons
     }
   }, 1);
   if (backward) {
-    try {
-      weight_grads(cfg, inputs, sample, threads, out);
-    } catch (const oracle_scalar::RangeError& e) {
-      throw oracle_scalar::RangeError(std::string(e.what()) + " in a weight gradient (grads/d_w_routed_* or grads/d_w_shared_*)");
-    }
+    weight_grads(cfg, inputs, sample, threads, out);  // a RangeError there names its expert or rank and column
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <algorithm>
 #include <string>
 
 namespace {
@@ -95,6 +96,31 @@ TEST(ApiChecks, EndToEndOracleRejectsBadOperands) {
   EXPECT_NE(range.find("in token 0's output, d_x or d_router_weights (rank 0's token 0)"), std::string::npos) << range;
   EXPECT_NE(range.find("scale the inputs down"), std::string::npos) << range;
   EXPECT_LT(range.size(), 400u) << range;
+  // A weight gradient past the limit where every token's results stay far below it (x 2^100, the
+  // gate and up weights 2^-100, d_output 2^60: d_x ~2^-26, d_w_routed_gate ~2^170) is named by its
+  // expert, column and tensors (it said only "in a weight gradient"; fiftieth session's list).
+  ref::TensorMap wide = in;
+  auto fill = [&](const char* path, uint16_t bits) {
+    ref::Tensor& t = wide.at(path);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<uint16_t>()[i] = bits;
+  };
+  fill("inputs/x", 0x7180);  // 2^100
+  for (const char* w : {"inputs/w_routed_gate", "inputs/w_routed_up", "inputs/w_shared_gate", "inputs/w_shared_up"})
+    fill(w, 0x0D80);  // 2^-100
+  fill("inputs/d_output", 0x5D80);  // 2^60
+  EXPECT_NO_THROW(ref::oracle_forward_end_to_end(kCfg, wide));
+  const int32_t* topk = wide.at("inputs/topk_experts").data<int32_t>();
+  int64_t first_expert = kCfg.num_experts;
+  for (int64_t i = 0; i < kCfg.num_slots(); ++i)
+    if (topk[i] >= 0) first_expert = std::min<int64_t>(first_expert, topk[i]);
+  const std::string wgrad = error_of([&] { ref::oracle_end_to_end(kCfg, wide); });
+  const std::string e = std::to_string(first_expert);
+  EXPECT_NE(wgrad.find("range limit"), std::string::npos) << wgrad;
+  EXPECT_NE(wgrad.find("in expert " + e + "'s weight gradients of intermediate column 0 (grads/d_w_routed_gate and "
+                       "_up [" + e + ", 0, :], grads/d_w_routed_down [" + e + ", :, 0])"),
+            std::string::npos)
+      << wgrad;
+  EXPECT_NE(wgrad.find("scale the inputs down"), std::string::npos) << wgrad;
   ref::Sample unprepared;
   unprepared.tokens = {0};
   ref::OracleOptions oo;

@@ -73,6 +73,13 @@ struct NcclLayer::Impl {
   detail::LayerCore core;
   std::unique_ptr<detail::WindowPasses> passes;
 
+  // The device API's window reads need the library of the headers' version (nccl_available): a
+  // caller that constructs an NcclLayer without asking first gets the reason, not a fault.
+  static ncclComm_t checked(ncclComm_t c) {
+    if (std::string why; !nccl_available(&why)) throw Error("NcclLayer: " + why, ErrorKind::kUnsupported);
+    return c;
+  }
+
   static int comm_rank(ncclComm_t c) {
     int r = 0;
     MOK_NCCL(ncclCommUserRank(c, &r));
@@ -80,7 +87,7 @@ struct NcclLayer::Impl {
   }
 
   Impl(const spec::LayerConfig& cfg, ncclComm_t c, const KernelOptions& options)
-      : comm(c), rank(comm_rank(c)), core(cfg, options, comm_rank(c), 1, cfg.num_ranks > 1) {  // peers: other GPUs
+      : comm(c), rank(comm_rank(checked(c))), core(cfg, options, comm_rank(c), 1, cfg.num_ranks > 1) {  // peers: other GPUs
     MOK_NCCL(ncclCommCount(comm, &nranks));
     if (nranks != cfg.num_ranks)
       throw Error("NcclLayer: the communicator has " + std::to_string(nranks) + " ranks but config.R is " +

@@ -100,29 +100,68 @@ __device__ inline bool block_wait(const LaunchParams& P, const uint32_t* p, uint
 }
 
 // Windowed transports (NCCL, the split rack: one launch per rank): a rank's inputs sit in its
-// window, copied there on its stream before its launch, and its peers read them and push into it.
-// On entering a pass, the rank's first block says so in its own window (its pass word := pass_seq;
-// the copy before the launch is complete by then), and every block waits until every rank's word
-// has reached pass_seq before it reads any window. Every pass waits for every rank, so a rank that
-// starts pass n has seen every rank start pass n - 1, hence finish pass n - 2: the transport keeps
-// two copies of each window input, by parity, and a copy for pass n never overwrites one a peer
-// may still read. A rank that never enters ends the wait in the timeout's diagnostic (naming it).
-// No-op on the virtual rack (every rank in one launch, ordered by its stream).
+// window and its peers read them and push into it. Before the launch, a staging kernel on the
+// rank's stream (windowed.cu) waits until every rank has entered the previous pass, then copies
+// the rank's inputs into this pass's copy and resets its arrival counters. On entering, the rank's
+// first block sets its own pass word to pass_seq (a system-scope atomic when the peers are other
+// GPUs) and waits until every rank's word has reached it, reading each over NVLink; the rank's
+// other blocks wait for that block's local flag (counters[7]), not for the peers' words. So a rank
+// in pass n has seen every rank enter pass n - 1, hence finish pass n - 2, and the window keeps
+// two copies of each input, by parity: a copy for pass n never overwrites one a peer still reads.
+// A rank with an error pending (an earlier pass failed, or this pass's staging timed out, and
+// check_errors() has not run) does not enter: its peers then time out naming it, instead of
+// reading a window it did not refill or pushing into one it has left. A rank that never enters
+// ends its peers' waits in the timeout's diagnostic. No-op on the virtual rack (every rank in one
+// launch, ordered by its stream).
 __device__ inline bool enter_pass(const LaunchParams& P, bool first_block) {
   if (!P.pass_entry) return true;
   __shared__ int ok;
   __syncthreads();
   if (threadIdx.x == 0) {
+    uint32_t* entered = &P.state[P.first_rank].counters[7];  // zeroed before every launch
     if (first_block) {
-      publish_fence(P);
-      atomicMax(P.peers[P.first_rank].pass_word, P.pass_seq);
+      ok = load_volatile(&P.error->code) == 0u ? 1 : 0;
+      if (ok) {
+        publish_fence(P);
+        uint32_t* word = P.peers[P.first_rank].pass_word;
+        if (P.system_scope)
+          atomicMax_system(word, P.pass_seq);
+        else
+          atomicMax(word, P.pass_seq);
+      }
+      // ORDER: ranks ascending, so that a missing rank is reported the same way every time.
+      for (int p = 0; p < P.num_ranks && ok && P.pass_entry == 1; ++p)
+        ok = wait_at_least(P, P.peers[p].pass_word, P.pass_seq, p, kFlagPassEntry, p) ? 1 : 0;
+      if (ok) {
+        __threadfence();
+        atomicExch(entered, 1u);
+      } else {
+        atomicExch(P.abort, 1u);  // the rank's other blocks stop waiting (a timeout has said so already)
+      }
+    } else {
+      // Bounded by the first block's own bounded wait, which ends in `entered` or the abort word.
+      for (;;) {
+        if (load_volatile(entered) != 0u) {
+          acquire_fence(P);
+          ok = 1;
+          break;
+        }
+        if (load_volatile(P.abort) != 0u) {
+          ok = 0;
+          break;
+        }
+        __nanosleep(128);
+      }
     }
-    ok = 1;
-    // ORDER: ranks ascending, so that a missing rank is reported the same way every time.
-    for (int p = 0; p < P.num_ranks && ok && P.pass_entry == 1; ++p)
-      ok = wait_at_least(P, P.peers[p].pass_word, P.pass_seq, p, kFlagPassEntry, p) ? 1 : 0;
   }
   __syncthreads();
+  if (ok && P.stall_ns) {  // tests only (SplitRackOptions::stall_us): the rank reads its peers' windows late
+    if (threadIdx.x == 0) {
+      const uint64_t start = global_time_ns();
+      while (global_time_ns() - start < P.stall_ns) __nanosleep(1000);
+    }
+    __syncthreads();
+  }
   return ok != 0;
 }
 

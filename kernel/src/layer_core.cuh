@@ -80,6 +80,13 @@ class LayerCore {
   // resident together, which a cooperative launch does not promise either; the host checks the
   // blocks fit).
   void set_cooperative(bool on) { cooperative_ = on; }
+  // Tests only (the split rack): every block of the next launches waits `ns` after entering a pass.
+  void set_stall(uint64_t ns) { host_.stall_ns = ns; }
+  // The error record the launches write (device memory; cleared by check_errors()), the bound on
+  // every wait, and the code of the last error check_errors() reported (0: none yet).
+  ErrorRecord* error_record() const { return error_; }
+  uint64_t timeout_ns() const { return host_.timeout_ns; }
+  uint32_t last_error_code() const { return last_error_code_; }
   // Throws mok::Error (bad input) unless a forward was launched on this layer before.
   void require_forward() const;
   // Synchronises `stream` and throws mok::Error with the kernel's diagnostic if a pass failed.
@@ -105,12 +112,15 @@ class LayerCore {
   uint32_t epoch_ = 0;
   bool forward_launched_ = false;  // a backward needs a forward's plan (launch())
   bool cooperative_ = true;
+  uint32_t last_error_code_ = 0;
+  static constexpr int kMapSlots = 4;  // device sets of tensor maps (launch(): the windows' parity copies)
+  int next_map_slot_ = 0;
   std::vector<void*> owned_;
   LaunchParams host_{};  // passed by value to every launch (a __grid_constant__ kernel parameter)
   std::vector<RankTensorMaps> host_maps_;   // [2 * kMaxRanks] (params.hpp): the launch's ranks' entries encoded every launch
-  std::vector<RankTensorMaps> sent_maps_;   // [2 * kMaxRanks]: what device_maps_ holds where maps_sent_
-  std::vector<char> maps_sent_;             // [2 * kMaxRanks]: 1 once the entry was copied
-  RankTensorMaps* device_maps_ = nullptr;   // [2 * kMaxRanks] in device memory: host_.maps
+  std::vector<RankTensorMaps> sent_maps_;   // [kMapSlots * 2 * kMaxRanks]: what device_maps_ holds where maps_sent_
+  std::vector<char> maps_sent_;             // [kMapSlots]: 1 once the slot was copied
+  RankTensorMaps* device_maps_ = nullptr;   // [kMapSlots * 2 * kMaxRanks] in device memory: host_.maps is one slot
   uint32_t* control_ = nullptr;  // zeroed every launch: 8 counters per local rank, the abort word, each
                                  // local rank's tile counters, then each local rank's expert counts
   int64_t control_words_ = 0;

@@ -72,6 +72,7 @@ struct NcclLayer::Impl {
   ncclWindow_t window{};
   detail::LayerCore core;
   std::unique_ptr<detail::WindowPasses> passes;
+  bool broken = false;  // a wait timed out (check_errors): the windows may hold a late peer's pushes
 
   // The device API's window reads need the library of the headers' version (nccl_available): a
   // caller that constructs an NcclLayer without asking first gets the reason, not a fault.
@@ -112,6 +113,7 @@ struct NcclLayer::Impl {
     std::vector<char*> windows(nranks);
     for (int p = 0; p < nranks; ++p) windows[p] = static_cast<char*>(bases[p]);
     passes = std::make_unique<detail::WindowPasses>(core, lay, rank, std::move(windows));
+    detail::load_window_kernels();
   }
 
   ~Impl() {
@@ -122,6 +124,10 @@ struct NcclLayer::Impl {
   // No host barrier: the kernel's entry wait (enter_pass) orders the ranks, and the window's
   // parity copies keep a copy for this pass clear of a peer still in the last one (windowed.cuh).
   void pass(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, bool backward, cudaStream_t s) {
+    if (broken)
+      throw Error("NcclLayer: a wait timed out in an earlier pass (reported by check_errors()), so a late rank may "
+                  "since have pushed into this rank's window; build a new NcclLayer on every rank",
+                  ErrorKind::kBadInput);
     passes->pass(kernel, in, out, backward, s);
   }
 };
@@ -143,7 +149,16 @@ void NcclLayer::backward(const DeviceInputs& in, const DeviceOutputs& out, void*
               static_cast<cudaStream_t>(stream));
 }
 
-void NcclLayer::check_errors(void* stream) { impl_->core.check_errors(static_cast<cudaStream_t>(stream)); }
+void NcclLayer::check_errors(void* stream) {
+  try {
+    impl_->core.check_errors(static_cast<cudaStream_t>(stream));
+  } catch (const Error&) {
+    // A timeout (code 1) may leave a late peer's pass running against this rank's window: no
+    // further pass on this layer (Impl::pass refuses), whatever the caller does with the error.
+    if (impl_->core.last_error_code() == 1) impl_->broken = true;
+    throw;
+  }
+}
 int NcclLayer::rank() const { return impl_->rank; }
 const uint16_t* NcclLayer::y_slots() const { return impl_->passes->y_slots(); }
 const uint16_t* NcclLayer::dx_slots() const { return impl_->passes->dx_slots(); }
@@ -239,8 +254,9 @@ void time_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool 
     }
   }  // the timed layer's workspace and window are released before the traced one is built
   if (!options.trace) return;
-  // Every rank builds the traced layer and runs the same passes (window registration and the
-  // passes' barriers are collective): a warm forward, then the profiled forward and backward.
+  // Every rank builds the traced layer and runs the same passes (window registration is collective,
+  // and each pass waits for every rank to enter it): a warm forward, then the profiled forward and
+  // backward.
   NcclLayer traced(cfg, comm, sized_options(cfg, inputs, options));
   traced.forward(buf.in, buf.out);
   traced.check_errors();

@@ -7,6 +7,7 @@
 #include "mok/reference/validate.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -16,7 +17,7 @@ namespace {
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-WindowLayout WindowLayout::of(const spec::LayerConfig& c, size_t alignment) {
+WindowLayout WindowLayout::of(const spec::LayerConfig& c, size_t alignment, int copies) {
   const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k;
   WindowLayout l{};
   size_t at = 0;
@@ -26,6 +27,10 @@ WindowLayout WindowLayout::of(const spec::LayerConfig& c, size_t alignment) {
     return off;
   };
   for (int b = 0; b < 2; ++b) {
+    if (b == 1 && copies == 1) {
+      l.x[1] = l.x[0], l.topk[1] = l.topk[0], l.rw[1] = l.rw[0], l.d_output[1] = l.d_output[0];
+      break;
+    }
     l.x[b] = take(T * H * 2);
     l.topk[b] = take(T * K * 4);
     l.rw[b] = take(T * K * 4);
@@ -38,6 +43,92 @@ WindowLayout WindowLayout::of(const spec::LayerConfig& c, size_t alignment) {
   l.total = align_up(at, std::max<size_t>(alignment, 1));
   return l;
 }
+
+namespace {
+
+// What the staging kernel of one pass does (WindowPasses::pass).
+struct StageParams {
+  const uint32_t* words[kMaxRanks];  // every rank's pass word
+  int32_t ranks;
+  uint32_t previous;                 // wait until every word >= this (the pass before this one; 0: none)
+  int32_t copies;
+  const uint8_t* src[3];
+  uint8_t* dst[3];
+  uint64_t bytes[3];
+  uint32_t* arrivals;                // [2], reset once the wait is over
+  ErrorRecord* error;
+  uint64_t timeout_ns;
+  int32_t system_scope;
+};
+
+__device__ __forceinline__ uint64_t stage_now() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Every block's thread 0 waits, bounded, until every rank has entered the previous pass (so every
+// rank has finished the one before it, the last to read the copy written here); a rank with an
+// error pending copies nothing. Then the blocks copy the inputs and block 0 resets the arrivals.
+// On a timeout the error record names the missing rank (flag "pass entry"), and the layer's
+// kernel that follows, finding the error, does not enter the pass (enter_pass).
+__global__ void stage_window(const __grid_constant__ StageParams p) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    ok = *reinterpret_cast<volatile const uint32_t*>(&p.error->code) == 0u ? 1 : 0;
+    const uint64_t start = stage_now();
+    // ORDER: ranks ascending, so that a missing rank is reported the same way every time.
+    for (int q = 0; q < p.ranks && ok; ++q) {
+      for (;;) {
+        const uint32_t seen = *reinterpret_cast<volatile const uint32_t*>(p.words[q]);
+        if (seen >= p.previous) break;
+        if (*reinterpret_cast<volatile const uint32_t*>(&p.error->code) != 0u) {  // another block timed out
+          ok = 0;
+          break;
+        }
+        if (stage_now() - start > p.timeout_ns) {
+          if (atomicCAS(&p.error->code, 0u, 1u) == 0u) {
+            p.error->rank = q;
+            p.error->flag = kFlagPassEntry;
+            p.error->block = static_cast<int32_t>(blockIdx.x);
+            p.error->expected = p.previous;
+            p.error->observed = seen;
+            p.error->index = q;
+            __threadfence();
+          }
+          ok = 0;
+          break;
+        }
+        __nanosleep(256);
+      }
+    }
+    if (p.system_scope)
+      __threadfence_system();
+    else
+      __threadfence();
+  }
+  __syncthreads();
+  if (!ok) return;
+  const uint64_t threads = uint64_t{gridDim.x} * blockDim.x, me = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (int c = 0; c < p.copies; ++c) {
+    const uint8_t* src = p.src[c];
+    uint8_t* dst = p.dst[c];
+    const uint64_t n = p.bytes[c];
+    // 16-byte pieces where both ends are 16-byte aligned (the window's offsets are; inputs must be,
+    // check_pass_pointers), single bytes for the rest.
+    const bool vec = (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) % 16 == 0;
+    const uint64_t n16 = vec ? n / 16 : 0;
+    for (uint64_t i = me; i < n16; i += threads)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    for (uint64_t i = n16 * 16 + me; i < n; i += threads) dst[i] = src[i];
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    p.arrivals[0] = 0;
+    p.arrivals[1] = 0;
+  }
+}
+
+}  // namespace
 
 WindowPasses::WindowPasses(LayerCore& core, const WindowLayout& layout, int rank, std::vector<char*> bases)
     : core_(core), lay_(layout), rank_(rank), bases_(std::move(bases)) {
@@ -64,13 +155,22 @@ void WindowPasses::pass(const void* kernel, const DeviceInputs& in, const Device
   const spec::LayerConfig& c = core_.cfg();
   const size_t T = c.tokens_per_rank, H = c.hidden, K = c.top_k, R = bases_.size();
   char* own = bases_[rank_];
-  // Publish this rank's inputs into this pass's copy. Stream-ordered after this rank's previous
-  // pass; a peer may still be in it, reading the other copy.
+  StageParams sp{};
+  sp.ranks = static_cast<int32_t>(R);
+  for (size_t p = 0; p < R; ++p) sp.words[p] = reinterpret_cast<const uint32_t*>(bases_[p] + lay_.pass_word);
+  sp.previous = passes_;
+  auto copy = [&](const void* src, size_t offset, size_t bytes) {
+    sp.src[sp.copies] = static_cast<const uint8_t*>(src);
+    sp.dst[sp.copies] = reinterpret_cast<uint8_t*>(own + offset);
+    sp.bytes[sp.copies] = bytes;
+    ++sp.copies;
+  };
+  // This pass's copy of the inputs (a peer may still be in the last pass, reading the other copy).
   if (!backward) {
     const int b = static_cast<int>(forwards_++ & 1);
-    MOK_CUDA(cudaMemcpyAsync(own + lay_.x[b], in.x, T * H * 2, cudaMemcpyDeviceToDevice, s));
-    MOK_CUDA(cudaMemcpyAsync(own + lay_.topk[b], in.topk_experts, T * K * 4, cudaMemcpyDeviceToDevice, s));
-    MOK_CUDA(cudaMemcpyAsync(own + lay_.rw[b], in.router_weights, T * K * 4, cudaMemcpyDeviceToDevice, s));
+    copy(in.x, lay_.x[b], T * H * 2);
+    copy(in.topk_experts, lay_.topk[b], T * K * 4);
+    copy(in.router_weights, lay_.rw[b], T * K * 4);
     for (size_t p = 0; p < R; ++p) {
       PeerBuffers& pb = core_.peer(static_cast<int>(p));
       pb.x = reinterpret_cast<const uint16_t*>(bases_[p] + lay_.x[b]);
@@ -79,15 +179,28 @@ void WindowPasses::pass(const void* kernel, const DeviceInputs& in, const Device
     }
   } else {  // the backward reads the last forward's copies of x, topk and router weights
     const int b = static_cast<int>(backwards_++ & 1);
-    MOK_CUDA(cudaMemcpyAsync(own + lay_.d_output[b], in.d_output, T * H * 2, cudaMemcpyDeviceToDevice, s));
+    copy(in.d_output, lay_.d_output[b], T * H * 2);
     for (size_t p = 0; p < R; ++p)
       core_.peer(static_cast<int>(p)).d_output = reinterpret_cast<const uint16_t*>(bases_[p] + lay_.d_output[b]);
   }
-  // No peer pushes into this window before this rank has entered the pass (after this reset).
-  MOK_CUDA(cudaMemsetAsync(own + lay_.arrivals, 0, 8, s));
+  sp.arrivals = reinterpret_cast<uint32_t*>(own + lay_.arrivals);
+  sp.error = core_.error_record();
+  sp.timeout_ns = core_.timeout_ns();
+  sp.system_scope = R > 1 ? 1 : 0;
+  int device = 0, sms = 0;
+  MOK_CUDA(cudaGetDevice(&device));
+  MOK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  stage_window<<<sms, 256, 0, s>>>(sp);
+  MOK_CUDA(cudaGetLastError());
   core_.set_pass(++passes_, entry_wait);
+  core_.set_stall(stall_ns);
   core_.set_tensors(rank_, in, out, false);
   core_.launch(kernel, s);
+}
+
+void load_window_kernels() {
+  cudaFuncAttributes a{};
+  MOK_CUDA(cudaFuncGetAttributes(&a, stage_window));
 }
 
 OwnedDevice::~OwnedDevice() {
@@ -196,8 +309,16 @@ std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const 
   if (!split.delay_us.empty() && static_cast<int>(split.delay_us.size()) != R)
     throw Error("run_layer_split: delay_us has " + std::to_string(split.delay_us.size()) + " entries for R = " +
                 std::to_string(R));
-  for (double d : split.delay_us)
-    if (!(d >= 0 && d <= 1e7)) throw Error("run_layer_split: a delay must be in [0, 1e7] microseconds");
+  if (!split.stall_us.empty() && static_cast<int>(split.stall_us.size()) != R)
+    throw Error("run_layer_split: stall_us has " + std::to_string(split.stall_us.size()) + " entries for R = " +
+                std::to_string(R));
+  for (const std::vector<double>* v : {&split.delay_us, &split.stall_us})
+    for (double d : *v)
+      if (!(d >= 0 && d <= 1e7)) throw Error("run_layer_split: a delay or stall must be in [0, 1e7] microseconds");
+  if (const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING"); blocking && std::string(blocking) == "1")
+    throw Error("run_layer_split: the ranks' launches must run at the same time, and CUDA_LAUNCH_BLOCKING=1 runs "
+                "them one after another (each would wait for the others until the timeout); unset it",
+                ErrorKind::kUnsupported);
   for (const ref::TensorMap& in : input_sets) ref::validate_inputs(cfg, in, backward);
   // Every rank's workspace holds the most rows any set routes to a rank.
   KernelOptions sized = options;
@@ -206,7 +327,7 @@ std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const 
     for (const ref::TensorMap& in : input_sets) most = std::max(most, sized_options(cfg, in, options).row_capacity);
     sized.row_capacity = most;
   }
-  const WindowLayout lay = WindowLayout::of(cfg, 256);
+  const WindowLayout lay = WindowLayout::of(cfg, 256, split.single_copy ? 1 : 2);
   OwnedDevice windows;
   std::vector<char*> bases(R);
   for (int r = 0; r < R; ++r) {
@@ -222,6 +343,7 @@ std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const 
     cores.back()->set_cooperative(false);
     passes.push_back(std::make_unique<WindowPasses>(*cores.back(), lay, r, bases));
     passes.back()->entry_wait = !split.skip_entry_wait;
+    if (!split.stall_us.empty()) passes.back()->stall_ns = static_cast<uint64_t>(split.stall_us[r] * 1e3);
   }
   Streams streams;
   for (int r = 0; r < R; ++r) {
@@ -232,12 +354,19 @@ std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const 
   std::vector<std::vector<std::unique_ptr<RankBuffers>>> bufs(input_sets.size());
   for (size_t i = 0; i < input_sets.size(); ++i)
     for (int r = 0; r < R; ++r) bufs[i].push_back(std::make_unique<RankBuffers>(cfg, input_sets[i], backward, r));
+  // However this function ends (an exception while passes are queued included), the device is idle
+  // before the buffers, workspaces and windows above are freed: queued passes end, at the latest,
+  // in their bounded waits.
+  struct IdleBeforeFree {
+    ~IdleBeforeFree() { cudaDeviceSynchronize(); }
+  } idle_before_free;
   // Every kernel a stream below launches is loaded now: with lazy module loading (CUDA's default)
   // a kernel's first launch may wait for the device's running kernels, and a rank's pass waits for
   // the other ranks' launches, so loading the delay kernel behind one would deadlock until the
   // timeout. (The layer's kernels were loaded by LayerCore's occupancy queries.)
   cudaFuncAttributes loaded{};
   MOK_CUDA(cudaFuncGetAttributes(&loaded, wait_ns));
+  load_window_kernels();
   MOK_CUDA(cudaDeviceSynchronize());  // the uploads and zeroed results (legacy stream) before any pass
   auto one_pass = [&](int r, size_t i, bool bwd) {
     if (!split.delay_us.empty() && split.delay_us[r] > 0) {

@@ -21,14 +21,17 @@ struct WindowLayout {
   size_t x[2], topk[2], rw[2], d_output[2];
   size_t y_slots, dx_slots, arrivals, pass_word, total;
   // `alignment`: the window's size is rounded up to it (NCCL's NCCL_WIN_REQUIRED_ALIGNMENT).
-  static WindowLayout of(const spec::LayerConfig& cfg, size_t alignment);
+  // copies 1 (tests only: SplitRackOptions::single_copy) makes both parities one copy.
+  static WindowLayout of(const spec::LayerConfig& cfg, size_t alignment, int copies = 2);
 };
 
 // One rank's passes over its window. bases[p] is rank p's window as this GPU addresses it (an LSA
 // pointer for NCCL; bases[rank] is the rank's own). Sets the peers' PeerBuffers in `core` at
-// construction; pass() copies this rank's inputs into its window on `stream`, resets its arrival
-// counters and launches with the pass number, which every rank counts alike (every rank runs the
-// same sequence of passes, each pass of a rank stream-ordered after the one before).
+// construction; pass() launches on `stream` a staging kernel, which waits until every rank has
+// entered the previous pass (bounded; a timeout is the pass's error), then copies this rank's
+// inputs into this pass's copy in its window and resets its arrival counters, and then the
+// layer's kernel with the pass number, which every rank counts alike (every rank runs the same
+// sequence of passes, each pass of a rank stream-ordered after the one before).
 class WindowPasses {
  public:
   WindowPasses(LayerCore& core, const WindowLayout& layout, int rank, std::vector<char*> bases);
@@ -36,6 +39,7 @@ class WindowPasses {
   const uint16_t* y_slots() const { return reinterpret_cast<const uint16_t*>(bases_[rank_] + lay_.y_slots); }
   const uint16_t* dx_slots() const { return reinterpret_cast<const uint16_t*>(bases_[rank_] + lay_.dx_slots); }
   bool entry_wait = true;  // false: launches without the pass-entry wait (SplitRackOptions::skip_entry_wait)
+  uint64_t stall_ns = 0;   // tests only: LaunchParams::stall_ns of this rank's launches
 
  private:
   LayerCore& core_;
@@ -44,6 +48,11 @@ class WindowPasses {
   std::vector<char*> bases_;
   uint32_t forwards_ = 0, backwards_ = 0, passes_ = 0;
 };
+
+// Loads the staging kernel now. With lazy module loading (CUDA's default) a kernel's first launch
+// may wait for the kernels running on the device; on one GPU holding several ranks (the split
+// rack) those wait for the very stream that launches it.
+void load_window_kernels();
 
 // The result tensors of a pass (global shapes, zeros): outputs, gradients and slot intermediates.
 ref::TensorMap empty_results(const spec::LayerConfig& cfg, bool backward);

@@ -41,6 +41,17 @@ using namespace mok;
     if (!kernel::nccl_available(&why)) GTEST_SKIP() << why; \
   } while (0)
 
+// The split rack's tests: the ranks' launches must run at once (split_rack.hpp), which
+// CUDA_LAUNCH_BLOCKING=1 forbids (run_layer_split refuses it).
+#define REQUIRE_GPU_SPLIT()                                                                     \
+  do {                                                                                          \
+    REQUIRE_GPU();                                                                              \
+    const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");                                 \
+    if (blocking && std::string(blocking) == "1") {                                             \
+      GTEST_SKIP() << "CUDA_LAUNCH_BLOCKING=1 runs the split rack's launches one after another"; \
+    }                                                                                           \
+  } while (0)
+
 int visible_devices() {
   int devices = 0;
   cudaGetDeviceCount(&devices);
@@ -410,7 +421,7 @@ TEST(Kernel, NcclTransportMatchesTheVirtualRack) {
 // read a peer's window before the peer published this set's copy, or a copy a peer still read,
 // would differ.
 TEST(Kernel, SplitRackMatchesTheVirtualRackPassAfterPass) {
-  REQUIRE_GPU();
+  REQUIRE_GPU_SPLIT();
   const std::vector<std::string> routings{"uniform", "zipf:1.2", "hot:2:10"};
   for (const bool fast : {false, true}) {
     for (int R : {2, 4, 8}) {
@@ -430,8 +441,9 @@ TEST(Kernel, SplitRackMatchesTheVirtualRackPassAfterPass) {
         const std::string what = std::string(fast ? "fast" : "slow") + " R=" + std::to_string(R) + " set " +
                                  std::to_string(i) + " (" + routings[i] + ")";
         // Only the last set keeps its intermediates; the earlier sets' results are outputs and grads.
-        if (i + 1 < sets.size())
+        if (i + 1 < sets.size()) {
           for (const auto& [p, t] : got[i]) EXPECT_NE(p.rfind("intermediates/", 0), 0u) << what << ": " << p;
+        }
         expect_bitwise(want, got[i], cfg, "split rack " + what);
       }
     }
@@ -440,7 +452,7 @@ TEST(Kernel, SplitRackMatchesTheVirtualRackPassAfterPass) {
 
 // A rank that never enters a pass is named in its peers' timeout, not a hang.
 TEST(Kernel, SplitRackNamesARankThatNeverEnters) {
-  REQUIRE_GPU();
+  REQUIRE_GPU_SPLIT();
   const spec::LayerConfig cfg{64, 32, 32, 8, 2, 4, 16};
   const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 5);
   kernel::KernelOptions o;
@@ -459,10 +471,11 @@ TEST(Kernel, SplitRackNamesARankThatNeverEnters) {
 
 // The entry wait is what keeps a rank from reading a window before its owner has published it:
 // without it (SplitRackOptions::skip_entry_wait), with one rank 50 ms late, the early ranks read
-// its window's zeroed routing (expert 0 twice in a row: the device's routing check stops the
-// pass) or push into it before it resets its arrivals, so the run fails or its results differ.
+// its window's zeroed routing (expert 0 in every slot: more rows than the workspace holds, or the
+// device's routing check) or push into it before it resets its arrivals, so the run fails or its
+// results differ (the GPU runs so far failed on the workspace).
 TEST(Kernel, SplitRackNeedsTheEntryWait) {
-  REQUIRE_GPU();
+  REQUIRE_GPU_SPLIT();
   const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
   const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 9);
   kernel::KernelOptions o;
@@ -486,6 +499,77 @@ TEST(Kernel, SplitRackNeedsTheEntryWait) {
   }
   EXPECT_TRUE(wrong) << "without the entry wait the late rank's window was read before it was published, yet " << how;
   std::printf("[   NOTE   ] without the entry wait: %s\n", how.c_str());
+}
+
+// The second copy of each window input is what lets a rank run into the next pass while a peer
+// is still reading this one. Set 0 sends no token across ranks, so rank 0 finishes its first
+// forward without rank 1, which stalls 30 ms after entering it; rank 0 then stages set 1, whose
+// tokens all cross, into its window. With two copies rank 1 still reads set 0's routing there and
+// both sets are bit for bit the virtual rack's; with one (SplitRackOptions::single_copy) it reads
+// set 1's, counts rank 0's tokens as its experts' rows, twice what its workspace holds, and the
+// run fails (or, were the workspace larger, its results would differ).
+TEST(Kernel, SplitRackNeedsTheSecondCopy) {
+  REQUIRE_GPU_SPLIT();
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
+  std::vector<ref::TensorMap> sets;
+  for (int set = 0; set < 2; ++set) {
+    ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 40 + set);
+    int32_t* topk = in.at("inputs/topk_experts").data<int32_t>();
+    for (int64_t t = 0; t < cfg.num_tokens(); ++t) {
+      const int64_t home = t / cfg.tokens_per_rank;          // the token's rank
+      const int64_t to = set == 0 ? home : 1 - home;          // set 0: its own rank's experts; set 1: the other's
+      for (int64_t k = 0; k < cfg.top_k; ++k) topk[t * cfg.top_k + k] = static_cast<int32_t>(to * 4 + (t + k) % 4);
+    }
+    sets.push_back(std::move(in));
+  }
+  kernel::KernelOptions o;
+  o.wait_timeout_s = 2;
+  kernel::SplitRackOptions split;
+  split.stall_us = {0.0, 30000.0};
+  const std::vector<ref::TensorMap> got = kernel::run_layer_split(cfg, sets, false, o, split);
+  for (size_t i = 0; i < sets.size(); ++i) {
+    ref::TensorMap want = kernel::run_layer(cfg, sets[i], false);
+    for (auto& [p, t] : sets[i]) want[p] = t;
+    expect_bitwise(want, got[i], cfg, "split rack, rank 1 stalled, set " + std::to_string(i));
+  }
+  split.single_copy = true;
+  bool wrong = false;
+  std::string how;
+  try {
+    const std::vector<ref::TensorMap> one = kernel::run_layer_split(cfg, sets, false, o, split);
+    for (size_t i = 0; i < sets.size(); ++i) {
+      const ref::Tensor& a = kernel::run_layer(cfg, sets[i], false).at("outputs/output");
+      const ref::Tensor& b = one[i].at("outputs/output");
+      if (std::memcmp(a.raw(), b.raw(), a.size_bytes()) != 0) wrong = true;
+    }
+    how = wrong ? "an output differs" : "every output matched";
+  } catch (const Error& e) {
+    wrong = true;
+    how = e.what();
+  }
+  EXPECT_TRUE(wrong) << "with one copy the stalled rank read the next set's routing, yet " << how;
+  std::printf("[   NOTE   ] with one copy: %s\n", how.c_str());
+}
+
+// A windowed pass refuses to start once a wait has timed out: the stalled rank's peers time out
+// (timeout 0.2 s, stall 1 s) and the run says which rank and flag, in the first rank's words.
+TEST(Kernel, SplitRackTimeoutNamesTheLateRank) {
+  REQUIRE_GPU_SPLIT();
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
+  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 12);
+  kernel::KernelOptions o;
+  o.wait_timeout_s = 0.2;
+  kernel::SplitRackOptions split;
+  split.delay_us = {0.0, 1000000.0};
+  try {
+    kernel::run_layer_split(cfg, {in, in}, false, o, split);
+    FAIL() << "a rank 1 s late with a 0.2 s timeout was not reported";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("split rack rank 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1 (block"), std::string::npos) << m;
+    EXPECT_NE(m.find("pass entry"), std::string::npos) << m;
+  }
 }
 
 // The benchmark entry of the NCCL transport (mok-bench --transport nccl): every rank's time of

@@ -21,11 +21,14 @@ bool nccl_available(std::string* why);
 // communicator's size and every rank must be in one LSA (NVLink) team. The rank's tensors are
 // its own: x, topk_experts, router_weights, d_output [T, ...], its experts' weights
 // [E/R, ...], the shared weights; results for its tokens and experts (DeviceOutputs without
-// rank offsets; shared-expert gradients [Is, H] of this rank). Each pass copies the exposed
-// inputs into the rank's window (one of two copies, by parity) on `stream` before the launch, and
-// the kernel waits on entry until every rank has entered the same pass (no host barrier, no host
-// synchronisation). Every rank must run the same sequence of passes, each rank's passes ordered
-// on its streams. Bits equal the virtual rack's for the same global inputs and R.
+// rank offsets; shared-expert gradients [Is, H] of this rank). Each pass launches on `stream` a
+// staging kernel, which waits until every rank has entered the previous pass and copies the
+// exposed inputs into the rank's window (one of two copies, by parity), and then the layer's
+// kernel, which waits on entry until every rank has entered the same pass (no host barrier, no
+// host synchronisation; kernel/README.md, "Transports"). Every rank must run the same sequence of
+// passes, each rank's passes ordered on its streams. Once check_errors() has reported a timeout,
+// the layer refuses further passes (a late rank may since have pushed into this rank's window):
+// build a new one on every rank. Bits equal the virtual rack's for the same global inputs and R.
 class NcclLayer {
  public:
   NcclLayer(const spec::LayerConfig& cfg, void* nccl_comm, const KernelOptions& options = {});

@@ -128,7 +128,7 @@ struct RankState {
   uint32_t* row_ready;        // [capacity]: dispatch epoch of each gathered x row
   uint32_t* row_ready_bwd;    // [capacity]: same for d_output rows
   uint32_t* counters;         // [8]: barrier count, barrier generation, shared done (fwd, bwd), expected arrivals,
-                              // GEMM items claimed, weight-gradient items claimed
+                              // GEMM items claimed, weight-gradient items claimed, pass entered (enter_pass)
   uint32_t* expert_counts;    // [E_local]: routed rows per local expert, counted by every block of the rank
                               // (zeroed before every pass; expert_offsets follow from them)
   uint32_t* block_counts;     // [E_local, block_counts_stride(blocks_per_rank)]: the same counts per block of the
@@ -227,6 +227,7 @@ struct LaunchParams {
   int32_t pass_entry;             // 1: before touching any window, every block waits until every rank has
                                   // entered pass pass_seq (enter_pass in device/sync.cuh); 0 on the virtual
                                   // rack; 2 (tests only): the rank says it entered but does not wait
+  uint64_t stall_ns;              // tests only (split rack): every block waits this long after entering (0: none)
   uint64_t timeout_ns;            // bound on every wait
   PeerBuffers peers[kMaxRanks];
   RankState state[kMaxRanks];

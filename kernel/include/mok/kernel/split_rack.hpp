@@ -18,6 +18,12 @@ struct SplitRackOptions {
   // Launch without the pass-entry wait (enter_pass): a rank may then read a window before its
   // owner has published it. Only for the test that shows the wait is needed.
   bool skip_entry_wait = false;
+  // Per rank (empty: none): after entering each pass, the rank's blocks wait this many
+  // microseconds before they read any window, so that a peer may run ahead into the next pass.
+  std::vector<double> stall_us;
+  // One copy of each window input instead of two: a peer that runs ahead may then overwrite a copy
+  // a stalled rank is about to read. Only for the test that shows the second copy is needed.
+  bool single_copy = false;
 };
 
 // Runs the layer with every rank as its own launch on its own stream of the current GPU, as the
@@ -30,9 +36,12 @@ struct SplitRackOptions {
 // Returns each set's results like run_layer, bit for bit the same; the slot intermediates and the
 // workspace intermediates only for the last set (later passes overwrite them). The ranks' blocks
 // share the GPU: blocks_per_rank 0 gives each rank an equal share of what fits beside one more
-// rank's worth left free (for the copies and waits queued between passes). Throws mok::Error with
-// the first rank's diagnostic when a pass fails (a rank that never enters a pass is named in its
-// peers' timeout).
+// rank's worth left free (for the staging kernels and waits queued between passes). The ranks'
+// launches must run at the same time: with CUDA_LAUNCH_BLOCKING=1 (refused, kUnsupported), under a
+// tool that serialises kernels (compute-sanitizer, some profilers) or where the blocks counted as
+// co-resident are not all available (MPS, MIG limits), a pass waits for a rank that cannot start
+// and ends in the timeout's diagnostic. Throws mok::Error with the first rank's diagnostic when a
+// pass fails (a rank that never enters a pass is named in its peers' timeout).
 std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const std::vector<ref::TensorMap>& input_sets,
                                             bool backward, const KernelOptions& options = {},
                                             const SplitRackOptions& split = {});

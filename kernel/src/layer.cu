@@ -422,6 +422,16 @@ void LayerCore::check_errors(cudaStream_t stream) {
         << host_.cfg.num_experts << "); ids must be -1 or in [0, E) and distinct in a row";
     throw Error(s.str(), ErrorKind::kBadInput);
   }
+  if (e.flag == kFlagPassEntry) {  // windowed transports: e.rank is the rank waited for (enter_pass, stage_wait)
+    s << "kernel: rank " << first_rank_ << (e.block < 0 ? "'s staging of pass " : "'s entry into pass ")
+      << (e.block < 0 ? e.expected + 1 : e.expected) << " timed out after " << options_.wait_timeout_s
+      << " s: rank " << e.rank << " had not entered pass " << e.expected << " (its pass word read " << e.observed
+      << "; flag '" << flag_name(e.flag) << "'). That rank stopped (crashed, hung, or never launched: look for its "
+      << "own error first), or its launch could not start beside the others (the split rack needs every rank's "
+      << "launch at once: not under CUDA_LAUNCH_BLOCKING, a serialising tool, MPS or MIG limits); under a profiler "
+      << "or sanitizer, which slow the kernel, raise KernelOptions::wait_timeout_s.";
+    throw Error(s.str(), ErrorKind::kInternal);
+  }
   s << "kernel: rank " << e.rank << " (block " << e.block << ") timed out after " << options_.wait_timeout_s
     << " s waiting for flag '" << flag_name(e.flag) << "'";
   if (e.index >= 0) s << " [index " << e.index << "]";

@@ -67,41 +67,46 @@ __device__ __forceinline__ uint64_t stage_now() {
   return t;
 }
 
-// Every block's thread 0 waits, bounded, until every rank has entered the previous pass (so every
-// rank has finished the one before it, the last to read the copy written here); a rank with an
-// error pending copies nothing. Then the blocks copy the inputs and block 0 resets the arrivals.
-// On a timeout the error record names the missing rank (flag "pass entry"), and the layer's
-// kernel that follows, finding the error, does not enter the pass (enter_pass).
-__global__ void stage_window(const __grid_constant__ StageParams p) {
+// One thread waits, bounded, until every rank has entered the previous pass (so every rank has
+// finished the one before it, the last to read the copy stage_copy writes). On a timeout the
+// error record names the missing rank (flag "pass entry"); a rank with an error pending does not
+// wait. One block: while it polls it holds a few registers of one SM, never the SMs that another
+// rank's launch on the same GPU (the split rack) needs to start.
+__global__ void stage_wait(const __grid_constant__ StageParams p) {
+  if (threadIdx.x != 0) return;
+  if (*reinterpret_cast<volatile const uint32_t*>(&p.error->code) != 0u) return;
+  const uint64_t start = stage_now();
+  // ORDER: ranks ascending, so that a missing rank is reported the same way every time.
+  for (int q = 0; q < p.ranks; ++q) {
+    for (;;) {
+      const uint32_t seen = *reinterpret_cast<volatile const uint32_t*>(p.words[q]);
+      if (seen >= p.previous) break;
+      if (stage_now() - start > p.timeout_ns) {
+        if (atomicCAS(&p.error->code, 0u, 1u) == 0u) {
+          p.error->rank = q;
+          p.error->flag = kFlagPassEntry;
+          p.error->block = -1;  // the staging kernel, not a block of the layer's
+          p.error->expected = p.previous;
+          p.error->observed = seen;
+          p.error->index = q;
+          __threadfence();
+        }
+        return;
+      }
+      __nanosleep(256);
+    }
+  }
+}
+
+// After stage_wait on the same stream: unless an error is pending (the wait timed out, or an
+// earlier pass failed), the blocks copy this pass's inputs into the window and block 0 resets the
+// arrival counters; then the layer's kernel, finding any error, does not enter the pass.
+__global__ void stage_copy(const __grid_constant__ StageParams p) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
     ok = *reinterpret_cast<volatile const uint32_t*>(&p.error->code) == 0u ? 1 : 0;
-    const uint64_t start = stage_now();
-    // ORDER: ranks ascending, so that a missing rank is reported the same way every time.
-    for (int q = 0; q < p.ranks && ok; ++q) {
-      for (;;) {
-        const uint32_t seen = *reinterpret_cast<volatile const uint32_t*>(p.words[q]);
-        if (seen >= p.previous) break;
-        if (*reinterpret_cast<volatile const uint32_t*>(&p.error->code) != 0u) {  // another block timed out
-          ok = 0;
-          break;
-        }
-        if (stage_now() - start > p.timeout_ns) {
-          if (atomicCAS(&p.error->code, 0u, 1u) == 0u) {
-            p.error->rank = q;
-            p.error->flag = kFlagPassEntry;
-            p.error->block = static_cast<int32_t>(blockIdx.x);
-            p.error->expected = p.previous;
-            p.error->observed = seen;
-            p.error->index = q;
-            __threadfence();
-          }
-          ok = 0;
-          break;
-        }
-        __nanosleep(256);
-      }
-    }
+    // What stage_wait saw of the peers' words orders what follows (its writes are visible here:
+    // kernel boundary); the peers' reads of the old copy ended before they entered the pass.
     if (p.system_scope)
       __threadfence_system();
     else
@@ -190,7 +195,9 @@ void WindowPasses::pass(const void* kernel, const DeviceInputs& in, const Device
   int device = 0, sms = 0;
   MOK_CUDA(cudaGetDevice(&device));
   MOK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  stage_window<<<sms, 256, 0, s>>>(sp);
+  stage_wait<<<1, 32, 0, s>>>(sp);
+  MOK_CUDA(cudaGetLastError());
+  stage_copy<<<sms, 256, 0, s>>>(sp);
   MOK_CUDA(cudaGetLastError());
   core_.set_pass(++passes_, entry_wait);
   core_.set_stall(stall_ns);
@@ -200,7 +207,8 @@ void WindowPasses::pass(const void* kernel, const DeviceInputs& in, const Device
 
 void load_window_kernels() {
   cudaFuncAttributes a{};
-  MOK_CUDA(cudaFuncGetAttributes(&a, stage_window));
+  MOK_CUDA(cudaFuncGetAttributes(&a, stage_wait));
+  MOK_CUDA(cudaFuncGetAttributes(&a, stage_copy));
 }
 
 OwnedDevice::~OwnedDevice() {

@@ -139,7 +139,9 @@ __device__ inline bool enter_pass(const LaunchParams& P, bool first_block) {
         atomicExch(P.abort, 1u);  // the rank's other blocks stop waiting (a timeout has said so already)
       }
     } else {
-      // Bounded by the first block's own bounded wait, which ends in `entered` or the abort word.
+      // Ends with the first block's own bounded wait (in `entered` or the abort word); bounded here
+      // too, at twice the timeout, for a first block that never became resident.
+      const uint64_t start = global_time_ns();
       for (;;) {
         if (load_volatile(entered) != 0u) {
           acquire_fence(P);
@@ -147,6 +149,11 @@ __device__ inline bool enter_pass(const LaunchParams& P, bool first_block) {
           break;
         }
         if (load_volatile(P.abort) != 0u) {
+          ok = 0;
+          break;
+        }
+        if (global_time_ns() - start > 2 * P.timeout_ns) {
+          raise_error(P, 1, P.first_rank, kFlagPassEntry, P.pass_seq, 0, P.first_rank);
           ok = 0;
           break;
         }

@@ -72,7 +72,7 @@ struct NcclLayer::Impl {
   ncclWindow_t window{};
   detail::LayerCore core;
   std::unique_ptr<detail::WindowPasses> passes;
-  bool broken = false;  // a wait timed out (check_errors): the windows may hold a late peer's pushes
+  std::string broken;  // why no further pass may run (check_errors), or empty
 
   // The device API's window reads need the library of the headers' version (nccl_available): a
   // caller that constructs an NcclLayer without asking first gets the reason, not a fault.
@@ -124,10 +124,7 @@ struct NcclLayer::Impl {
   // No host barrier: the kernel's entry wait (enter_pass) orders the ranks, and the window's
   // parity copies keep a copy for this pass clear of a peer still in the last one (windowed.cuh).
   void pass(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, bool backward, cudaStream_t s) {
-    if (broken)
-      throw Error("NcclLayer: a wait timed out in an earlier pass (reported by check_errors()), so a late rank may "
-                  "since have pushed into this rank's window; build a new NcclLayer on every rank",
-                  ErrorKind::kBadInput);
+    if (!broken.empty()) throw Error("NcclLayer: " + broken + "; build a new NcclLayer on every rank", ErrorKind::kBadInput);
     passes->pass(kernel, in, out, backward, s);
   }
 };
@@ -153,9 +150,19 @@ void NcclLayer::check_errors(void* stream) {
   try {
     impl_->core.check_errors(static_cast<cudaStream_t>(stream));
   } catch (const Error&) {
-    // A timeout (code 1) may leave a late peer's pass running against this rank's window: no
-    // further pass on this layer (Impl::pass refuses), whatever the caller does with the error.
-    if (impl_->core.last_error_code() == 1) impl_->broken = true;
+    // No further pass on this layer (Impl::pass refuses), whatever the caller does with the error:
+    // after a timeout (code 1), a late peer's pass may still run against this rank's window; and a
+    // pass launched while the error was pending was skipped by this rank (enter_pass), so the
+    // ranks' pass counts no longer agree.
+    uint32_t entered = 0;
+    MOK_CUDA(cudaMemcpy(&entered, impl_->passes->own_pass_word(), sizeof entered, cudaMemcpyDeviceToHost));
+    if (impl_->core.last_error_code() == 1)
+      impl_->broken = "a wait timed out in an earlier pass (reported by check_errors()), so a late rank may since "
+                      "have pushed into this rank's window";
+    else if (entered < impl_->passes->passes_launched())
+      impl_->broken = "a pass was launched while an earlier pass's error was pending, and this rank skipped it, so "
+                      "the ranks' pass counts no longer agree (call check_errors() after every pass to keep a layer "
+                      "past a bad input)";
     throw;
   }
 }

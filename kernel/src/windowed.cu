@@ -390,16 +390,17 @@ std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const 
     if (backward)
       for (int r = 0; r < R; ++r) one_pass(r, i, true);
   }
-  // The first rank's diagnostic (in rank order), after every stream has ended.
-  std::string first_error;
+  // Every rank's diagnostic, in rank order, after every stream has ended (the first is often a
+  // timeout caused by another rank's own error).
+  std::string errors;
   for (int r = 0; r < R; ++r) {
     try {
       cores[r]->check_errors(streams.s[r]);
     } catch (const Error& e) {
-      if (first_error.empty()) first_error = "split rack rank " + std::to_string(r) + ": " + e.what();
+      errors += (errors.empty() ? "" : "\n") + std::string("split rack rank ") + std::to_string(r) + ": " + e.what();
     }
   }
-  if (!first_error.empty()) throw Error(first_error);
+  if (!errors.empty()) throw Error(errors);
   std::vector<ref::TensorMap> results;
   for (size_t i = 0; i < input_sets.size(); ++i) {
     ref::TensorMap result = empty_results(cfg, backward);

@@ -38,6 +38,9 @@ class WindowPasses {
   void pass(const void* kernel, const DeviceInputs& in, const DeviceOutputs& out, bool backward, cudaStream_t stream);
   const uint16_t* y_slots() const { return reinterpret_cast<const uint16_t*>(bases_[rank_] + lay_.y_slots); }
   const uint16_t* dx_slots() const { return reinterpret_cast<const uint16_t*>(bases_[rank_] + lay_.dx_slots); }
+  // Passes launched so far, and this rank's pass word (device memory: the last pass it entered).
+  uint32_t passes_launched() const { return passes_; }
+  const uint32_t* own_pass_word() const { return reinterpret_cast<const uint32_t*>(bases_[rank_] + lay_.pass_word); }
   bool entry_wait = true;  // false: launches without the pass-entry wait (SplitRackOptions::skip_entry_wait)
   uint64_t stall_ns = 0;   // tests only: LaunchParams::stall_ns of this rank's launches
 

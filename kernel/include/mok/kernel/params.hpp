@@ -234,7 +234,8 @@ struct LaunchParams {
   RankTensors tensors[kMaxRanks];
   const RankTensorMaps* maps;     // [2 * kMaxRanks] in device memory (only the launch's ranks written): rank
                                   // r's MN-major set at r, its K-major set at kMaxRanks + r; the one array too
-                                  // large for the kernel parameter (295 KB at 72 ranks)
+                                  // large for the kernel parameter (295 KB at 72 ranks); one of the layer's
+                                  // four device slots of them (LayerCore::launch)
   int32_t fast;                   // 1: the fast engine (sm_90a, TMA maps valid, H, I, Is multiples of 64)
   int32_t system_scope;           // 1: peers are other GPUs: cross-rank signals use system-scope fences
   int32_t bulk_gather;            // 1: the forward gathers x rows by TMA bulk copies (fast engine only; same bytes)
@@ -270,7 +271,7 @@ inline const char* flag_name(int32_t flag) {
     case kFlagBackwardArrivals: return "backward arrivals (dx rows pushed into this rank's slots)";
     case kFlagSharedBackward: return "shared expert backward done";
     case kFlagBadRouting: return "routing validation";
-    case kFlagPassEntry: return "pass entry (a peer rank has not started this pass, so its window's inputs are not published)";
+    case kFlagPassEntry: return "pass entry (a rank has not entered the pass waited for, so its window is not ready)";
     case kFlagTileDone: return "row tile's first GEMM done (all its column tiles)";
     default: return "unknown flag";
   }

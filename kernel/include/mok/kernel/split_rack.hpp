@@ -40,8 +40,9 @@ struct SplitRackOptions {
 // launches must run at the same time: with CUDA_LAUNCH_BLOCKING=1 (refused, kUnsupported), under a
 // tool that serialises kernels (compute-sanitizer, some profilers) or where the blocks counted as
 // co-resident are not all available (MPS, MIG limits), a pass waits for a rank that cannot start
-// and ends in the timeout's diagnostic. Throws mok::Error with the first rank's diagnostic when a
-// pass fails (a rank that never enters a pass is named in its peers' timeout).
+// and ends in the timeout's diagnostic. Throws mok::Error with every failed rank's diagnostic, one
+// line each in rank order, when a pass fails (a rank that never enters a pass is named in its
+// peers' timeouts).
 std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const std::vector<ref::TensorMap>& input_sets,
                                             bool backward, const KernelOptions& options = {},
                                             const SplitRackOptions& split = {});

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -386,6 +387,25 @@ void check_determinism(const spec::LayerConfig& base) {
   }
 }
 
+// A layer (R = 4) whose rank `silent` does nothing must end in a timeout whose message holds every
+// one of `wants`, not hang: `run` runs a forward with the options it is given.
+void expect_silent_rank_timeout(
+    const std::function<void(const spec::LayerConfig&, const ref::TensorMap&, const kernel::KernelOptions&)>& run,
+    int silent, double timeout_s, const std::vector<std::string>& wants) {
+  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 4, 16};
+  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 5);
+  kernel::KernelOptions o;
+  o.silent_rank = silent;
+  o.wait_timeout_s = timeout_s;
+  try {
+    run(cfg, in, o);
+    FAIL() << "rank " << silent << ", which never signals, was not detected";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const std::string& w : wants) EXPECT_NE(m.find(w), std::string::npos) << "want '" << w << "' in: " << m;
+  }
+}
+
 // The NCCL transport (symmetric windows, LSA pointers) against the virtual rack: bit for bit.
 // One rank runs on any GPU; more ranks need that many GPUs (skipped otherwise).
 TEST(Kernel, NcclTransportMatchesTheVirtualRack) {
@@ -453,20 +473,11 @@ TEST(Kernel, SplitRackMatchesTheVirtualRackPassAfterPass) {
 // A rank that never enters a pass is named in its peers' timeout, not a hang.
 TEST(Kernel, SplitRackNamesARankThatNeverEnters) {
   REQUIRE_GPU_SPLIT();
-  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 4, 16};
-  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 5);
-  kernel::KernelOptions o;
-  o.silent_rank = 1;
-  o.wait_timeout_s = 0.3;
-  try {
-    kernel::run_layer_split(cfg, {in}, false, o);
-    FAIL() << "a rank that never entered was not detected";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("timed out"), std::string::npos) << m;
-    EXPECT_NE(m.find("pass entry"), std::string::npos) << m;
-    EXPECT_NE(m.find("rank 1 had not entered pass 1"), std::string::npos) << m;
-  }
+  expect_silent_rank_timeout(
+      [](const spec::LayerConfig& cfg, const ref::TensorMap& in, const kernel::KernelOptions& o) {
+        kernel::run_layer_split(cfg, {in}, false, o);
+      },
+      1, 0.3, {"timed out", "pass entry", "rank 1 had not entered pass 1"});
 }
 
 // The entry wait is what keeps a rank from reading a window before its owner has published it:
@@ -649,20 +660,11 @@ TEST(NcclTimes, MedianOfTheSlowestRank) {
 
 TEST(Kernel, SilentRankEndsInADiagnosticNotAHang) {
   REQUIRE_GPU();
-  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 4, 16};
-  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 5);
-  kernel::KernelOptions o;
-  o.silent_rank = 2;
-  o.wait_timeout_s = 0.2;
-  try {
-    kernel::run_layer(cfg, in, false, o);
-    FAIL() << "a rank that never signals was not detected";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("timed out"), std::string::npos) << m;
-    EXPECT_NE(m.find("forward arrivals"), std::string::npos) << m;
-    EXPECT_NE(m.find("rank "), std::string::npos) << m;
-  }
+  expect_silent_rank_timeout(
+      [](const spec::LayerConfig& cfg, const ref::TensorMap& in, const kernel::KernelOptions& o) {
+        kernel::run_layer(cfg, in, false, o);
+      },
+      2, 0.2, {"timed out", "forward arrivals", "rank "});
 }
 
 // Bytes of a golden-schema tensor of this config.

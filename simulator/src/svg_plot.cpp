@@ -174,6 +174,29 @@ void check_plot_request(const nlohmann::json& req, const std::vector<SweepPoint>
     names += " " + n;
   }
   if (!found) throw Error(origin + ": plot y '" + y_name + "' is not a metric; metrics:" + names);
+  // A metric of a phase that no point's /protocol/phases simulates (combine_us in a dispatch-only
+  // sweep) would draw no line: refused here, before the runs (it used to be found after them).
+  // flat_metrics' names: dispatch_*, combine_*, and compute_max_us (both phases).
+  const bool needs_dispatch = y_name.rfind("dispatch_", 0) == 0 || y_name == "compute_max_us";
+  const bool needs_combine = y_name.rfind("combine_", 0) == 0 || y_name == "compute_max_us";
+  bool any = !needs_dispatch && !needs_combine;
+  for (size_t i = 0; i < points.size() && !any; ++i) {
+    const nlohmann::json& doc = points[i].doc;
+    const nlohmann::json* ph = nullptr;
+    if (doc.contains("protocol") && doc["protocol"].is_object() && doc["protocol"].contains("phases"))
+      ph = &doc["protocol"]["phases"];
+    if (!ph || !ph->is_string() || *ph == "layer") {
+      any = true;  // the whole layer (an unusable value is the run's own error to report)
+    } else {
+      const std::string v = ph->get<std::string>();
+      any = (v == "dispatch" && !needs_combine) || (v == "combine" && !needs_dispatch) ||
+            (v != "dispatch" && v != "combine");
+    }
+  }
+  if (!any)
+    throw Error(origin + ": plot '" + file + "': no run simulates " + y_name + " (every point's /protocol/phases " +
+                "leaves its phase out), so the plot would be empty; plot another metric, or sweep or set "
+                "/protocol/phases");
 }
 
 std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, const std::vector<SweepPoint>& points,
@@ -203,10 +226,10 @@ std::pair<std::string, std::string> plot_from_rows(const nlohmann::json& req, co
     cell.first += r.metrics[metric].second;
     cell.second += 1;
   }
-  // A metric of a phase no run simulated (combine_us in a dispatch-only sweep) would draw no line.
+  // check_plot_request refused a metric of a phase no point simulates; every run of a point that
+  // does simulates it.
   if (acc.empty())
-    throw Error(origin + ": plot '" + file + "': no run simulated " + y_name +
-                " (its phase is not part of these runs), so the plot would be empty; plot another metric");
+    throw Error(origin + ": plot '" + file + "': no run simulated " + y_name, ErrorKind::kInternal);
   std::vector<PlotSeries> series;
   for (const auto& [label, xs] : acc) {
     PlotSeries s{label, {}};

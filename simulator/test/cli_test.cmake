@@ -470,11 +470,28 @@ endif()
 expect_bad(trace_gpus_alone "--trace-gpus chooses the GPUs of the Chrome trace: give --trace FILE too" run --trace-gpus 4)
 expect_bad(per_gpu_not_json "--per-gpu adds per-GPU timelines to a run's JSON: give --format json" run --per-gpu)
 expect_bad(table_for_sweep "--format table prints one run's result" run ${SRC}/scenarios/smoke_sweep.json --format table)
-# (17) A plot of a metric no run simulated (a dispatch-only sweep) drew an empty SVG with exit 0.
-expect_bad(plot_unsimulated "no run simulated combine_us"
+# (17) A plot of a metric no run simulated (a dispatch-only sweep) drew an empty SVG with exit 0;
+# then it was refused only after every run. Now before any: at 288 GPUs the four runs take seconds
+# and print "runs done" progress, which a refusal before them never reaches.
+expect_bad(plot_unsimulated "no run simulates combine_us .every point's /protocol/phases leaves its phase out"
            run ${SRC}/scenarios/smoke_sweep.json --set /trials=1
            --set "/plots=[{\"file\":\"c.svg\",\"x\":\"/workload/exponent\",\"y\":\"combine_us\",\"series\":\"/protocol/dispatch\"}]"
            --out ${WORK}/plot_unsimulated)
 if(EXISTS ${WORK}/plot_unsimulated)
   message(FATAL_ERROR "plot_unsimulated: a refused run left ${WORK}/plot_unsimulated behind")
+endif()
+execute_process(COMMAND ${MOK_SIM} run ${SRC}/scenarios/smoke_sweep.json --set /trials=1
+                "--set=/topology={\"preset\":\"multi-rack:4\"}" --set /layer/tokens_per_rank=8192
+                "--set=/plots=[{\"file\":\"c.svg\",\"x\":\"/workload/exponent\",\"y\":\"compute_max_us\",\"series\":\"/protocol/dispatch\"}]"
+                --out ${WORK}/plot_unsimulated_big RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET TIMEOUT 60)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "no run simulates compute_max_us" OR err MATCHES "runs done")
+  message(FATAL_ERROR "plot_unsimulated_big: expected exit 2 before any run (rc ${rc}: ${err})")
+endif()
+# A sweep over /protocol/phases that simulates the metric in some points is accepted (the others' cells are empty).
+execute_process(COMMAND ${MOK_SIM} run ${SRC}/scenarios/smoke_sweep.json --set /trials=1
+                "--set=/sweep/0={\"path\":\"/protocol/phases\",\"values\":[\"dispatch\",\"combine\"]}"
+                "--set=/plots=[{\"file\":\"c.svg\",\"x\":\"/workload/exponent\",\"y\":\"combine_us\",\"series\":\"/protocol/phases\"}]"
+                --out ${WORK}/plot_some_simulated RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/plot_some_simulated/c.svg)
+  message(FATAL_ERROR "plot_some_simulated: expected exit 0 and c.svg (rc ${rc}: ${err})")
 endif()

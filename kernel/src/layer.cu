@@ -149,7 +149,8 @@ LayerCore::LayerCore(const spec::LayerConfig& cfg, const KernelOptions& options,
     case BlockCountProblem::kNone: break;
     case BlockCountProblem::kTooFewBlocks:
       throw Error("kernel: each rank needs at least 2 blocks (1 communication + 1 compute); " +
-                  std::to_string(L) + " ranks leave " + std::to_string(blocks_per_rank_) +
+                  std::to_string(on_gpu) + (on_gpu != L ? " shares (the ranks' launches and one rank's worth left free)" : " ranks") +
+                  " leave " + std::to_string(blocks_per_rank_) +
                   " each on this GPU: use fewer ranks per GPU or set blocks_per_rank");
     case BlockCountProblem::kCommNotBelowBlocks:
       throw Error("kernel: comm_blocks_per_rank must be at least 1 and less than blocks_per_rank (" +

@@ -485,14 +485,27 @@ TEST(Kernel, SplitRackNamesARankThatNeverEnters) {
 // its window's zeroed routing (expert 0 in every slot: more rows than the workspace holds, or the
 // device's routing check) or push into it before it resets its arrivals, so the run fails or its
 // results differ (the GPU runs so far failed on the workspace).
+// Two ranks of the slow engine's small layer on the split rack, uniform routing from `seed`, rank 1
+// `late_us` late into each pass, waits bounded at `timeout_s`.
+struct LateRankCase {
+  spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
+  ref::TensorMap in;
+  kernel::KernelOptions o;
+  kernel::SplitRackOptions split;
+  LateRankCase(uint64_t seed, double timeout_s, double late_us)
+      : in(ref::generate_inputs(cfg, ref::parse_routing("uniform"), seed)) {
+    o.wait_timeout_s = timeout_s;
+    split.delay_us = {0.0, late_us};
+  }
+};
+
 TEST(Kernel, SplitRackNeedsTheEntryWait) {
   REQUIRE_GPU_SPLIT();
-  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
-  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 9);
-  kernel::KernelOptions o;
-  o.wait_timeout_s = 0.5;
-  kernel::SplitRackOptions split;
-  split.delay_us = {0.0, 50000.0};
+  LateRankCase c(9, 0.5, 50000.0);
+  const spec::LayerConfig& cfg = c.cfg;
+  const ref::TensorMap& in = c.in;
+  const kernel::KernelOptions& o = c.o;
+  kernel::SplitRackOptions& split = c.split;
   EXPECT_NO_THROW(kernel::run_layer_split(cfg, {in}, false, o, split)) << "with the wait";
   split.skip_entry_wait = true;
   bool wrong = false;
@@ -570,14 +583,9 @@ TEST(Kernel, SplitRackNeedsTheSecondCopy) {
 // (timeout 0.2 s, stall 1 s) and the run says which rank and flag, in the first rank's words.
 TEST(Kernel, SplitRackTimeoutNamesTheLateRank) {
   REQUIRE_GPU_SPLIT();
-  const spec::LayerConfig cfg{64, 32, 32, 8, 2, 2, 16};
-  const ref::TensorMap in = ref::generate_inputs(cfg, ref::parse_routing("uniform"), 12);
-  kernel::KernelOptions o;
-  o.wait_timeout_s = 0.2;
-  kernel::SplitRackOptions split;
-  split.delay_us = {0.0, 1000000.0};
+  const LateRankCase c(12, 0.2, 1000000.0);
   try {
-    kernel::run_layer_split(cfg, {in, in}, false, o, split);
+    kernel::run_layer_split(c.cfg, {c.in, c.in}, false, c.o, c.split);
     FAIL() << "a rank 1 s late with a 0.2 s timeout was not reported";
   } catch (const Error& e) {
     const std::string m = e.what();

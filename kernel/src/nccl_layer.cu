@@ -198,14 +198,10 @@ void run_rank(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, bool b
     layer.backward(buf.in, buf.out);
     layer.check_errors();
   }
-  auto fetch = [&](const std::string& path, const void* src) {
-    ref::Tensor& t = result.at(path);
-    const size_t bytes = t.size_bytes() / cfg.num_ranks;
-    MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
-  };
   buf.fetch_results(cfg, r, result);
-  fetch("intermediates/y", layer.y_slots());
-  if (backward) fetch("intermediates/dx_slot", layer.dx_slots());
+  const int R = static_cast<int>(cfg.num_ranks);
+  detail::fetch_rank_slice(result, "intermediates/y", r, R, layer.y_slots());
+  if (backward) detail::fetch_rank_slice(result, "intermediates/dx_slot", r, R, layer.dx_slots());
   layer.copy_intermediates(result, backward);
 }
 

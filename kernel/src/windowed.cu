@@ -1,6 +1,8 @@
 // The windowed transports' host side (windowed.cuh) and the split rack (split_rack.hpp).
 #include "windowed.cuh"
 
+#include "../device/sync.cuh"
+
 #include "mok/kernel/split_rack.hpp"
 #include "mok/reference/error.hpp"
 #include "mok/reference/schema.hpp"
@@ -61,11 +63,6 @@ struct StageParams {
   int32_t system_scope;
 };
 
-__device__ __forceinline__ uint64_t stage_now() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // One thread waits, bounded, until every rank has entered the previous pass (so every rank has
 // finished the one before it, the last to read the copy stage_copy writes). On a timeout the
@@ -74,14 +71,14 @@ __device__ __forceinline__ uint64_t stage_now() {
 // rank's launch on the same GPU (the split rack) needs to start.
 __global__ void stage_wait(const __grid_constant__ StageParams p) {
   if (threadIdx.x != 0) return;
-  if (*reinterpret_cast<volatile const uint32_t*>(&p.error->code) != 0u) return;
-  const uint64_t start = stage_now();
+  if (device::load_volatile(&p.error->code) != 0u) return;
+  const uint64_t start = device::global_time_ns();
   // ORDER: ranks ascending, so that a missing rank is reported the same way every time.
   for (int q = 0; q < p.ranks; ++q) {
     for (;;) {
-      const uint32_t seen = *reinterpret_cast<volatile const uint32_t*>(p.words[q]);
+      const uint32_t seen = device::load_volatile(p.words[q]);
       if (seen >= p.previous) break;
-      if (stage_now() - start > p.timeout_ns) {
+      if (device::global_time_ns() - start > p.timeout_ns) {
         if (atomicCAS(&p.error->code, 0u, 1u) == 0u) {
           p.error->rank = q;
           p.error->flag = kFlagPassEntry;
@@ -104,7 +101,7 @@ __global__ void stage_wait(const __grid_constant__ StageParams p) {
 __global__ void stage_copy(const __grid_constant__ StageParams p) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
-    ok = *reinterpret_cast<volatile const uint32_t*>(&p.error->code) == 0u ? 1 : 0;
+    ok = device::load_volatile(&p.error->code) == 0u ? 1 : 0;
     // What stage_wait saw of the peers' words orders what follows (its writes are visible here:
     // kernel boundary); the peers' reads of the old copy ended before they entered the pass.
     if (p.system_scope)
@@ -137,6 +134,9 @@ __global__ void stage_copy(const __grid_constant__ StageParams p) {
 
 WindowPasses::WindowPasses(LayerCore& core, const WindowLayout& layout, int rank, std::vector<char*> bases)
     : core_(core), lay_(layout), rank_(rank), bases_(std::move(bases)) {
+  int device = 0;
+  MOK_CUDA(cudaGetDevice(&device));
+  MOK_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   if (core.cfg().num_ranks != static_cast<int64_t>(bases_.size()) || rank < 0 || rank >= core.cfg().num_ranks)
     throw Error("windowed transport: rank " + std::to_string(rank) + " of " + std::to_string(bases_.size()) +
                     " windows for R = " + std::to_string(core.cfg().num_ranks),
@@ -192,12 +192,9 @@ void WindowPasses::pass(const void* kernel, const DeviceInputs& in, const Device
   sp.error = core_.error_record();
   sp.timeout_ns = core_.timeout_ns();
   sp.system_scope = R > 1 ? 1 : 0;
-  int device = 0, sms = 0;
-  MOK_CUDA(cudaGetDevice(&device));
-  MOK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   stage_wait<<<1, 32, 0, s>>>(sp);
   MOK_CUDA(cudaGetLastError());
-  stage_copy<<<sms, 256, 0, s>>>(sp);
+  stage_copy<<<sms_, 256, 0, s>>>(sp);
   MOK_CUDA(cudaGetLastError());
   core_.set_pass(++passes_, entry_wait);
   core_.set_stall(stall_ns);
@@ -265,12 +262,14 @@ size_t RankBuffers::slice_bytes(const spec::LayerConfig& cfg, const std::string&
   return n / static_cast<size_t>(cfg.num_ranks);
 }
 
+void fetch_rank_slice(ref::TensorMap& result, const std::string& path, int r, int num_ranks, const void* src) {
+  ref::Tensor& t = result.at(path);
+  const size_t bytes = t.size_bytes() / static_cast<size_t>(num_ranks);
+  MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
+}
+
 void RankBuffers::fetch_results(const spec::LayerConfig& cfg, int r, ref::TensorMap& result) const {
-  for (const auto& [path, d] : dev) {
-    ref::Tensor& t = result.at(path);
-    const size_t bytes = t.size_bytes() / cfg.num_ranks;
-    MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, d, bytes, cudaMemcpyDeviceToHost));
-  }
+  for (const auto& [path, d] : dev) fetch_rank_slice(result, path, r, static_cast<int>(cfg.num_ranks), d);
 }
 
 KernelOptions sized_options(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, const KernelOptions& options) {
@@ -285,12 +284,8 @@ namespace {
 
 // One thread waits `ns` nanoseconds of %globaltimer (the split rack's per-rank delays).
 __global__ void wait_ns(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
+  const uint64_t start = device::global_time_ns();
+  while (device::global_time_ns() - start < ns) __nanosleep(1000);
 }
 
 struct Streams {
@@ -408,13 +403,8 @@ std::vector<ref::TensorMap> run_layer_split(const spec::LayerConfig& cfg, const 
     for (int r = 0; r < R; ++r) {
       bufs[i][r]->fetch_results(cfg, r, result);
       if (!last) continue;
-      auto fetch_slots = [&](const char* path, const uint16_t* src) {
-        ref::Tensor& t = result.at(path);
-        const size_t bytes = t.size_bytes() / R;
-        MOK_CUDA(cudaMemcpy(static_cast<char*>(t.raw()) + r * bytes, src, bytes, cudaMemcpyDeviceToHost));
-      };
-      fetch_slots("intermediates/y", passes[r]->y_slots());
-      if (backward) fetch_slots("intermediates/dx_slot", passes[r]->dx_slots());
+      fetch_rank_slice(result, "intermediates/y", r, R, passes[r]->y_slots());
+      if (backward) fetch_rank_slice(result, "intermediates/dx_slot", r, R, passes[r]->dx_slots());
       copy_rank_intermediates(*cores[r], r, backward, result);
     }
     if (!last)

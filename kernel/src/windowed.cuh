@@ -50,6 +50,7 @@ class WindowPasses {
   int rank_;
   std::vector<char*> bases_;
   uint32_t forwards_ = 0, backwards_ = 0, passes_ = 0;
+  int sms_ = 0;  // the device's SMs: the staging copy's grid
 };
 
 // Loads the staging kernel now. With lazy module loading (CUDA's default) a kernel's first launch
@@ -82,6 +83,10 @@ struct RankBuffers {
   // Copies this rank's result slices into the global tensors of `result` (synchronous).
   void fetch_results(const spec::LayerConfig& cfg, int r, ref::TensorMap& result) const;
 };
+
+// Copies rank r's slice (its rows of the first axis) of the global tensor `path` in `result` from
+// device memory at `src` (synchronous).
+void fetch_rank_slice(ref::TensorMap& result, const std::string& path, int r, int num_ranks, const void* src);
 
 // The options a rank gets: the workspace this routing needs unless the caller chose.
 KernelOptions sized_options(const spec::LayerConfig& cfg, const ref::TensorMap& inputs, const KernelOptions& options);

@@ -518,8 +518,11 @@ TEST(Kernel, SplitRackNeedsTheEntryWait) {
     wrong = std::memcmp(a.raw(), b.raw(), a.size_bytes()) != 0;
     how = wrong ? "the output differs" : "the output matched";
   } catch (const Error& e) {
-    wrong = true;
     how = e.what();
+    // The zeroed routing's failures (the comment above): any other error is not what this shows.
+    wrong = how.find("rows, more than its workspace's") != std::string::npos ||
+            how.find("found invalid routing") != std::string::npos ||
+            how.find("waiting for flag 'forward arrivals") != std::string::npos;
   }
   EXPECT_TRUE(wrong) << "without the entry wait the late rank's window was read before it was published, yet " << how;
   std::printf("[   NOTE   ] without the entry wait: %s\n", how.c_str());
